@@ -1,0 +1,92 @@
+"""Array plumbing shared by the public entry points: which library an input
+belongs to, zero-copy views between torch and NumPy/CuPy, the engine for an
+array's device, and argument checks with clear messages."""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # torch is a dependency, but keep the NumPy API importable without it
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+__all__ = ["is_torch", "is_cuda", "as_array", "wrap_like", "engine_for", "check_lengths"]
+
+
+def is_torch(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cupy(x) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def is_cuda(x) -> bool:
+    """True for CUDA torch tensors and CuPy arrays."""
+    return (is_torch(x) and x.is_cuda) or is_cupy(x)
+
+
+def as_array(x, name: str, float_dtypes=(np.float32, np.float64)):
+    """``(array, xp)``: a NumPy view of a NumPy array or CPU tensor, or a CuPy
+    view of a CuPy array or CUDA tensor (no copy), and its array module."""
+    if is_torch(x):
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        if x.is_cuda:
+            from .cuda import cupy_view
+
+            x = cupy_view(x)
+        else:
+            x = x.numpy()
+    elif not (isinstance(x, np.ndarray) or is_cupy(x)):
+        raise TypeError(f"{name}: expected a NumPy array or torch tensor, got {type(x).__name__}")
+    if float_dtypes is not None and x.dtype not in float_dtypes:
+        names = ", ".join(np.dtype(d).name for d in float_dtypes)
+        raise TypeError(f"{name}: expected dtype {names}, got {x.dtype}")
+    if is_cupy(x):
+        import cupy
+
+        return x, cupy
+    return x, np
+
+
+def wrap_like(arr, like):
+    """``arr`` as a torch tensor when ``like`` is one (zero-copy), else as is."""
+    if not is_torch(like):
+        return arr
+    if isinstance(arr, np.ndarray):
+        return torch.from_numpy(arr)
+    return torch.from_dlpack(arr)
+
+
+def engine_for(xp):
+    """The ``forward_backward_lattice`` implementation for an array module."""
+    if xp is np:
+        from .engine import forward_backward_lattice
+
+        return forward_backward_lattice
+    from .cuda import forward_backward_lattice_cuda
+
+    return forward_backward_lattice_cuda
+
+
+def check_lengths(lengths, N: int, T: int, name: str = "lengths") -> np.ndarray:
+    """``lengths`` as int64 ``[N]`` in ``[0, T]`` (NumPy); ``None`` means all ``T``."""
+    if lengths is None:
+        return np.full(N, T, dtype=np.int64)
+    if is_torch(lengths):
+        lengths = lengths.detach().cpu().numpy()
+    elif is_cupy(lengths):
+        lengths = lengths.get()
+    lengths = np.asarray(lengths)
+    if lengths.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer frame counts, got dtype {lengths.dtype}")
+    if lengths.shape != (N,):
+        raise ValueError(f"{name}: expected shape ({N},), got {tuple(lengths.shape)}")
+    lengths = lengths.astype(np.int64)
+    if N and (lengths.min() < 0 or lengths.max() > T):
+        bad = lengths[(lengths < 0) | (lengths > T)][0]
+        raise ValueError(f"{name}: every length must lie in [0, T={T}], got {bad}")
+    return lengths

@@ -1,0 +1,127 @@
+"""Packing many FSTs into flat CSR arrays (``FstBatch``)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .fst import Fst
+
+__all__ = ["FstBatch"]
+
+
+def _csr(keys: np.ndarray, num_rows: int):
+    """Stable permutation sorting ``keys`` and the CSR row pointer ``[num_rows + 1]``."""
+    order = np.argsort(keys, kind="stable")
+    ptr = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=num_rows), out=ptr[1:])
+    return order, ptr
+
+
+class FstBatch:
+    """Many graphs packed into flat arrays, and the sequences that use them.
+
+    Parameters
+    ----------
+    fsts : Fst or sequence of Fst
+        The distinct graphs ``G``.
+    seq_to_graph : array-like of int ``[N]``, optional
+        Graph index of each sequence.  Default: sequence ``n`` uses graph
+        ``n`` (``N = G``).  Many sequences may share one graph (the
+        denominator case).
+
+    Attributes (all NumPy, global state ids)
+    ----------------------------------------
+    state_offsets ``[G+1]``, arc_offsets ``[G+1]``: graph ``g`` owns states
+    ``state_offsets[g]:state_offsets[g+1]`` and arcs likewise.
+    start ``[G]``, final ``[S]``, src/dst/pdf/log_prob ``[A]``.
+    fwd_order ``[A]``, in_ptr ``[S+1]``: arcs sorted by destination (forward).
+    bwd_order ``[A]``, out_ptr ``[S+1]``: arcs sorted by source (backward).
+    """
+
+    def __init__(self, fsts: Fst | Sequence[Fst], seq_to_graph=None):
+        if isinstance(fsts, Fst):
+            fsts = [fsts]
+        fsts = list(fsts)
+        if not fsts:
+            raise ValueError("fsts: expected at least one Fst")
+        for i, f in enumerate(fsts):
+            if not isinstance(f, Fst):
+                raise TypeError(f"fsts[{i}]: expected chainfb.Fst, got {type(f).__name__}")
+        self.fsts = fsts
+        G = len(fsts)
+        if seq_to_graph is None:
+            seq_to_graph = np.arange(G, dtype=np.int64)
+        else:
+            seq_to_graph = np.asarray(seq_to_graph)
+            if seq_to_graph.ndim != 1 or seq_to_graph.dtype.kind not in "iu":
+                raise TypeError("seq_to_graph: expected a 1-D integer array [N]")
+            seq_to_graph = seq_to_graph.astype(np.int64)
+            if seq_to_graph.size and (seq_to_graph.min() < 0 or seq_to_graph.max() >= G):
+                raise ValueError(f"seq_to_graph: graph ids must lie in [0, {G})")
+        self.seq_to_graph = seq_to_graph
+        ns = np.array([f.num_states for f in fsts], dtype=np.int64)
+        na = np.array([f.num_arcs for f in fsts], dtype=np.int64)
+        self.state_offsets = np.concatenate([[0], np.cumsum(ns)])
+        self.arc_offsets = np.concatenate([[0], np.cumsum(na)])
+        so = self.state_offsets[:-1]
+        self.start = np.array([f.start for f in fsts], dtype=np.int64) + so
+        self.final = np.concatenate([f.final for f in fsts])
+        self.src = np.concatenate([f.src + o for f, o in zip(fsts, so)])
+        self.dst = np.concatenate([f.dst + o for f, o in zip(fsts, so)])
+        self.pdf = np.concatenate([f.pdf for f in fsts])
+        self.log_prob = np.concatenate([f.log_prob for f in fsts])
+        S = self.num_states
+        self.fwd_order, self.in_ptr = _csr(self.dst, S)
+        self.bwd_order, self.out_ptr = _csr(self.src, S)
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.fsts)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.seq_to_graph.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        return int(self.state_offsets[-1])
+
+    @property
+    def num_arcs(self) -> int:
+        return int(self.arc_offsets[-1])
+
+    @property
+    def num_pdfs(self) -> int:
+        """One more than the largest pdf any graph uses."""
+        return max(f.num_pdfs for f in self.fsts)
+
+    def __len__(self) -> int:
+        return self.num_sequences
+
+    def __repr__(self) -> str:
+        return (
+            f"FstBatch(num_sequences={self.num_sequences}, num_graphs={self.num_graphs}, "
+            f"num_states={self.num_states}, num_arcs={self.num_arcs})"
+        )
+
+    @classmethod
+    def coerce(cls, fsts, num_sequences: int | None = None) -> "FstBatch":
+        """An FstBatch from an Fst (shared by all sequences), a list, or a batch."""
+        if isinstance(fsts, FstBatch):
+            batch = fsts
+        elif isinstance(fsts, Fst):
+            n = 1 if num_sequences is None else num_sequences
+            batch = cls([fsts], np.zeros(n, dtype=np.int64))
+        elif isinstance(fsts, (list, tuple)):
+            batch = cls(fsts)
+        else:
+            raise TypeError(
+                f"fsts: expected an Fst, a list of Fst or an FstBatch, got {type(fsts).__name__}"
+            )
+        if num_sequences is not None and batch.num_sequences != num_sequences:
+            raise ValueError(
+                f"fsts: the batch has {batch.num_sequences} sequences but scores has {num_sequences}"
+            )
+        return batch

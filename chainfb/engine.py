@@ -1,0 +1,141 @@
+"""The forward-backward engine (NumPy, log domain, float64).
+
+Runs on a :class:`~chainfb.lattice.Lattice` and a compact score matrix
+``X[T, C]`` (one column per distinct ``(sequence, pdf)``; see
+:mod:`chainfb.score_map`).  It knows nothing about where the scores came
+from: numerator graphs, denominator graphs and transducer step graphs all
+arrive here as lattices and columns.
+
+For sequence ``n`` with ``L = lengths[n]`` frames::
+
+    alpha_0(s)     = 0 if s is the start state else -inf
+    alpha_{t+1}(j) = logsum_{arcs i->j} alpha_t(i) + w(arc) + X[t, col(arc)]
+    loglike[n]     = logsum_s alpha_L(s) + final(s)
+    beta_L(s)      = final(s)
+    beta_t(i)      = logsum_{arcs i->j} w(arc) + X[t, col(arc)] + beta_{t+1}(j)
+    post[t, c]     = sum over arcs with column c of
+                     exp(alpha_t(i) + w + X[t, c] + beta_{t+1}(j) - loglike[n])
+
+Everything is exact in the log domain (no per-frame offsets are needed in
+float64); a sequence with no complete path gets ``-inf`` and zero
+posteriors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .lattice import Lattice
+
+__all__ = ["forward_backward_lattice", "logsumexp_segments"]
+
+
+def logsumexp_segments(v: np.ndarray, starts: np.ndarray, seg_of: np.ndarray | None = None) -> np.ndarray:
+    """Log-sum-exp of consecutive segments of ``v`` beginning at ``starts``.
+
+    ``v`` is consumed (overwritten).  ``seg_of[i]`` is the segment of element
+    ``i`` (computed if not given).  Segments of all ``-inf`` give ``-inf``.
+    """
+    if v.size == 0:
+        return np.zeros(len(starts))
+    m = np.maximum.reduceat(v, starts)
+    m[np.isneginf(m)] = 0.0
+    if seg_of is None:
+        seg_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, v.size)))
+    v -= m[seg_of]
+    np.exp(v, out=v)
+    s = np.add.reduceat(v, starts)
+    np.log(s, out=s)
+    s += m
+    return s
+
+
+class _Plan:
+    """Per-lattice index arrays the frame loop reuses."""
+
+    def __init__(self, lat: Lattice):
+        f, b = lat.fwd, lat.bwd
+        self.fwd_seg_of = np.repeat(np.arange(len(f.seg_starts)), np.diff(np.append(f.seg_starts, len(f.src))))
+        self.bwd_seg_of = np.repeat(np.arange(len(b.seg_starts)), np.diff(np.append(b.seg_starts, len(b.src))))
+        # final-state logsumexp per sequence (states are contiguous per sequence)
+        self.state_seq_starts = lat.state_offsets[:-1]
+
+
+def _plan(lat: Lattice) -> _Plan:
+    p = getattr(lat, "_np_plan", None)
+    if p is None:
+        p = _Plan(lat)
+        lat._np_plan = p
+    return p
+
+
+def forward_backward_lattice(
+    lat: Lattice,
+    X: np.ndarray,
+    lengths: np.ndarray,
+    need_posteriors: bool = True,
+):
+    """Forward-backward over a lattice.
+
+    Parameters
+    ----------
+    lat : Lattice
+    X : float64 ``[T, C]``
+        Compact scores.  Entries at frames ``t >= lengths[seq]`` are ignored
+        (``X`` is modified in place: they are set to ``-inf``).
+    lengths : int64 ``[N]``, each in ``[0, T]``.
+
+    Returns
+    -------
+    loglike : float64 ``[N]``
+    posteriors : float64 ``[T, C]`` or ``None``
+    """
+    T, C = X.shape
+    N = lat.num_sequences
+    S = lat.num_states
+    lengths = np.asarray(lengths, dtype=np.int64)
+    plan = _plan(lat)
+    if N == 0:
+        return np.zeros(0), (np.zeros((T, C)) if need_posteriors else None)
+    Tmax = int(lengths.max()) if N else 0
+    # frames past a sequence's end never contribute
+    if C and Tmax:
+        col_len = lengths[lat.col_seq]
+        X[:Tmax][np.arange(Tmax)[:, None] >= col_len[None, :]] = -np.inf
+    f, b = lat.fwd, lat.bwd
+    state_len = lengths[lat.seq_of_state]
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        alpha = np.full((Tmax + 1, S), -np.inf)
+        alpha[0, lat.start] = 0.0
+        for t in range(Tmax):
+            v = alpha[t].take(f.src)
+            v += f.log_prob
+            v += X[t].take(f.col)
+            alpha[t + 1, f.key_states] = logsumexp_segments(v, f.seg_starts, plan.fwd_seg_of)
+        end = alpha[state_len, np.arange(S)] + lat.final
+        loglike = logsumexp_segments(end, plan.state_seq_starts)
+        if not need_posteriors:
+            return loglike, None
+
+        post = np.zeros((T, C))
+        # an impossible sequence gets total +inf here so that its posteriors are exp(-inf) = 0
+        total = np.where(np.isneginf(loglike), np.inf, loglike)
+        total_arc = total[b.seq]
+        beta = np.where(state_len == Tmax, lat.final, -np.inf)
+        ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
+        for t in range(Tmax - 1, -1, -1):
+            w = beta.take(b.dst)
+            w += b.log_prob
+            w += X[t].take(b.col)
+            g = alpha[t].take(b.src)
+            g += w
+            g -= total_arc
+            np.exp(g, out=g)
+            post[t] = np.bincount(b.col, weights=g, minlength=C)
+            beta = np.full(S, -np.inf)
+            beta[b.key_states] = logsumexp_segments(w, b.seg_starts, plan.bwd_seg_of)
+            idx = ends_at.get(t)
+            if idx is not None:
+                beta[idx] = lat.final[idx]
+    return loglike, post

@@ -1,0 +1,302 @@
+"""Epsilon-free acceptors over pdfs: the graph data model of chainfb.
+
+An :class:`Fst` has states ``0..S-1``, a start state, arcs
+``(src, dst, pdf, log_prob)`` where every arc consumes exactly one frame, and
+a final log-probability per state (``-inf`` where the state is not final).
+Self-loops, cycles and several final states are normal.
+
+In memory ``pdf`` is 0-based.  In OpenFst/Kaldi text files the label is
+``pdf + 1`` (label 0 is epsilon, which numerator graphs may not contain) and
+weights are costs, ``cost = -log p``; a cost of ``Infinity`` (OpenFst's zero
+weight) is legal and means the arc or final can never be taken.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterable, Mapping
+
+import numpy as np
+
+__all__ = ["Fst"]
+
+
+def _format_cost(log_prob: float) -> str:
+    cost = -float(log_prob)
+    if cost == math.inf:
+        return "Infinity"
+    if cost == 0.0:
+        return "0"
+    return repr(cost)
+
+
+def _parse_cost(field: str, lineno: int) -> float:
+    try:
+        cost = float(field)
+    except ValueError:
+        raise ValueError(f"line {lineno}: weight {field!r} is not a number") from None
+    if math.isnan(cost):
+        raise ValueError(f"line {lineno}: weight is NaN")
+    if cost == -math.inf:
+        raise ValueError(f"line {lineno}: weight -Infinity (log-probability +inf) is not allowed")
+    return cost
+
+
+def _parse_int(field: str, what: str, lineno: int) -> int:
+    try:
+        value = int(field)
+    except ValueError:
+        raise ValueError(f"line {lineno}: {what} {field!r} is not an integer") from None
+    if value < 0:
+        raise ValueError(f"line {lineno}: {what} {value} is negative")
+    return value
+
+
+class Fst:
+    """An epsilon-free acceptor over pdfs, stored as arrays.
+
+    Attributes
+    ----------
+    num_states : int
+        ``S``.
+    start : int
+        The start state.
+    src, dst, pdf : numpy.ndarray of int64, ``[A]``
+        Arc source state, destination state and 0-based pdf.
+    log_prob : numpy.ndarray of float64, ``[A]``
+        Arc log-probability (``-inf`` allowed: the arc is never taken).
+    final : numpy.ndarray of float64, ``[S]``
+        Final log-probability per state, ``-inf`` where not final.
+
+    Arcs are kept in a canonical order (the start state's arcs first, then by
+    source state, stable), so that text round trips are exact.
+    """
+
+    __slots__ = ("num_states", "start", "src", "dst", "pdf", "log_prob", "final")
+
+    def __init__(self, num_states, start, src, dst, pdf, log_prob, final):
+        num_states = int(num_states)
+        start = int(start)
+        src = np.ascontiguousarray(src, dtype=np.int64).reshape(-1)
+        dst = np.ascontiguousarray(dst, dtype=np.int64).reshape(-1)
+        pdf = np.ascontiguousarray(pdf, dtype=np.int64).reshape(-1)
+        log_prob = np.ascontiguousarray(log_prob, dtype=np.float64).reshape(-1)
+        final = np.ascontiguousarray(final, dtype=np.float64).reshape(-1)
+        if num_states <= 0:
+            raise ValueError(f"num_states: expected a positive number of states, got {num_states}")
+        if not 0 <= start < num_states:
+            raise ValueError(f"start: expected a state in [0, {num_states}), got {start}")
+        if not (len(src) == len(dst) == len(pdf) == len(log_prob)):
+            raise ValueError("src, dst, pdf and log_prob must have the same length")
+        if final.shape != (num_states,):
+            raise ValueError(f"final: expected shape ({num_states},), got {final.shape}")
+        for name, arr in (("src", src), ("dst", dst)):
+            if arr.size and (arr.min() < 0 or arr.max() >= num_states):
+                bad = arr[(arr < 0) | (arr >= num_states)][0]
+                raise ValueError(f"{name}: state id {bad} is outside [0, {num_states})")
+        if pdf.size and pdf.min() < 0:
+            raise ValueError(f"pdf: expected 0-based pdf ids >= 0, got {pdf.min()}")
+        if np.isnan(log_prob).any():
+            raise ValueError("log_prob: NaN arc weight")
+        if (log_prob == np.inf).any():
+            raise ValueError("log_prob: +inf arc log-probability (cost -inf) is not allowed")
+        if np.isnan(final).any() or (final == np.inf).any():
+            raise ValueError("final: NaN or +inf final log-probability")
+        # canonical arc order: start state's arcs first, then by source (stable)
+        key = np.where(src == start, -1, src)
+        order = np.argsort(key, kind="stable")
+        self.num_states = num_states
+        self.start = start
+        self.src = src[order]
+        self.dst = dst[order]
+        self.pdf = pdf[order]
+        self.log_prob = log_prob[order]
+        self.final = final
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_arcs(
+        cls,
+        arcs: Iterable[tuple],
+        finals: Mapping[int, float],
+        start: int = 0,
+        num_states: int | None = None,
+    ) -> "Fst":
+        """Build from ``(src, dst, pdf, log_prob)`` tuples and a ``{state: log_prob}`` map.
+
+        ``num_states`` defaults to one more than the largest state id used.
+        """
+        arcs = list(arcs)
+        for i, arc in enumerate(arcs):
+            if len(arc) != 4:
+                raise ValueError(f"arcs[{i}]: expected (src, dst, pdf, log_prob), got {arc!r}")
+        if not isinstance(finals, Mapping):
+            raise TypeError(f"finals: expected a mapping {{state: log_prob}}, got {type(finals).__name__}")
+        if len(finals) == 0:
+            raise ValueError("finals: the FST has no final state")
+        src = np.array([a[0] for a in arcs], dtype=np.int64)
+        dst = np.array([a[1] for a in arcs], dtype=np.int64)
+        pdf = np.array([a[2] for a in arcs], dtype=np.int64)
+        lp = np.array([a[3] for a in arcs], dtype=np.float64)
+        ids = [int(start)] + [int(s) for s in finals]
+        if len(arcs):
+            ids += [int(src.min()), int(dst.min()), int(src.max()), int(dst.max())]
+        if min(ids) < 0:
+            raise ValueError(f"negative state id {min(ids)}")
+        if num_states is None:
+            num_states = max(ids) + 1
+        elif max(ids) >= num_states:
+            raise ValueError(f"state id {max(ids)} is outside [0, num_states={num_states})")
+        final = np.full(num_states, -np.inf)
+        for s, w in finals.items():
+            final[int(s)] = float(w)
+        return cls(num_states, start, src, dst, pdf, lp, final)
+
+    @classmethod
+    def from_openfst_text(cls, text: str, acceptor: bool | None = None) -> "Fst":
+        """Parse an OpenFst/Kaldi text FST (label = pdf + 1, weight = cost).
+
+        Arc lines are ``src dst label [cost]`` (acceptor format) or
+        ``src dst ilabel olabel [cost]`` (transducer format, ilabel == olabel
+        required).  ``state [cost]`` lines are finals.  The first line's
+        source is the start state.  ``acceptor=None`` detects the format: any
+        5-field line means transducer format; otherwise 4 fields are an
+        acceptor arc with a cost.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected str, got {type(text).__name__}")
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            fields = line.split()
+            if fields:
+                rows.append((lineno, fields))
+        if not rows:
+            raise ValueError("text: empty FST (no lines)")
+        if acceptor is None:
+            acceptor = not any(len(f) == 5 for _, f in rows)
+        arc_fields = 3 if acceptor else 4
+        arcs, finals = [], {}
+        start = None
+        for lineno, fields in rows:
+            n = len(fields)
+            if n <= 2:
+                s = _parse_int(fields[0], "state", lineno)
+                cost = _parse_cost(fields[1], lineno) if n == 2 else 0.0
+                finals[s] = -cost
+            elif n in (arc_fields, arc_fields + 1):
+                s = _parse_int(fields[0], "source state", lineno)
+                d = _parse_int(fields[1], "destination state", lineno)
+                label = _parse_int(fields[2], "label", lineno)
+                if not acceptor:
+                    olabel = _parse_int(fields[3], "output label", lineno)
+                    if olabel != label:
+                        raise ValueError(
+                            f"line {lineno}: input label {label} != output label {olabel}; "
+                            "expected an acceptor"
+                        )
+                if label == 0:
+                    raise ValueError(
+                        f"line {lineno}: label 0 (epsilon); numerator FSTs must be epsilon-free"
+                    )
+                cost = _parse_cost(fields[arc_fields], lineno) if n == arc_fields + 1 else 0.0
+                arcs.append((s, d, label - 1, -cost))
+            else:
+                fmt = "acceptor" if acceptor else "transducer"
+                raise ValueError(f"line {lineno}: malformed line for the {fmt} format: {' '.join(fields)!r}")
+            if start is None:
+                start = int(fields[0])
+        if not finals:
+            raise ValueError("text: the FST has no final state")
+        return cls.from_arcs(arcs, finals, start=start)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, acceptor: bool | None = None) -> "Fst":
+        """Read an OpenFst/Kaldi text FST from ``path``."""
+        with open(path, "r", encoding="utf-8") as f:
+            return cls.from_openfst_text(f.read(), acceptor=acceptor)
+
+    # ----------------------------------------------------------------- output
+    def to_openfst_text(self) -> str:
+        """OpenFst acceptor text (label = pdf + 1, cost = -log_prob).
+
+        Arcs come in canonical order (start state first), finals last, in
+        increasing state order.  ``Fst.from_openfst_text(f.to_openfst_text())``
+        equals ``f``.
+        """
+        lines = []
+        for s, d, p, lp in zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()):
+            cost = _format_cost(lp)
+            lines.append(f"{s}\t{d}\t{p + 1}" + ("" if cost == "0" else f"\t{cost}"))
+        for s in np.flatnonzero(self.final > -np.inf).tolist():
+            cost = _format_cost(self.final[s])
+            lines.append(f"{s}" + ("" if cost == "0" else f"\t{cost}"))
+        if self.num_arcs == 0 and self.final[self.start] == -np.inf:
+            # the start state must appear first; an arc-less graph whose start
+            # is not final cannot be written faithfully
+            raise ValueError("an FST with no arcs and a non-final start state has no text form")
+        if self.num_arcs == 0:
+            # put the start state's final line first
+            first = [ln for ln in lines if ln.split("\t")[0] == str(self.start)]
+            lines = first + [ln for ln in lines if ln not in first]
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write OpenFst acceptor text to ``path``."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_openfst_text())
+
+    def to_dot(self, title: str | None = None) -> str:
+        """Graphviz source: arcs labelled ``pdf:prob``, finals double circles."""
+        out = ["digraph FST {", "  rankdir=LR;"]
+        if title:
+            out.append(f'  label="{title}";')
+        for s in range(self.num_states):
+            shape = "doublecircle" if self.final[s] > -np.inf else "circle"
+            label = str(s)
+            if self.final[s] > -np.inf and self.final[s] != 0.0:
+                label += f"/{math.exp(self.final[s]):.3g}"
+            style = ", style=bold" if s == self.start else ""
+            out.append(f'  {s} [shape={shape}, label="{label}"{style}];')
+        for s, d, p, lp in zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()):
+            out.append(f'  {s} -> {d} [label="{p}:{math.exp(lp):.3g}"];')
+        out.append("}")
+        return "\n".join(out) + "\n"
+
+    # ------------------------------------------------------------- inspection
+    @property
+    def num_arcs(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def num_pdfs(self) -> int:
+        """One more than the largest pdf used (0 for an arc-less graph)."""
+        return int(self.pdf.max()) + 1 if self.num_arcs else 0
+
+    def arcs(self) -> list[tuple[int, int, int, float]]:
+        """The arcs as ``(src, dst, pdf, log_prob)`` tuples, canonical order."""
+        return list(zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()))
+
+    def finals(self) -> dict[int, float]:
+        """``{state: final log_prob}`` for the final states."""
+        return {int(s): float(self.final[s]) for s in np.flatnonzero(self.final > -np.inf)}
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Fst):
+            return NotImplemented
+        return (
+            self.num_states == other.num_states
+            and self.start == other.start
+            and all(
+                np.array_equal(getattr(self, k), getattr(other, k))
+                for k in ("src", "dst", "pdf", "log_prob", "final")
+            )
+        )
+
+    __hash__ = None  # mutable arrays
+
+    def __repr__(self) -> str:
+        return (
+            f"Fst(num_states={self.num_states}, num_arcs={self.num_arcs}, start={self.start}, "
+            f"num_finals={int((self.final > -np.inf).sum())})"
+        )

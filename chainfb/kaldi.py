@@ -1,0 +1,148 @@
+"""Kaldi's ``GenericNumeratorComputation`` API (chain-generic-numerator.h).
+
+The network output is 2-D, ``[frames_per_sequence * num_sequences,
+num_pdfs]`` with row ``t * num_sequences + seq`` (its row stride may be wider
+than ``num_pdfs``).  It is viewed, without copying, as a strided ``[N, T, P]``
+array and goes through the same score map and engine as
+:func:`chainfb.forward_backward`.
+
+Differences from Kaldi, on purpose: variable-length sequences; exact
+log-domain arithmetic (no start-state offset, so start states with
+self-loops are exact); the total log-likelihood is multiplied by the
+supervision weight like the derivatives (Kaldi forgets to).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ._arrays import as_array, check_lengths, engine_for, is_torch
+from .batch import FstBatch
+from .fst import Fst
+from .lattice import Lattice
+from .score_map import PdfScoreMap
+
+__all__ = ["Supervision", "GenericNumeratorComputation"]
+
+
+class Supervision:
+    """Numerator graphs of a minibatch (Kaldi's ``chain::Supervision``, e2e form).
+
+    Parameters
+    ----------
+    fsts : list of Fst or FstBatch
+        One graph per sequence (``num_sequences``).
+    frames_per_sequence : int
+        ``T``; every sequence has this many rows in the network output.
+    weight : float
+        Multiplies the log-likelihood and the derivatives.
+    lengths : ``[num_sequences]`` ints, optional
+        Frames actually used by each sequence (default all ``T``); rows past
+        a sequence's length get no derivative.
+    """
+
+    def __init__(self, fsts, frames_per_sequence: int, weight: float = 1.0, lengths=None):
+        if isinstance(fsts, Fst):
+            fsts = [fsts]
+        self.batch = FstBatch.coerce(fsts)
+        if not isinstance(frames_per_sequence, (int, np.integer)) or frames_per_sequence < 0:
+            raise ValueError(f"frames_per_sequence: expected a non-negative int, got {frames_per_sequence!r}")
+        weight = float(weight)
+        if not np.isfinite(weight):
+            raise ValueError(f"weight: expected a finite number, got {weight}")
+        self.frames_per_sequence = int(frames_per_sequence)
+        self.weight = weight
+        self.num_sequences = self.batch.num_sequences
+        self.lengths = check_lengths(lengths, self.num_sequences, self.frames_per_sequence)
+
+
+def _kaldi_view(xp, arr, N: int, T: int, name: str):
+    """The ``[N, T, P]`` strided view of a Kaldi-layout ``[T*N, P]`` matrix."""
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D matrix [T*N, num_pdfs], got shape {tuple(arr.shape)}")
+    if arr.shape[0] != T * N:
+        raise ValueError(
+            f"{name}: expected frames_per_sequence*num_sequences = {T}*{N} = {T * N} rows, got {arr.shape[0]}"
+        )
+    rs, cs = arr.strides
+    return xp.lib.stride_tricks.as_strided(arr, shape=(N, T, arr.shape[1]), strides=(rs, N * rs, cs))
+
+
+class GenericNumeratorComputation:
+    """Forward-backward of e2e numerator graphs over a Kaldi-layout output.
+
+    Parameters
+    ----------
+    supervision : Supervision
+    nnet_output : ``[T * N, >= num_pdfs]`` NumPy/CuPy array or torch tensor
+        Row ``t * N + seq``.  Only the columns the graphs use are read.
+    """
+
+    def __init__(self, supervision: Supervision, nnet_output):
+        if not isinstance(supervision, Supervision):
+            raise TypeError(f"supervision: expected chainfb.Supervision, got {type(supervision).__name__}")
+        self.supervision = supervision
+        self._arr, self._xp = as_array(nnet_output, "nnet_output")
+        N, T = supervision.num_sequences, supervision.frames_per_sequence
+        self._view = _kaldi_view(self._xp, self._arr, N, T, "nnet_output")
+        self.lattice = Lattice.of(supervision.batch)
+        self.score_map = PdfScoreMap(self.lattice.col_seq, self.lattice.col_pdf)
+        if supervision.batch.num_pdfs > self._arr.shape[1]:
+            raise ValueError(
+                f"nnet_output: the graphs use pdf {supervision.batch.num_pdfs - 1} "
+                f"but nnet_output has {self._arr.shape[1]} columns"
+            )
+
+    def _run(self, need_posteriors: bool):
+        X = self.score_map.gather(self._xp, self._view)
+        return engine_for(self._xp)(self.lattice, X, self.supervision.lengths, need_posteriors)
+
+    def compute_objf(self) -> float:
+        """Weighted total log-likelihood (forward pass only)."""
+        loglike, _ = self._run(False)
+        return self.supervision.weight * float(loglike.sum())
+
+    def forward_backward(self, nnet_output_deriv) -> tuple[bool, float]:
+        """Add ``weight * posteriors`` into ``nnet_output_deriv`` (same layout).
+
+        Returns ``(ok, total_loglike)`` where ``total_loglike`` is the weighted
+        sum over sequences.  ``ok`` is False when the total is not finite or a
+        sequence's posteriors at some frame do not sum to 1 within 5% (Kaldi's
+        check; a relative error beyond 1e-3 warns).
+        """
+        sup = self.supervision
+        N, T = sup.num_sequences, sup.frames_per_sequence
+        if is_torch(nnet_output_deriv) and nnet_output_deriv.requires_grad:
+            raise ValueError("nnet_output_deriv: must not require grad (it is written in place)")
+        deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")
+        dview = _kaldi_view(self._xp, deriv, N, T, "nnet_output_deriv")
+        if sup.batch.num_pdfs > deriv.shape[1]:
+            raise ValueError(
+                f"nnet_output_deriv: the graphs use pdf {sup.batch.num_pdfs - 1} "
+                f"but it has {deriv.shape[1]} columns"
+            )
+        loglike, post = self._run(True)
+        self.score_map.scatter_add(self._xp, dview, post, sup.weight)
+        total = sup.weight * float(loglike.sum())
+        ok = bool(np.isfinite(total))
+        # Kaldi's CheckValues: per sequence and frame, the posteriors sum to 1
+        sums = self._xp.zeros((N, post.shape[0]))
+        sums_t = post.T  # [C, T]
+        if post.size:
+            idx = self._xp.asarray(self.lattice.col_seq)
+            if self._xp is np:
+                np.add.at(sums, idx, sums_t)
+            else:
+                self._xp.add.at(sums, idx, sums_t)
+        sums = sums.get() if self._xp is not np else sums
+        valid = np.arange(sums.shape[1])[None, :] < sup.lengths[:, None]
+        err = np.abs(sums - 1.0)[valid]
+        if err.size:
+            worst = np.inf if np.isnan(err).any() else float(err.max())
+            if worst > 0.05:
+                ok = False
+            elif worst > 1e-3:
+                warnings.warn(f"GenericNumeratorComputation: posterior sums deviate from 1 by {worst:.3g}")
+        return ok, total
