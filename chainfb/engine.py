@@ -19,6 +19,13 @@ For sequence ``n`` with ``L = lengths[n]`` frames::
 Everything is exact in the log domain (no per-frame offsets are needed in
 float64); a sequence with no complete path gets ``-inf`` and zero
 posteriors.
+
+Leaky HMM (Kaldi's denominator, ``leaky=(c, log_init)``): the initial
+distribution is ``init`` instead of the start state, and every frame's
+alphas (frame 0 and frame L included) become
+``alpha'(i) = alpha(i) + c * sum_j alpha(j) * init(i)`` (sums per sequence);
+the betas get the transposed map ``beta'(i) = beta(i) + c * sum_j init(j) *
+beta(j)``.  Arc posteriors use ``alpha'_t`` and ``beta'_{t+1}``.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ def forward_backward_lattice(
     X: np.ndarray,
     lengths: np.ndarray,
     need_posteriors: bool = True,
+    leaky=None,
 ):
     """Forward-backward over a lattice.
 
@@ -84,6 +92,10 @@ def forward_backward_lattice(
         Compact scores.  Entries at frames ``t >= lengths[seq]`` are ignored
         (``X`` is modified in place: they are set to ``-inf``).
     lengths : int64 ``[N]``, each in ``[0, T]``.
+    leaky : ``(coefficient, log_init)`` or None
+        Leaky-HMM option: ``log_init`` float64 ``[S]`` is the log initial
+        distribution over the lattice's states (per sequence), and
+        ``coefficient`` in ``(0, 1)``.
 
     Returns
     -------
@@ -105,14 +117,34 @@ def forward_backward_lattice(
     f, b = lat.fwd, lat.bwd
     state_len = lengths[lat.seq_of_state]
 
+    seq_starts = plan.state_seq_starts
+    if leaky is not None:
+        log_c = float(np.log(leaky[0]))
+        log_init = np.asarray(leaky[1], dtype=np.float64)
+        if log_init.shape != (S,):
+            raise ValueError(f"leaky: log_init must have shape ({S},), got {log_init.shape}")
+
+        def leak_alpha(a):
+            tot = logsumexp_segments(a.copy(), seq_starts)
+            return np.logaddexp(a, log_c + tot[lat.seq_of_state] + log_init)
+
+        def leak_beta(b):
+            tot = logsumexp_segments(b + log_init, seq_starts)
+            return np.logaddexp(b, log_c + tot[lat.seq_of_state])
+
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         alpha = np.full((Tmax + 1, S), -np.inf)
-        alpha[0, lat.start] = 0.0
+        if leaky is None:
+            alpha[0, lat.start] = 0.0
+        else:
+            alpha[0] = leak_alpha(log_init)
         for t in range(Tmax):
             v = alpha[t].take(f.src)
             v += f.log_prob
             v += X[t].take(f.col)
-            alpha[t + 1, f.key_states] = logsumexp_segments(v, f.seg_starts, plan.fwd_seg_of)
+            a = np.full(S, -np.inf)
+            a[f.key_states] = logsumexp_segments(v, f.seg_starts, plan.fwd_seg_of)
+            alpha[t + 1] = a if leaky is None else leak_alpha(a)
         end = alpha[state_len, np.arange(S)] + lat.final
         loglike = logsumexp_segments(end, plan.state_seq_starts)
         if not need_posteriors:
@@ -122,7 +154,8 @@ def forward_backward_lattice(
         # an impossible sequence gets total +inf here so that its posteriors are exp(-inf) = 0
         total = np.where(np.isneginf(loglike), np.inf, loglike)
         total_arc = total[b.seq]
-        beta = np.where(state_len == Tmax, lat.final, -np.inf)
+        final = lat.final if leaky is None else leak_beta(lat.final)
+        beta = np.where(state_len == Tmax, final, -np.inf)
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
         for t in range(Tmax - 1, -1, -1):
             w = beta.take(b.dst)
@@ -135,7 +168,9 @@ def forward_backward_lattice(
             post[t] = np.bincount(b.col, weights=g, minlength=C)
             beta = np.full(S, -np.inf)
             beta[b.key_states] = logsumexp_segments(w, b.seg_starts, plan.bwd_seg_of)
+            if leaky is not None:
+                beta = leak_beta(beta)
             idx = ends_at.get(t)
             if idx is not None:
-                beta[idx] = lat.final[idx]
+                beta[idx] = final[idx]
     return loglike, post
