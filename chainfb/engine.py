@@ -118,6 +118,7 @@ def forward_backward_lattice(
     state_len = lengths[lat.seq_of_state]
 
     seq_starts = plan.state_seq_starts
+    sos = lat.seq_of_state
     if leaky is not None:
         log_c = float(np.log(leaky[0]))
         log_init = np.asarray(leaky[1], dtype=np.float64)
@@ -126,34 +127,48 @@ def forward_backward_lattice(
 
         def leak_alpha(a):
             tot = logsumexp_segments(a.copy(), seq_starts)
-            return np.logaddexp(a, log_c + tot[lat.seq_of_state] + log_init)
+            return np.logaddexp(a, log_c + tot[sos] + log_init)
 
         def leak_beta(b):
             tot = logsumexp_segments(b + log_init, seq_starts)
-            return np.logaddexp(b, log_c + tot[lat.seq_of_state])
+            return np.logaddexp(b, log_c + tot[sos])
+
+    def normalise(a):
+        """Subtract each sequence's max (kept finite); return the offsets."""
+        m = np.maximum.reduceat(a, seq_starts)
+        m[~np.isfinite(m)] = 0.0
+        a -= m[sos]
+        return m
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # alpha[t] is stored normalised per sequence; offset[t, n] is the
+        # float64 log of what was divided out up to frame t.
         alpha = np.full((Tmax + 1, S), -np.inf)
+        offset = np.zeros((Tmax + 1, N))
         if leaky is None:
             alpha[0, lat.start] = 0.0
         else:
             alpha[0] = leak_alpha(log_init)
+            offset[0] = normalise(alpha[0])
         for t in range(Tmax):
             v = alpha[t].take(f.src)
             v += f.log_prob
             v += X[t].take(f.col)
             a = np.full(S, -np.inf)
             a[f.key_states] = logsumexp_segments(v, f.seg_starts, plan.fwd_seg_of)
-            alpha[t + 1] = a if leaky is None else leak_alpha(a)
+            if leaky is not None:
+                a = leak_alpha(a)
+            offset[t + 1] = offset[t] + normalise(a)
+            alpha[t + 1] = a
         end = alpha[state_len, np.arange(S)] + lat.final
-        loglike = logsumexp_segments(end, plan.state_seq_starts)
+        loglike = logsumexp_segments(end, seq_starts) + offset[lengths, np.arange(N)]
         if not need_posteriors:
             return loglike, None
 
+        # Arc posteriors at frame t are normalised by that frame's own total
+        # Z_t = logsum_i alpha_t(i) + beta_t(i) (before the leaky map), which
+        # equals loglike in exact arithmetic but carries no large offsets.
         post = np.zeros((T, C))
-        # an impossible sequence gets total +inf here so that its posteriors are exp(-inf) = 0
-        total = np.where(np.isneginf(loglike), np.inf, loglike)
-        total_arc = total[b.seq]
         final = lat.final if leaky is None else leak_beta(lat.final)
         beta = np.where(state_len == Tmax, final, -np.inf)
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
@@ -163,14 +178,17 @@ def forward_backward_lattice(
             w += X[t].take(b.col)
             g = alpha[t].take(b.src)
             g += w
-            g -= total_arc
-            np.exp(g, out=g)
-            post[t] = np.bincount(b.col, weights=g, minlength=C)
             beta = np.full(S, -np.inf)
             beta[b.key_states] = logsumexp_segments(w, b.seg_starts, plan.bwd_seg_of)
+            z = logsumexp_segments(alpha[t] + beta, seq_starts)
+            z[np.isneginf(z)] = np.inf  # no path through frame t: posteriors exp(-inf) = 0
+            g -= z[b.seq]
+            np.exp(g, out=g)
+            post[t] = np.bincount(b.col, weights=g, minlength=C)
             if leaky is not None:
                 beta = leak_beta(beta)
             idx = ends_at.get(t)
             if idx is not None:
                 beta[idx] = final[idx]
+            normalise(beta)
     return loglike, post
