@@ -30,11 +30,31 @@ beta(j)``.  Arc posteriors use ``alpha'_t`` and ``beta'_{t+1}``.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from .lattice import Lattice
 
-__all__ = ["forward_backward_lattice", "logsumexp_segments"]
+__all__ = ["forward_backward_lattice", "logsumexp_segments", "set_num_threads", "get_num_threads"]
+
+_num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
+# below this many arc-frames a call is too small to be worth splitting
+_MIN_PARALLEL_WORK = 1_000_000
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the NumPy engine may use (sequences are split between them;
+    NumPy releases the GIL inside its array operations)."""
+    global _num_threads
+    if int(n) < 1:
+        raise ValueError(f"n: expected a positive number of threads, got {n}")
+    _num_threads = int(n)
+
+
+def get_num_threads() -> int:
+    return _num_threads
 
 
 def logsumexp_segments(v: np.ndarray, starts: np.ndarray, seg_of: np.ndarray | None = None) -> np.ndarray:
@@ -49,12 +69,19 @@ def logsumexp_segments(v: np.ndarray, starts: np.ndarray, seg_of: np.ndarray | N
     m[np.isneginf(m)] = 0.0
     if seg_of is None:
         seg_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, v.size)))
-    v -= m[seg_of]
+    v -= m.take(seg_of)
     np.exp(v, out=v)
-    s = np.add.reduceat(v, starts)
+    s = np.bincount(seg_of, weights=v, minlength=len(starts))
     np.log(s, out=s)
     s += m
     return s
+
+
+def _arc_scores(X, t0, t1, side):
+    """``w(arc) + X[t, col(arc)]`` for frames ``t0 <= t < t1``: ``[t1 - t0, A]``."""
+    wx = X[t0:t1].take(side.col, axis=1)
+    wx += side.log_prob
+    return wx
 
 
 class _Plan:
@@ -102,6 +129,30 @@ def forward_backward_lattice(
     loglike : float64 ``[N]``
     posteriors : float64 ``[T, C]`` or ``None``
     """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    threads = min(_num_threads, lat.num_sequences)
+    work = lat.num_arcs * (int(lengths.max()) if lengths.size else 0)
+    if threads < 2 or work < _MIN_PARALLEL_WORK:
+        return _forward_backward_serial(lat, X, lengths, need_posteriors, leaky)
+    parts = lat.split(threads)
+
+    def run(part):
+        seqs, states, cols, sub = part
+        lk = None if leaky is None else (leaky[0], np.asarray(leaky[1])[states])
+        return _forward_backward_serial(sub, X[:, cols], lengths[seqs], need_posteriors, lk)
+
+    with ThreadPoolExecutor(len(parts)) as ex:
+        results = list(ex.map(run, parts))
+    loglike = np.concatenate([r[0] for r in results])
+    if not need_posteriors:
+        return loglike, None
+    post = np.empty(X.shape)
+    for (seqs, states, cols, sub), (_, p) in zip(parts, results):
+        post[:, cols] = p
+    return loglike, post
+
+
+def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     T, C = X.shape
     N = lat.num_sequences
     S = lat.num_states
@@ -119,6 +170,8 @@ def forward_backward_lattice(
 
     seq_starts = plan.state_seq_starts
     sos = lat.seq_of_state
+    # arc weights + scores are gathered for `chunk` frames at a time (~32 MB)
+    chunk = max(1, min(max(Tmax, 1), 4_000_000 // max(1, lat.num_arcs)))
     if leaky is not None:
         log_c = float(np.log(leaky[0]))
         log_init = np.asarray(leaky[1], dtype=np.float64)
@@ -151,9 +204,10 @@ def forward_backward_lattice(
             alpha[0] = leak_alpha(log_init)
             offset[0] = normalise(alpha[0])
         for t in range(Tmax):
+            if t % chunk == 0:
+                wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
             v = alpha[t].take(f.src)
-            v += f.log_prob
-            v += X[t].take(f.col)
+            v += wx[t % chunk]
             a = np.full(S, -np.inf)
             a[f.key_states] = logsumexp_segments(v, f.seg_starts, plan.fwd_seg_of)
             if leaky is not None:
@@ -173,9 +227,11 @@ def forward_backward_lattice(
         beta = np.where(state_len == Tmax, final, -np.inf)
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
         for t in range(Tmax - 1, -1, -1):
+            if t == Tmax - 1 or t % chunk == chunk - 1:
+                c0 = t - t % chunk
+                wx = _arc_scores(X, c0, t + 1, b)
             w = beta.take(b.dst)
-            w += b.log_prob
-            w += X[t].take(b.col)
+            w += wx[t - c0]
             g = alpha[t].take(b.src)
             g += w
             beta = np.full(S, -np.inf)

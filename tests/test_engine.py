@@ -216,3 +216,28 @@ def test_forward_only():
     f = Fst.from_arcs([(0, 0, 0, 0.0), (0, 1, 1, 0.0), (1, 1, 1, 0.0)], {1: 0.0})
     ll, post = forward_backward(f, np.zeros((1, 3, 2)), need_posteriors=False)
     assert post is None and ll[0] == pytest.approx(math.log(3))
+
+
+def test_threaded_split_matches_serial(monkeypatch):
+    from chainfb import engine
+    from chainfb.lattice import Lattice
+    from chainfb.score_map import PdfScoreMap
+
+    rng = np.random.default_rng(11)
+    fsts = [random_fst(rng, num_states=6, num_arcs=15, num_pdfs=5) for _ in range(3)]
+    batch = FstBatch(fsts, seq_to_graph=[0, 1, 2, 2, 1, 0, 0])
+    lat = Lattice.of(batch)
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, rng.normal(size=(7, 9, 5)))
+    lengths = np.array([9, 3, 0, 9, 5, 1, 8])
+    log_init = np.log(rng.dirichlet(np.ones(lat.num_states)))
+    for leaky in (None, (0.1, log_init)):
+        serial = engine._forward_backward_serial(lat, X.copy(), lengths, True, leaky)
+        monkeypatch.setattr(engine, "_MIN_PARALLEL_WORK", 0)
+        monkeypatch.setattr(engine, "_num_threads", 3)
+        threaded = engine.forward_backward_lattice(lat, X.copy(), lengths, True, leaky)
+        assert len(lat.split(3)) == 3
+        # equal up to the last bit NumPy's vectorised exp may flip at a different array position
+        np.testing.assert_allclose(serial[0], threaded[0], rtol=1e-14)
+        np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
+    with pytest.raises(ValueError, match="n: expected a positive"):
+        engine.set_num_threads(0)
