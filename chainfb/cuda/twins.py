@@ -82,7 +82,7 @@ def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, nu
     lse = np.where(live, lse, R.type(0)).astype(R)
     X = np.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
     sym = _symbols(B, U1, M2, targets, int(blank), big)
-    ok = _valid(colidx, Tl, U1)
+    ok = _valid(colidx, Ul, U1)
     for b in range(B):
         for t in range(int(Tl[b])):
             for u in range(int(Ul[b]) + 1):
@@ -114,7 +114,7 @@ def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post
     scale = np.broadcast_to(np.asarray(scale, dtype=R), (B,))
     lam = R.type(fastemit_lambda)
     sym = _symbols(B, U1, M2, targets, int(blank), big)
-    ok = _valid(colidx, Tl, U1)
+    ok = _valid(colidx, Ul, U1)
     g = np.zeros((B, T, U1, V), dtype=R)
     for b in range(B):
         for t in range(int(Tl[b])):
