@@ -24,7 +24,9 @@ them once more and writes the gradient once::
 with ``post_j = post[t+u, colidx[b,u,j]]``, ``occ = sum_j post_j``,
 ``w_1 = 1 + lambda`` (FastEmit) and 1 otherwise, no softmax term when
 ``fused_log_softmax`` is false, the clamp to ``[-clamp, clamp]`` only when
-``clamp > 0``, and zero on rows that are not live.
+``clamp > 0``, and zero on rows that are not live.  With ``scale = 1``,
+``lambda = 0`` and no clamp this is ``d(-logP) / d logits``: the gradient of
+the loss, not of the log-likelihood.
 """
 
 from __future__ import annotations
