@@ -436,3 +436,74 @@ def test_emulation_under_ubsan(tmp_path):
                                        block_size=4, **args)
         transducer_grad_on(ub, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                            fastemit_lambda=0.1, clamp=0.5, threads_per_row=2, block_size=4, **args)
+
+
+def test_transducer_argument_errors(be):
+    rng = np.random.default_rng(12)
+    logits, args, C, rows, zc = _case(rng, M=0)
+    kw = dict(num_rows=rows, num_columns=C)
+    for fn in (lambda x, **a: transducer_gather_on(be, x, **a), twins.transducer_gather):
+        with pytest.raises(TypeError, match="logits"):
+            fn(logits.astype(np.int32), **kw, **args)
+        with pytest.raises(ValueError, match="logits"):
+            fn(logits[0], **kw, **args)
+        with pytest.raises(ValueError, match="targets"):
+            fn(logits, **kw, **dict(args, targets=args["targets"][:, :1]))
+        with pytest.raises(ValueError, match="colidx"):
+            fn(logits, **kw, **dict(args, colidx=args["colidx"] + C))
+        with pytest.raises(ValueError, match="big_blank_idx"):
+            fn(logits, **kw, **dict(args, big_blank_idx=[1]))
+        with pytest.raises(ValueError, match="blank"):
+            fn(logits, **kw, **dict(args, blank=logits.shape[-1]))
+        with pytest.raises(TypeError, match="logit_lengths"):
+            fn(logits, **kw, **dict(args, logit_lengths=np.ones(3)))
+    with pytest.raises(ValueError, match="threads_per_row"):
+        transducer_gather_on(be, logits, threads_per_row=3, block_size=6, **kw, **args)
+
+
+def test_emulation_under_asan(tmp_path):
+    """No out-of-bounds access in any kernel on small cases: the emulation
+    built with AddressSanitizer, run in a child process with libasan preloaded
+    (NumPy's buffers then get red zones)."""
+    import os
+    import subprocess
+    import sys
+
+    from chainfb.cuda.emulation import find_compiler as fc
+
+    cxx = fc()
+    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not libasan or not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip("libasan not available")
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "asan_child.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {here!r})
+import numpy as np
+import test_cuda_emulated as t
+from chainfb.cuda.emulation import build, EmulatedBackend
+be = EmulatedBackend(build({str(tmp_path)!r}, extra_flags=("-fsanitize=address",)))
+rng = np.random.default_rng(0)
+for block in (1, 3, 8):
+    lat = t.Lattice.of(t.FstBatch([t.random_fst(rng, num_states=5, num_arcs=12) for _ in range(3)]))
+    X = rng.normal(size=(5, lat.num_columns))
+    t._compare(be, lat, X, np.array([5, 2, 0]), block=block)
+    t._compare(be, lat, X, np.array([5, 2, 0]), block=block, leaky=(0.1, np.log(np.full(lat.num_states, 0.2))))
+for kind in ("f16", "bf16", "f32", "f64"):
+    for M in (0, 2):
+        logits, args, C, rows, zc = t._case(rng, M=M)
+        x = t._as_input(logits, kind)
+        Xe, lse = t.transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
+                                         block_size=4, **args)
+        t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+                             fastemit_lambda=0.1, clamp=0.5, threads_per_row=2, block_size=4, **args)
+print("ASAN-CLEAN")
+""")
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here)] + [p for p in [env.get("PYTHONPATH")] if p])
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    if "ASAN-CLEAN" not in res.stdout and "AddressSanitizer" not in res.stderr:
+        pytest.skip(f"could not run under ASan: {res.stderr[-300:]}")
+    assert "ERROR: AddressSanitizer" not in res.stderr, res.stderr[-3000:]
+    assert "ASAN-CLEAN" in res.stdout

@@ -139,6 +139,17 @@ def check_common(xp, logits, targets, logit_lengths, target_lengths, colidx, bla
     return arr, tag, (B, T, U1, V, M2), targets, logit_lengths, target_lengths, colidx, big
 
 
+def _check_columns(colidx, zero_col, C):
+    """Range-check host-side column indices (device arrays are not checked:
+    that would synchronise)."""
+    for name, a in (("colidx", colidx), ("zero_col", zero_col)):
+        if a is None or not isinstance(a, (np.ndarray, list, tuple)):
+            continue
+        a = np.asarray(a)
+        if a.size and (a.min() < -1 or a.max() >= C):
+            raise ValueError(f"{name}: column indices must lie in [-1, {C}), got [{a.min()}, {a.max()}]")
+
+
 def _launch_shape(rows, tpr, block):
     if tpr & (tpr - 1) or block % tpr or not 1 <= block <= 1024:
         raise ValueError(f"threads_per_row must be a power of two dividing block_size <= 1024, got {tpr}, {block}")
@@ -151,6 +162,7 @@ def transducer_gather_on(backend, logits, targets, logit_lengths, target_lengths
                          block_size=128):
     """:func:`transducer_gather` on any kernel backend (GPU or emulation)."""
     xp = backend.xp
+    _check_columns(colidx, zero_col, int(num_columns))
     arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
         xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
     )
@@ -184,12 +196,14 @@ def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, 
                        block_size=128):
     """:func:`transducer_grad` on any kernel backend (GPU or emulation)."""
     xp = backend.xp
+    colidx_in = colidx
     arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
         xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
     )
     R = compute_dtype(tag)
     if post.ndim != 2:
         raise ValueError(f"post: expected 2-D [num_rows, C], got shape {tuple(post.shape)}")
+    _check_columns(colidx_in, None, int(post.shape[1]))
     post = xp.ascontiguousarray(xp.asarray(post, dtype=R))
     lse = xp.ascontiguousarray(xp.asarray(lse, dtype=R))
     if lse.shape != (B, T, U1):

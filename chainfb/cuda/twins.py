@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine import forward_backward_lattice
-from .transducer_maps import check_common, compute_dtype
+from .transducer_maps import _check_columns, check_common, compute_dtype
 
 __all__ = ["forward_backward_lattice", "transducer_gather", "transducer_grad"]
 
@@ -66,6 +66,7 @@ def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, nu
                       big_blank_idx=(), zero_col=None, fused_log_softmax=True):
     """NumPy twin of :func:`chainfb.cuda.transducer_gather` (same arguments,
     NumPy arrays or CPU tensors; returns NumPy ``X``, ``lse``)."""
+    _check_columns(colidx, zero_col, int(num_columns))
     arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
         np, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
     )
@@ -104,6 +105,7 @@ def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post
                     big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True):
     """NumPy twin of :func:`chainfb.cuda.transducer_grad` (returns the same
     container and dtype as ``logits``: NumPy array or CPU tensor)."""
+    _check_columns(colidx, None, int(np.shape(post)[1]))
     arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
         np, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
     )
