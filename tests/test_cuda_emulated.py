@@ -147,6 +147,10 @@ def test_engine_forward_only_and_errors(be):
         forward_backward_lattice_on(be, lat, X.astype(np.float16), np.array([3]))
     with pytest.raises(ValueError, match="lengths"):
         forward_backward_lattice_on(be, lat, X.copy(), np.array([3, 3]))
+    with pytest.raises(ValueError, match="lengths"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([4]))
+    with pytest.raises(TypeError, match="lengths"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([3.0]))
     with pytest.raises(ValueError, match="leaky"):
         forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), leaky=(0.1, np.zeros(1)))
     with pytest.raises(ValueError, match="leaky"):

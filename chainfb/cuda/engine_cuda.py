@@ -107,6 +107,10 @@ def forward_backward_lattice_on(backend, lat: Lattice, X, lengths, need_posterio
         raise ValueError(f"X: shape {tuple(X.shape)} too large")
     if not X.flags.c_contiguous:
         X = xp.ascontiguousarray(X)
+    if isinstance(lengths, (np.ndarray, list, tuple)):  # host lengths: check them (device ones are trusted)
+        h = np.asarray(lengths)
+        if h.dtype.kind in "iu" and h.size and (h.min() < 0 or h.max() > T):
+            raise ValueError(f"lengths: every length must lie in [0, T={T}], got {h[(h < 0) | (h > T)][0]}")
     lengths = xp.asarray(lengths)
     if lengths.shape != (N,):
         raise ValueError(f"lengths: expected shape ({N},), got {tuple(lengths.shape)}")

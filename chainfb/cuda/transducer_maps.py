@@ -209,7 +209,17 @@ def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, 
     if lse.shape != (B, T, U1):
         raise ValueError(f"lse: expected shape {(B, T, U1)}, got {tuple(lse.shape)}")
     scale = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(scale, dtype=R), (B,)))
-    grad = xp.empty(arr.shape, dtype=arr.dtype)
+    out = None
+    if _is_torch(logits) and xp is not np:
+        # the gradient (as big as the logits) comes from torch's caching allocator, not CuPy's pool
+        import torch
+
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        from .interop import cupy_view
+
+        grad = cupy_view(out)
+    else:
+        grad = xp.empty(arr.shape, dtype=arr.dtype)
     i32 = np.int32
     rows = B * T * U1
     backend.launch(
@@ -220,7 +230,7 @@ def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, 
          i32(bool(fused_log_softmax)), i32(threads_per_row), post, i32(post.shape[0]), i32(post.shape[1]), lse,
          scale, R.type(fastemit_lambda), R.type(clamp), grad],
     )
-    return wrap_grad(grad, tag, logits)
+    return out if out is not None else wrap_grad(grad, tag, logits)
 
 
 def wrap_grad(grad, tag, like):
