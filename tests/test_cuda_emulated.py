@@ -14,6 +14,7 @@ from chainfb.cuda.kernels import KERNELS
 from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
 from chainfb.engine import forward_backward_lattice
 from chainfb.testing import brute_force, numerator_like_fst, random_fst
+from rnnt_reference import rnnt_reference, rnnt_step_case
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
 
@@ -311,60 +312,18 @@ def test_16bit_loads_are_exact(be):
 # ---------------------------------------------------------------- RNN-T end to end
 
 
-def _rnnt_reference(logits, targets, T_len, U_len, blank):
-    """Direct float64 alpha recursion in torch (differentiable): -logP per utterance."""
-    lp = torch.log_softmax(logits, dim=-1)
-    out = []
-    for b in range(logits.shape[0]):
-        T, U = int(T_len[b]), int(U_len[b])
-        alpha = {}
-        for t in range(T):
-            for u in range(U + 1):
-                if t == 0 and u == 0:
-                    alpha[t, u] = logits.new_zeros(())
-                    continue
-                terms = []
-                if t > 0:
-                    terms.append(alpha[t - 1, u] + lp[b, t - 1, u, blank])
-                if u > 0:
-                    terms.append(alpha[t, u - 1] + lp[b, t, u - 1, targets[b, u - 1]])
-                alpha[t, u] = torch.logsumexp(torch.stack(terms), 0)
-        out.append(-(alpha[T - 1, U] + lp[b, T - 1, U, blank]))
-    return torch.stack(out)
-
-
 def test_rnnt_through_kernels_and_engine(be):
     """Step graphs (state u: blank self-loop, label arc u -> u+1) + emulated
     gather + emulated engine + emulated grad = the direct RNN-T recursion."""
     rng = np.random.default_rng(9)
-    B, T, Umax, V = 3, 5, 3, 6
-    blank = 0
-    T_len = np.array([5, 3, 4])
-    U_len = np.array([3, 1, 0])
-    targets = rng.integers(1, V, (B, Umax))
-    logits = rng.normal(size=(B, T, Umax + 1, V))
-    fsts = []
-    for b in range(B):
-        U = int(U_len[b])
-        arcs = [(u, u, 2 * u, 0.0) for u in range(U + 1)] + [(u, u + 1, 2 * u + 1, 0.0) for u in range(U)]
-        fsts.append(Fst.from_arcs(arcs, {U: 0.0}, num_states=U + 1))
-    lat = Lattice.of(FstBatch(fsts))
-    col_off = np.searchsorted(lat.col_seq, np.arange(B + 1))
-    colidx = -np.ones((B, Umax + 1, 2), dtype=np.int32)
-    for b in range(B):
-        for u in range(U_len[b] + 1):
-            colidx[b, u, 0] = col_off[b] + 2 * u
-            if u < U_len[b]:
-                colidx[b, u, 1] = col_off[b] + 2 * u + 1
-    rows = T + Umax
-    args = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=blank)
+    logits, lat, args, rows, T_len, U_len = rnnt_step_case(rng)
     X, lse = transducer_gather_on(be, logits, num_rows=rows, num_columns=lat.num_columns, threads_per_row=4,
                                   block_size=8, **args)
     ll, post = forward_backward_lattice_on(be, lat, X, T_len + U_len, block_size=2)
-    scale = np.ones(B)  # the kernel formula is d(-logP) / d logits
+    scale = np.ones(len(T_len))  # the kernel formula is d(-logP) / d logits
     grad = transducer_grad_on(be, logits, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **args)
     lt = torch.tensor(logits, requires_grad=True)
-    ref = _rnnt_reference(lt, targets, T_len, U_len, blank)
+    ref = rnnt_reference(lt, args["targets"], T_len, U_len, args["blank"])
     ref.sum().backward()
     np.testing.assert_allclose(-ll, ref.detach().numpy(), rtol=1e-10)
     np.testing.assert_allclose(grad, lt.grad.numpy(), atol=1e-10)
