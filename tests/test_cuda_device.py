@@ -85,6 +85,7 @@ class TestCPU(_DeviceTests):
     device = "cpu"
 
 
+@pytest.mark.cuda
 @requires_cuda
 class TestCUDA(_DeviceTests):
     device = "cuda"
