@@ -3,9 +3,19 @@
 
 Cases: (a) 64 numerator-like graphs of ~300 arcs, T=150; (b) one
 denominator-sized graph (3,000 states, 50,000 arcs) shared by 32 sequences,
-T=150.  ``arc-frames`` = arcs of all sequences x frames.
+T=150; (c) N=128 numerator-like graphs, T=150 (the GPU speed-up target:
+>= 50x the NumPy path).  ``arc-frames`` = arcs of all sequences x frames.
 
-    python tools/bench_engine.py [--repeat 3] [--device cpu|cuda]
+    python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--cases abc]
+                                 [--numpy-baseline] [--peak-gbps 3350]
+
+With ``--device cuda`` and ``--numpy-baseline`` each case is also timed on
+the NumPy path in the same run and the speed-up printed.  The roofline
+column estimates the bytes the two kernels must move (forward: per arc and
+frame the source alpha, weight, column score and two indices; backward: the
+same twice over, once for beta and once for the column posteriors) and
+divides by the time: compare it with the GPU's memory bandwidth
+(``--peak-gbps``, e.g. 3350 for an H100 SXM, 4800 for an H200).
 """
 
 import argparse
@@ -17,11 +27,16 @@ import chainfb
 from chainfb.testing import denominator_like_fst, numerator_like_fst
 
 
-def cases(rng, P=2000, T=150):
-    graphs = [numerator_like_fst(rng, num_phones=50, num_pdfs=P) for _ in range(64)]
-    yield "(a) 64 numerator graphs", chainfb.FstBatch(graphs), T, P
-    den = denominator_like_fst(rng, num_pdfs=P)
-    yield "(b) 1 den graph x 32 seqs", chainfb.FstBatch([den], np.zeros(32, dtype=np.int64)), T, P
+def cases(rng, which, P=2000, T=150):
+    if "a" in which:
+        graphs = [numerator_like_fst(rng, num_phones=50, num_pdfs=P) for _ in range(64)]
+        yield "(a) 64 numerator graphs", chainfb.FstBatch(graphs), T, P
+    if "b" in which:
+        den = denominator_like_fst(rng, num_pdfs=P)
+        yield "(b) 1 den graph x 32 seqs", chainfb.FstBatch([den], np.zeros(32, dtype=np.int64)), T, P
+    if "c" in which:
+        graphs = [numerator_like_fst(rng, num_phones=50, num_pdfs=P) for _ in range(128)]
+        yield "(c) N=128 numerator graphs", chainfb.FstBatch(graphs), T, P
 
 
 def run(batch, scores, lengths, device):
@@ -38,25 +53,48 @@ def run(batch, scores, lengths, device):
     return time.perf_counter() - t0
 
 
+def bytes_moved(arcs, T, real=8):
+    """Rough lower bound of the engine's global-memory traffic (see the docstring)."""
+    per_arc_frame = 3 * (2 * real + real + 2 * 4)  # alpha/beta + weight + score, two int32 indices; x3 passes
+    return arcs * T * per_arc_frame
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cases", default="ab", help="which cases to run, e.g. abc (default ab)")
+    ap.add_argument("--numpy-baseline", action="store_true", help="with --device cuda: also time the NumPy path")
+    ap.add_argument("--peak-gbps", type=float, default=None, help="GPU memory bandwidth for the roofline fraction")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"{'case':28s} {'arcs':>9s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}")
-    for name, batch, T, P in cases(rng):
+    head = f"{'case':28s} {'arcs':>9s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}"
+    if args.device == "cuda":
+        head += f" {'GB/s (est)':>10s}" + (f" {'roofline':>8s}" if args.peak_gbps else "")
+        head += f" {'numpy s':>8s} {'speed-up':>8s}" if args.numpy_baseline else ""
+    print(head)
+    for name, batch, T, P in cases(rng, args.cases):
         N = batch.num_sequences
-        scores = rng.normal(size=(N, T, P)).astype(np.float32)
+        scores_np = rng.normal(size=(N, T, P)).astype(np.float32)
         lengths = np.full(N, T)
+        scores = scores_np
         if args.device == "cuda":
             import torch
 
-            scores = torch.from_numpy(scores).cuda()
-        run(batch, scores, lengths, args.device)  # warm-up (builds the lattice)
+            scores = torch.from_numpy(scores_np).cuda()
+        run(batch, scores, lengths, args.device)  # warm-up (builds the lattice, compiles the kernels)
         best = min(run(batch, scores, lengths, args.device) for _ in range(args.repeat))
         arcs = sum(batch.fsts[g].num_arcs for g in batch.seq_to_graph)
-        print(f"{name:28s} {arcs:9d} {T:6d} {best:8.3f} {arcs * T / best / 1e6:15.1f}")
+        line = f"{name:28s} {arcs:9d} {T:6d} {best:8.3f} {arcs * T / best / 1e6:15.1f}"
+        if args.device == "cuda":
+            gbps = bytes_moved(arcs, T) / best / 1e9
+            line += f" {gbps:10.1f}"
+            if args.peak_gbps:
+                line += f" {gbps / args.peak_gbps:8.1%}"
+            if args.numpy_baseline:
+                base = min(run(batch, scores_np, lengths, "cpu") for _ in range(max(1, args.repeat // 2)))
+                line += f" {base:8.3f} {base / best:7.1f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

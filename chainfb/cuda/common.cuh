@@ -1,0 +1,196 @@
+// Shared device helpers for chainfb's kernels: -inf, exp/log per real type,
+// an online log-sum-exp accumulator, a deterministic block-wide log-sum-exp
+// (shared-memory tree, no warp shuffles), and 16-bit float storage types with
+// exact bit-level conversions (so the host emulation gives identical bits).
+#ifndef CHAINFB_COMMON_CUH
+#define CHAINFB_COMMON_CUH
+
+#ifdef CHAINFB_EMULATE
+#include "emulate.h"
+#endif
+
+#ifndef CHAINFB_MAX_THREADS
+#define CHAINFB_MAX_THREADS 1024
+#endif
+
+namespace chainfb {
+
+typedef long long i64;
+
+template <typename R>
+struct Num;
+
+template <>
+struct Num<float> {
+  static __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+  static __device__ __forceinline__ float exp_(float x) { return expf(x); }
+  static __device__ __forceinline__ float log_(float x) { return logf(x); }
+  static __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
+};
+
+template <>
+struct Num<double> {
+  static __device__ __forceinline__ double neg_inf() { return -__longlong_as_double(0x7ff0000000000000LL); }
+  static __device__ __forceinline__ double exp_(double x) { return exp(x); }
+  static __device__ __forceinline__ double log_(double x) { return log(x); }
+  static __device__ __forceinline__ double log1p_(double x) { return log1p(x); }
+};
+
+// log(exp(a) + exp(b)), -inf when both are -inf.
+template <typename R>
+__device__ __forceinline__ R log_add(R a, R b) {
+  R m = a > b ? a : b;
+  R d = a > b ? b - a : a - b;
+  if (!(m > Num<R>::neg_inf())) return Num<R>::neg_inf();
+  return m + Num<R>::log1p_(Num<R>::exp_(d));
+}
+
+// Online log-sum-exp: running max m and sum s of exp(v - m).
+template <typename R>
+struct LogAcc {
+  R m, s;
+  __device__ __forceinline__ void init() {
+    m = Num<R>::neg_inf();
+    s = R(0);
+  }
+  __device__ __forceinline__ void add(R v) {
+    if (v > m) {
+      s = s * Num<R>::exp_(m - v) + R(1);
+      m = v;
+    } else if (v > Num<R>::neg_inf()) {
+      s += Num<R>::exp_(v - m);
+    }
+  }
+  __device__ __forceinline__ void merge(R om, R os) {
+    if (om > m) {
+      s = s * Num<R>::exp_(m - om) + os;
+      m = om;
+    } else if (om > Num<R>::neg_inf()) {
+      s += os * Num<R>::exp_(om - m);
+    }
+  }
+  __device__ __forceinline__ R result() const {
+    return m > Num<R>::neg_inf() ? m + Num<R>::log_(s) : Num<R>::neg_inf();
+  }
+};
+
+// Log-sum-exp within groups of `group` consecutive threads of the block
+// (group = blockDim.x for the whole block; a power of two dividing blockDim.x
+// otherwise).  Every thread of the block must call it.  A fixed tree order:
+// bit-identical from run to run.  Returns the group's result to every thread.
+template <typename R>
+__device__ R group_logsum(LogAcc<R> a, unsigned group) {
+  __shared__ R sm_m[CHAINFB_MAX_THREADS];
+  __shared__ R sm_s[CHAINFB_MAX_THREADS];
+  unsigned tid = threadIdx.x;
+  unsigned lane = tid % group;
+  sm_m[tid] = a.m;
+  sm_s[tid] = a.s;
+  __syncthreads();
+  for (unsigned stride = 1; stride < group; stride *= 2) {
+    if ((lane & (2 * stride - 1)) == 0 && lane + stride < group) {
+      LogAcc<R> x;
+      x.m = sm_m[tid];
+      x.s = sm_s[tid];
+      x.merge(sm_m[tid + stride], sm_s[tid + stride]);
+      sm_m[tid] = x.m;
+      sm_s[tid] = x.s;
+    }
+    __syncthreads();
+  }
+  LogAcc<R> r;
+  r.m = sm_m[tid - lane];
+  r.s = sm_s[tid - lane];
+  R out = r.result();
+  __syncthreads();  // the shared buffers may be reused right after
+  return out;
+}
+
+// 16-bit float storage (IEEE half and bfloat16), converted bit-exactly.
+struct F16 {
+  unsigned short bits;
+};
+struct BF16 {
+  unsigned short bits;
+};
+
+template <typename In>
+struct Storage;
+
+template <>
+struct Storage<float> {
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float v) { return v; }
+};
+
+template <>
+struct Storage<double> {
+  static __device__ __forceinline__ double load(double v) { return v; }
+  static __device__ __forceinline__ double store(double v) { return v; }
+};
+
+template <>
+struct Storage<BF16> {
+  static __device__ __forceinline__ float load(BF16 v) { return __int_as_float(((int)v.bits) << 16); }
+  static __device__ __forceinline__ BF16 store(float f) {
+    unsigned x = (unsigned)__float_as_int(f);
+    BF16 r;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+      r.bits = (unsigned short)((x >> 16) | 0x40u);  // quiet NaN
+    } else {
+      x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+      r.bits = (unsigned short)(x >> 16);
+    }
+    return r;
+  }
+};
+
+template <>
+struct Storage<F16> {
+  static __device__ __forceinline__ float load(F16 v) {
+    unsigned h = v.bits;
+    unsigned sign = (h & 0x8000u) << 16;
+    unsigned e = (h >> 10) & 0x1fu;
+    unsigned m = h & 0x3ffu;
+    if (e == 0) {
+      float f = (float)m * 5.9604644775390625e-8f;  // m * 2^-24, exact
+      return sign ? -f : f;
+    }
+    if (e == 31) return __int_as_float((int)(sign | 0x7f800000u | (m << 13)));
+    return __int_as_float((int)(sign | ((e + 112u) << 23) | (m << 13)));
+  }
+  static __device__ __forceinline__ F16 store(float f) {
+    unsigned x = (unsigned)__float_as_int(f);
+    unsigned sign = (x >> 16) & 0x8000u;
+    unsigned ax = x & 0x7fffffffu;
+    F16 r;
+    if (ax > 0x7f800000u) {
+      r.bits = (unsigned short)(sign | 0x7e00u);
+    } else if (ax >= 0x477ff000u) {  // >= 65520 (and inf) -> inf
+      r.bits = (unsigned short)(sign | 0x7c00u);
+    } else if (ax < 0x38800000u) {  // below 2^-14: subnormal half
+      if (ax <= 0x33000000u) {     // <= 2^-25 rounds to zero
+        r.bits = (unsigned short)sign;
+      } else {
+        unsigned e = ax >> 23;
+        unsigned m = (ax & 0x7fffffu) | 0x800000u;
+        unsigned shift = 126u - e;
+        unsigned q = m >> shift;
+        unsigned rem = m & ((1u << shift) - 1u);
+        unsigned half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u))) q += 1u;
+        r.bits = (unsigned short)(sign | q);
+      }
+    } else {
+      unsigned h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13);
+      unsigned rem = ax & 0x1fffu;
+      if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
+      r.bits = (unsigned short)(sign | h);
+    }
+    return r;
+  }
+};
+
+}  // namespace chainfb
+
+#endif  // CHAINFB_COMMON_CUH

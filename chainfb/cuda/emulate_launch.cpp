@@ -1,0 +1,69 @@
+// Host-side launcher for the emulated kernels (see emulate.h): the same .cu
+// sources, built with g++ -std=c++20 -DCHAINFB_EMULATE into a shared library.
+// cfb_launch(name, grid, block, args) runs the kernel instantiation `name`
+// (spelled as in chainfb/cuda/kernels.py) with args[i] pointing at the value
+// of parameter i, like CUDA's kernelParams.
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "engine.cu"
+#include "transducer.cu"
+
+namespace {
+
+template <class... A, std::size_t... I>
+void call_with(void (*k)(A...), void** args, std::index_sequence<I...>) {
+  k(*static_cast<std::remove_reference_t<A>*>(args[I])...);
+}
+
+template <class... A>
+void run(void (*k)(A...), unsigned grid, unsigned block, void** args) {
+  cfb_emu::launch(grid, block, [&] { call_with(k, args, std::index_sequence_for<A...>{}); });
+}
+
+typedef void (*Runner)(unsigned, unsigned, void**);
+struct Entry {
+  const char* name;
+  Runner fn;
+};
+
+#define CFB_ENTRY(NAME, ...) \
+  Entry { NAME, [](unsigned g, unsigned b, void** a) { run(&__VA_ARGS__, g, b, a); } }
+
+using chainfb::BF16;
+using chainfb::F16;
+
+const Entry kTable[] = {
+    CFB_ENTRY("chainfb::fb_forward<float>", chainfb::fb_forward<float>),
+    CFB_ENTRY("chainfb::fb_forward<double>", chainfb::fb_forward<double>),
+    CFB_ENTRY("chainfb::fb_backward<float>", chainfb::fb_backward<float>),
+    CFB_ENTRY("chainfb::fb_backward<double>", chainfb::fb_backward<double>),
+    CFB_ENTRY("chainfb::rnnt_gather<float, float>", chainfb::rnnt_gather<float, float>),
+    CFB_ENTRY("chainfb::rnnt_gather<double, double>", chainfb::rnnt_gather<double, double>),
+    CFB_ENTRY("chainfb::rnnt_gather<chainfb::F16, float>", chainfb::rnnt_gather<F16, float>),
+    CFB_ENTRY("chainfb::rnnt_gather<chainfb::BF16, float>", chainfb::rnnt_gather<BF16, float>),
+    CFB_ENTRY("chainfb::rnnt_grad<float, float>", chainfb::rnnt_grad<float, float>),
+    CFB_ENTRY("chainfb::rnnt_grad<double, double>", chainfb::rnnt_grad<double, double>),
+    CFB_ENTRY("chainfb::rnnt_grad<chainfb::F16, float>", chainfb::rnnt_grad<F16, float>),
+    CFB_ENTRY("chainfb::rnnt_grad<chainfb::BF16, float>", chainfb::rnnt_grad<BF16, float>),
+    CFB_ENTRY("chainfb::rnnt_zero_col<float>", chainfb::rnnt_zero_col<float>),
+    CFB_ENTRY("chainfb::rnnt_zero_col<double>", chainfb::rnnt_zero_col<double>),
+};
+
+}  // namespace
+
+extern "C" int cfb_num_kernels() { return (int)(sizeof(kTable) / sizeof(kTable[0])); }
+
+extern "C" const char* cfb_kernel_name(int i) { return kTable[i].name; }
+
+extern "C" int cfb_launch(const char* name, unsigned grid, unsigned block, void** args) {
+  for (const Entry& e : kTable) {
+    if (std::strcmp(e.name, name) == 0) {
+      e.fn(grid, block, args);
+      return 0;
+    }
+  }
+  return -1;
+}

@@ -1,0 +1,115 @@
+"""Run chainfb's CUDA kernels on the CPU: the same ``.cu`` sources built by
+the host C++ compiler under ``emulate.h`` (threads of a block as
+``std::thread``\\ s, ``__syncthreads`` as a ``std::barrier``, shared memory
+per block), loaded with ctypes.  Used by the tests to check the kernels'
+logic on machines without a GPU; far too slow for anything else.
+
+``EmulatedBackend`` has the interface of
+:class:`chainfb.cuda.kernels.CupyBackend` with NumPy arrays in place of
+CuPy arrays, so the GPU wrappers run unchanged on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+
+from .kernels import KERNELS, source_dir
+
+__all__ = ["find_compiler", "build", "EmulatedBackend"]
+
+_CTYPES = {
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.uint64): ctypes.c_uint64,
+    np.dtype(np.float32): ctypes.c_float,
+    np.dtype(np.float64): ctypes.c_double,
+}
+
+
+def find_compiler() -> str | None:
+    """A host C++20 compiler (``$CXX``, ``g++`` or ``clang++``), or None."""
+    for c in (os.environ.get("CXX"), "g++", "clang++"):
+        if c and shutil.which(c):
+            return c
+    return None
+
+
+def build(directory: str, compiler: str | None = None, extra_flags=()) -> str:
+    """Compile the kernels for the host into ``directory``; returns the
+    shared library's path.  Raises ``RuntimeError`` with the compiler's
+    output on any error or warning."""
+    compiler = compiler or find_compiler()
+    if compiler is None:
+        raise RuntimeError("no host C++ compiler found (set CXX)")
+    out = os.path.join(directory, "libchainfb_emulated.so")
+    cmd = [
+        compiler,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        "-Wall",
+        "-Werror",
+        "-DCHAINFB_EMULATE",
+        "-I",
+        source_dir(),
+        "-x",
+        "c++",
+        os.path.join(source_dir(), "emulate_launch.cpp"),
+        "-o",
+        out,
+        *extra_flags,
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 or res.stderr.strip():
+        raise RuntimeError(f"host build of the kernels failed:\n{' '.join(cmd)}\n{res.stderr}")
+    return out
+
+
+class EmulatedBackend:
+    """Launch the host-compiled kernels (NumPy arrays as device memory)."""
+
+    xp = np
+
+    def __init__(self, library: str):
+        self.lib = ctypes.CDLL(library)
+        self.lib.cfb_launch.restype = ctypes.c_int
+        self.lib.cfb_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+        self.lib.cfb_kernel_name.restype = ctypes.c_char_p
+        self.launches = []  # (name, grid, block) of every launch, for tests
+
+    def kernel_names(self) -> list:
+        return [self.lib.cfb_kernel_name(i).decode() for i in range(self.lib.cfb_num_kernels())]
+
+    def launch(self, name: str, grid: int, block: int, args) -> None:
+        if name not in KERNELS:
+            raise KeyError(f"unknown kernel {name!r}")
+        if grid <= 0:
+            return
+        holders = []
+        ptrs = (ctypes.c_void_p * max(1, len(args)))()
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                if not a.flags.c_contiguous:
+                    raise ValueError(f"{name}: argument {i} must be C-contiguous")
+                h = ctypes.c_void_p(a.ctypes.data)
+            elif isinstance(a, np.generic) and a.dtype in _CTYPES:
+                h = _CTYPES[a.dtype](a.item())
+            else:
+                raise TypeError(f"{name}: argument {i} must be an array or a NumPy scalar, got {type(a).__name__}")
+            holders.append(h)
+            ptrs[i] = ctypes.cast(ctypes.pointer(h), ctypes.c_void_p)
+        self.launches.append((name, int(grid), int(block)))
+        rc = self.lib.cfb_launch(name.encode(), int(grid), int(block), ptrs)
+        if rc != 0:
+            raise KeyError(f"kernel {name!r} is not in the emulation library")
+
+    def device_key(self):
+        return ("emulated", id(self))

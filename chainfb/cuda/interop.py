@@ -1,0 +1,41 @@
+"""torch <-> CuPy without copies, on torch's current CUDA stream."""
+
+from __future__ import annotations
+
+__all__ = ["cupy_view", "use_torch_stream"]
+
+
+def use_torch_stream(device_index: int):
+    """Make torch's current stream on ``device_index`` CuPy's current stream
+    for that device (thread-local in CuPy), so CuPy work is ordered with
+    torch's without any synchronisation.  Returns the CuPy stream."""
+    import cupy
+    import torch
+
+    with cupy.cuda.Device(device_index):
+        ts = torch.cuda.current_stream(device_index)
+        cs = cupy.cuda.get_current_stream()
+        if cs.ptr != ts.cuda_stream:
+            cs = cupy.cuda.ExternalStream(ts.cuda_stream, device_index)
+            cs.use()
+        return cs
+
+
+def cupy_view(tensor):
+    """A CuPy array sharing memory with a CUDA torch ``tensor`` (DLPack, no
+    copy), with CuPy's current device set to the tensor's device and CuPy's
+    current stream set to torch's current stream there.
+
+    bfloat16 has no CuPy dtype: such a tensor comes back as an ``int16``
+    view of its bits (convert with ``tensor.float()`` first for values)."""
+    import cupy
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
+        raise TypeError(f"tensor: expected a CUDA torch.Tensor, got {type(tensor).__name__}")
+    dev = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+    cupy.cuda.Device(dev).use()
+    use_torch_stream(dev)
+    return cupy.from_dlpack(tensor)

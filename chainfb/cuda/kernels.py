@@ -1,0 +1,126 @@
+"""The CUDA sources shipped with chainfb, the kernel instantiations they
+provide, and their run-time compilation by CuPy (NVRTC), cached per device.
+
+A *backend* runs a kernel by name: ``backend.launch(name, grid, block,
+args)`` with ``args`` a list of arrays and NumPy scalars whose types match
+the kernel's parameters exactly.  :class:`CupyBackend` launches on the GPU;
+:mod:`chainfb.cuda.emulation` provides the same interface on the CPU by
+building the same sources with the host compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+__all__ = [
+    "SOURCES",
+    "KERNELS",
+    "source_dir",
+    "load_source",
+    "nvrtc_options",
+    "CupyBackend",
+    "cupy_backend",
+]
+
+#: Kernel files (compiled separately) and the instantiations each provides.
+SOURCES = {
+    "engine.cu": [f"chainfb::fb_forward<{r}>" for r in ("float", "double")]
+    + [f"chainfb::fb_backward<{r}>" for r in ("float", "double")],
+    "transducer.cu": [
+        f"chainfb::rnnt_gather<{i}, {r}>"
+        for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
+    ]
+    + [
+        f"chainfb::rnnt_grad<{i}, {r}>"
+        for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
+    ]
+    + [f"chainfb::rnnt_zero_col<{r}>" for r in ("float", "double")],
+}
+
+#: kernel name -> source file
+KERNELS = {name: src for src, names in SOURCES.items() for name in names}
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+def source_dir() -> str:
+    """Directory holding the ``.cu``/``.cuh``/``.h`` files."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def load_source(name: str) -> str:
+    """Text of ``name`` with its local ``#include "..."`` files inlined (once
+    each), so the code alone determines the compiled result (and CuPy's cache
+    key).  The host-emulation header is never inlined: it sits behind
+    ``#ifdef CHAINFB_EMULATE`` and is only for the host compiler."""
+    seen = set()
+
+    def expand(fname):
+        if fname in seen:
+            return ""
+        seen.add(fname)
+        with open(os.path.join(source_dir(), fname), encoding="utf-8") as f:
+            text = f.read()
+
+        def sub(m):
+            inc = m.group(1)
+            if inc == "emulate.h":
+                return m.group(0)
+            return expand(inc)
+
+        return _INCLUDE.sub(sub, text)
+
+    return expand(name)
+
+
+def nvrtc_options(arch: str | None = None) -> tuple:
+    """NVRTC options for chainfb's kernels (``arch`` like ``"sm_90"``)."""
+    opts = ["--std=c++17", "-default-device"]
+    if arch is not None:
+        opts.append(f"--gpu-architecture={arch}")
+    return tuple(opts)
+
+
+class CupyBackend:
+    """Launch chainfb kernels on the current CUDA device through CuPy."""
+
+    def __init__(self):
+        import cupy
+
+        self.xp = cupy
+        self._modules = {}
+
+    def module(self, src: str):
+        """The compiled ``RawModule`` of source file ``src`` for the current device."""
+        dev = self.xp.cuda.Device().id
+        key = (src, dev)
+        mod = self._modules.get(key)
+        if mod is None:
+            mod = self.xp.RawModule(code=load_source(src), options=nvrtc_options(), name_expressions=SOURCES[src])
+            self._modules[key] = mod
+        return mod
+
+    def function(self, name: str):
+        return self.module(KERNELS[name]).get_function(name)
+
+    def launch(self, name: str, grid: int, block: int, args) -> None:
+        if grid <= 0:
+            return
+        self.function(name)((int(grid),), (int(block),), tuple(args))
+
+    def device_key(self):
+        return ("cuda", self.xp.cuda.Device().id)
+
+
+_CUPY_BACKEND = None
+
+
+def cupy_backend() -> CupyBackend:
+    """The process-wide :class:`CupyBackend` (modules cached per device)."""
+    global _CUPY_BACKEND
+    if _CUPY_BACKEND is None:
+        _CUPY_BACKEND = CupyBackend()
+    return _CUPY_BACKEND

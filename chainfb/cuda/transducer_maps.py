@@ -1,0 +1,285 @@
+"""Transducer score maps on the GPU (kernels in ``transducer.cu``).
+
+Conventions (shared with the NumPy twins in :mod:`chainfb.cuda.twins`):
+
+- ``logits [B, T, U1, V]`` contiguous (``U1 = Umax + 1``), float16,
+  bfloat16 (torch only), float32 or float64; math in float32, or float64 for
+  float64 logits (the *compute dtype*).
+- ``colidx [B, U1, M+2]`` int: compact column of ``(b, u, j)`` or -1; ``j=0``
+  the blank (symbol ``blank``), ``j=1`` the label (symbol ``targets[b, u]``,
+  only ``u < target_lengths[b]``), ``j=2+i`` big blank ``i`` (symbol
+  ``big_blank_idx[i]``).
+- Step ``n = t + u``.  Row ``(b, t, u)`` is *live* iff ``t < T_b`` and
+  ``u <= U_b``.
+
+``transducer_gather`` reads the logits once: ``X[n, colidx[b,u,j]] =
+logits[b,t,u,sym_j] - lse[b,t,u]`` (``lse`` the log-sum-exp over ``V``, or 0
+when ``fused_log_softmax`` is false), ``-inf`` wherever no live row writes;
+``X[n, zero_col[b]] = 0`` for ``n < T_b + U_b``.  ``transducer_grad`` reads
+them once more and writes the gradient once::
+
+    grad[b,t,u,k] = scale[b] * clamp(softmax_k * (occ + lambda * post_1)
+                                     - sum_j post_j * w_j * [k == sym_j])
+
+with ``post_j = post[t+u, colidx[b,u,j]]``, ``occ = sum_j post_j``,
+``w_1 = 1 + lambda`` (FastEmit) and 1 otherwise, no softmax term when
+``fused_log_softmax`` is false, the clamp to ``[-clamp, clamp]`` only when
+``clamp > 0``, and zero on rows that are not live.  With ``scale = 1``,
+``lambda = 0`` and no clamp this is ``d(-logP) / d logits``: the gradient of
+the loss, not of the log-likelihood.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels import cupy_backend
+
+__all__ = ["transducer_gather", "transducer_grad", "transducer_gather_on", "transducer_grad_on", "logits_storage"]
+
+_IN = {"f32": "float, float", "f64": "double, double", "f16": "chainfb::F16, float", "bf16": "chainfb::BF16, float"}
+_MAX_J = 16
+
+
+def _is_torch(x):
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, torch.Tensor)
+
+
+def logits_storage(xp, logits):
+    """``(array, tag)``: the logits as an ``xp`` array of their storage (an
+    int16 bit view for bfloat16) and their type tag f16/bf16/f32/f64."""
+    if _is_torch(logits):
+        import torch
+
+        t = logits.detach()
+        tag = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}.get(t.dtype)
+        if tag is None:
+            raise TypeError(f"logits: expected float16, bfloat16, float32 or float64, got {t.dtype}")
+        if tag == "bf16":
+            t = t.view(torch.int16)
+        if xp is np:
+            if t.is_cuda:
+                raise TypeError("logits: expected a CPU tensor here, got a CUDA tensor")
+            arr = t.numpy()
+        else:
+            if not t.is_cuda:
+                raise TypeError("logits: expected a CUDA tensor or CuPy array, got a CPU tensor")
+            from .interop import cupy_view
+
+            arr = cupy_view(t)
+    else:
+        if xp is np and not isinstance(logits, np.ndarray):
+            raise TypeError(f"logits: expected a NumPy array or torch tensor, got {type(logits).__name__}")
+        if xp is not np and not type(logits).__module__.startswith("cupy"):
+            raise TypeError(f"logits: expected a CuPy array or CUDA torch tensor, got {type(logits).__name__}")
+        arr = logits
+        tag = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}.get(
+            np.dtype(arr.dtype)
+        )
+        if tag is None:
+            raise TypeError(f"logits: expected float16, float32 or float64, got {arr.dtype}")
+    if arr.ndim != 4:
+        raise ValueError(f"logits: expected 4-D [B, T, U1, V], got shape {tuple(arr.shape)}")
+    if not arr.flags.c_contiguous:
+        raise ValueError("logits: expected a contiguous [B, T, U1, V] array")
+    return arr, tag
+
+
+def compute_dtype(tag):
+    return np.dtype(np.float64) if tag == "f64" else np.dtype(np.float32)
+
+
+def _ints(xp, x, name, shape=None, ndim=None):
+    if _is_torch(x):
+        x = x.detach()
+        if xp is np:
+            x = x.cpu().numpy()
+        else:
+            from .interop import cupy_view
+
+            x = cupy_view(x) if x.is_cuda else x.numpy()
+    a = xp.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim}-D, got shape {tuple(a.shape)}")
+    return xp.ascontiguousarray(a.astype(np.int32, copy=False))
+
+
+def check_common(xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx):
+    """Validate and normalise the arguments shared by gather and grad."""
+    arr, tag = logits_storage(xp, logits)
+    B, T, U1, V = (int(s) for s in arr.shape)
+    if U1 < 1:
+        raise ValueError("logits: the U1 dimension (max target length + 1) must be >= 1")
+    targets = _ints(xp, targets, "targets", shape=(B, U1 - 1))
+    logit_lengths = _ints(xp, logit_lengths, "logit_lengths", shape=(B,))
+    target_lengths = _ints(xp, target_lengths, "target_lengths", shape=(B,))
+    colidx = _ints(xp, colidx, "colidx", ndim=3)
+    if colidx.shape[:2] != (B, U1) or colidx.shape[2] < 2:
+        raise ValueError(f"colidx: expected shape ({B}, {U1}, M+2), got {tuple(colidx.shape)}")
+    M2 = int(colidx.shape[2])
+    if M2 > _MAX_J:
+        raise ValueError(f"colidx: at most {_MAX_J - 2} big blanks are supported, got {M2 - 2}")
+    big = np.asarray(big_blank_idx if big_blank_idx is not None else [], dtype=np.int64).reshape(-1)
+    if big.size != M2 - 2:
+        raise ValueError(f"big_blank_idx: expected {M2 - 2} symbols (colidx has M+2={M2}), got {big.size}")
+    syms = np.append(big, int(blank))
+    if syms.size and (syms.min() < 0 or syms.max() >= V):
+        raise ValueError(f"blank/big_blank_idx: symbols must lie in [0, V={V}), got {syms.tolist()}")
+    big = xp.asarray(np.append(big, 0).astype(np.int32))  # never empty (a valid pointer)
+    if targets.size == 0:
+        targets = xp.zeros(1, dtype=np.int32)
+    return arr, tag, (B, T, U1, V, M2), targets, logit_lengths, target_lengths, colidx, big
+
+
+def _check_columns(colidx, zero_col, C):
+    """Range-check host-side column indices (device arrays are not checked:
+    that would synchronise)."""
+    for name, a in (("colidx", colidx), ("zero_col", zero_col)):
+        if a is None or not isinstance(a, (np.ndarray, list, tuple)):
+            continue
+        a = np.asarray(a)
+        if a.size and (a.min() < -1 or a.max() >= C):
+            raise ValueError(f"{name}: column indices must lie in [-1, {C}), got [{a.min()}, {a.max()}]")
+
+
+def _launch_shape(rows, tpr, block):
+    if tpr & (tpr - 1) or block % tpr or not 1 <= block <= 1024:
+        raise ValueError(f"threads_per_row must be a power of two dividing block_size <= 1024, got {tpr}, {block}")
+    per = block // tpr
+    return (rows + per - 1) // per
+
+
+def transducer_gather_on(backend, logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns,
+                         blank, big_blank_idx=(), zero_col=None, fused_log_softmax=True, threads_per_row=32,
+                         block_size=128):
+    """:func:`transducer_gather` on any kernel backend (GPU or emulation)."""
+    xp = backend.xp
+    _check_columns(colidx, zero_col, int(num_columns))
+    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
+        xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
+    )
+    R = compute_dtype(tag)
+    X = xp.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
+    lse = xp.zeros((B, T, U1), dtype=R)
+    i32 = np.int32
+    rows = B * T * U1
+    backend.launch(
+        f"chainfb::rnnt_gather<{_IN[tag]}>",
+        _launch_shape(rows, threads_per_row, block_size) if rows else 0,
+        block_size,
+        [arr, i32(B), i32(T), i32(U1), i32(V), targets, colidx, i32(M2), i32(blank), big, Tl, Ul,
+         i32(bool(fused_log_softmax)), i32(threads_per_row), X, i32(num_rows), i32(num_columns), lse],
+    )
+    if zero_col is not None:
+        zc = _ints(xp, zero_col, "zero_col", shape=(B,))
+        total = B * int(num_rows)
+        rname = "float" if R == np.float32 else "double"
+        backend.launch(
+            f"chainfb::rnnt_zero_col<{rname}>",
+            min((total + block_size - 1) // block_size, 65535),
+            block_size,
+            [zc, Tl, Ul, i32(B), X, i32(num_rows), i32(num_columns)],
+        )
+    return X, lse
+
+
+def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, colidx, post, lse, scale, blank,
+                       big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True, threads_per_row=32,
+                       block_size=128):
+    """:func:`transducer_grad` on any kernel backend (GPU or emulation)."""
+    xp = backend.xp
+    colidx_in = colidx
+    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
+        xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
+    )
+    R = compute_dtype(tag)
+    if post.ndim != 2:
+        raise ValueError(f"post: expected 2-D [num_rows, C], got shape {tuple(post.shape)}")
+    _check_columns(colidx_in, None, int(post.shape[1]))
+    post = xp.ascontiguousarray(xp.asarray(post, dtype=R))
+    lse = xp.ascontiguousarray(xp.asarray(lse, dtype=R))
+    if lse.shape != (B, T, U1):
+        raise ValueError(f"lse: expected shape {(B, T, U1)}, got {tuple(lse.shape)}")
+    scale = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(scale, dtype=R), (B,)))
+    out = None
+    if _is_torch(logits) and xp is not np:
+        # the gradient (as big as the logits) comes from torch's caching allocator, not CuPy's pool
+        import torch
+
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        from .interop import cupy_view
+
+        grad = cupy_view(out)
+    else:
+        grad = xp.empty(arr.shape, dtype=arr.dtype)
+    i32 = np.int32
+    rows = B * T * U1
+    backend.launch(
+        f"chainfb::rnnt_grad<{_IN[tag]}>",
+        _launch_shape(rows, threads_per_row, block_size) if rows else 0,
+        block_size,
+        [arr, i32(B), i32(T), i32(U1), i32(V), targets, colidx, i32(M2), i32(blank), big, Tl, Ul,
+         i32(bool(fused_log_softmax)), i32(threads_per_row), post, i32(post.shape[0]), i32(post.shape[1]), lse,
+         scale, R.type(fastemit_lambda), R.type(clamp), grad],
+    )
+    return out if out is not None else wrap_grad(grad, tag, logits)
+
+
+def wrap_grad(grad, tag, like):
+    """The gradient as the same kind of object and dtype as ``like``."""
+    if not _is_torch(like):
+        return grad
+    import torch
+
+    g = torch.from_numpy(grad) if isinstance(grad, np.ndarray) else torch.from_dlpack(grad)
+    return g.view(torch.bfloat16) if tag == "bf16" else g
+
+
+def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns, blank,
+                      big_blank_idx=(), zero_col=None, fused_log_softmax=True):
+    """Fused log-softmax + skewed gather of the engine's scores (GPU).
+
+    Parameters
+    ----------
+    logits : ``[B, T, U1, V]`` CuPy array or CUDA tensor (float16, bfloat16,
+        float32, float64), contiguous.
+    targets : ``[B, U1-1]`` ints; logit_lengths, target_lengths : ``[B]`` ints.
+    colidx : ``[B, U1, M+2]`` ints (see the module docstring).
+    num_rows, num_columns : the shape of ``X`` (``num_rows >= T + U1 - 1``
+        covers every step).
+    blank : int; big_blank_idx : ``[M]`` ints.
+    zero_col : ``[B]`` ints or None: a column scoring 0 for ``n < T_b + U_b``.
+    fused_log_softmax : bool
+
+    Returns
+    -------
+    X : CuPy ``[num_rows, num_columns]`` compute dtype (float32, or float64)
+    lse : CuPy ``[B, T, U1]`` compute dtype (0 where not live)
+    """
+    return transducer_gather_on(cupy_backend(), logits, targets, logit_lengths, target_lengths, colidx, num_rows,
+                                num_columns, blank, big_blank_idx, zero_col, fused_log_softmax)
+
+
+def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post, lse, scale, blank,
+                    big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True):
+    """Fused transducer gradient w.r.t. the logits (GPU).
+
+    Parameters as :func:`transducer_gather`, plus ``post [num_rows, C]``
+    (engine posteriors), ``lse [B, T, U1]`` (from the gather), ``scale [B]``
+    (or a scalar), ``fastemit_lambda`` and ``clamp`` (<= 0: none).
+
+    Returns
+    -------
+    grad : ``[B, T, U1, V]``, same type (CuPy array / torch tensor) and
+    dtype as ``logits``.
+    """
+    return transducer_grad_on(cupy_backend(), logits, targets, logit_lengths, target_lengths, colidx, post, lse,
+                              scale, blank, big_blank_idx, fastemit_lambda, clamp, fused_log_softmax)

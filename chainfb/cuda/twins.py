@@ -1,0 +1,138 @@
+"""NumPy twins of the GPU kernels, with the signatures of their GPU
+counterparts (as in CuPy's cupyx): the reference the kernel tests compare
+against, written straightforwardly and independently of the ``.cu`` code.
+
+- engine: :func:`chainfb.engine.forward_backward_lattice` is the twin of
+  :func:`chainfb.cuda.forward_backward_lattice_cuda`.
+- :func:`transducer_gather`, :func:`transducer_grad`: twins of
+  :func:`chainfb.cuda.transducer_gather` / :func:`chainfb.cuda.transducer_grad`
+  (conventions in :mod:`chainfb.cuda.transducer_maps`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine import forward_backward_lattice
+from .transducer_maps import _check_columns, check_common, compute_dtype
+
+__all__ = ["forward_backward_lattice", "transducer_gather", "transducer_grad"]
+
+
+def _values(arr, tag):
+    """Logit values in the compute dtype."""
+    if tag == "bf16":
+        bits = arr.view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    return arr.astype(compute_dtype(tag))
+
+
+def _store(g, tag, like):
+    """Gradient ``g`` (compute dtype) in the logits' dtype and container."""
+    import torch
+
+    if tag == "bf16":
+        return torch.from_numpy(np.ascontiguousarray(g, dtype=np.float32)).to(torch.bfloat16)
+    out = g.astype({"f16": np.float16, "f32": np.float32, "f64": np.float64}[tag])
+    return torch.from_numpy(out) if isinstance(like, torch.Tensor) else out
+
+
+def _symbols(B, U1, M2, targets, blank, big):
+    """sym[b, u, j] of every (b, u, j)."""
+    sym = np.empty((B, U1, M2), dtype=np.int64)
+    sym[:, :, 0] = blank
+    lab = np.zeros((B, U1), dtype=np.int64)
+    lab[:, : U1 - 1] = targets.reshape(B, U1 - 1)
+    sym[:, :, 1] = lab
+    for i in range(M2 - 2):
+        sym[:, :, 2 + i] = big[i]
+    return sym
+
+
+def _valid(colidx, target_lengths, U1):
+    """(b, u, j) entries that name a real column (labels only for u < U_b)."""
+    ok = colidx >= 0
+    ok[:, :, 1] &= np.arange(U1)[None, :] < target_lengths[:, None]
+    return ok
+
+
+def _live(B, T, U1, logit_lengths, target_lengths):
+    return (np.arange(T)[None, :, None] < logit_lengths[:, None, None]) & (
+        np.arange(U1)[None, None, :] <= target_lengths[:, None, None]
+    )
+
+
+def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns, blank,
+                      big_blank_idx=(), zero_col=None, fused_log_softmax=True):
+    """NumPy twin of :func:`chainfb.cuda.transducer_gather` (same arguments,
+    NumPy arrays or CPU tensors; returns NumPy ``X``, ``lse``)."""
+    _check_columns(colidx, zero_col, int(num_columns))
+    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
+        np, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
+    )
+    R = compute_dtype(tag)
+    x = _values(arr, tag)
+    live = _live(B, T, U1, Tl, Ul)
+    if fused_log_softmax:
+        m = x.max(axis=3, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0).astype(R)
+        with np.errstate(divide="ignore"):
+            lse = (np.log(np.exp(x - m).sum(axis=3, keepdims=True, dtype=R)) + m)[..., 0].astype(R)
+    else:
+        lse = np.zeros((B, T, U1), dtype=R)
+    lse = np.where(live, lse, R.type(0)).astype(R)
+    X = np.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
+    sym = _symbols(B, U1, M2, targets, int(blank), big)
+    ok = _valid(colidx, Ul, U1)
+    for b in range(B):
+        for t in range(int(Tl[b])):
+            for u in range(int(Ul[b]) + 1):
+                n = t + u
+                if n >= num_rows:
+                    continue
+                for j in range(M2):
+                    if ok[b, u, j]:
+                        X[n, colidx[b, u, j]] = x[b, t, u, sym[b, u, j]] - lse[b, t, u]
+    if zero_col is not None:
+        zc = np.asarray(zero_col).reshape(B)
+        for b in range(B):
+            if zc[b] >= 0:
+                X[: min(int(num_rows), int(Tl[b] + Ul[b])), zc[b]] = 0.0
+    return X, lse
+
+
+def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post, lse, scale, blank,
+                    big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True):
+    """NumPy twin of :func:`chainfb.cuda.transducer_grad` (returns the same
+    container and dtype as ``logits``: NumPy array or CPU tensor)."""
+    _check_columns(colidx, None, int(np.shape(post)[1]))
+    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
+        np, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
+    )
+    R = compute_dtype(tag)
+    x = _values(arr, tag)
+    post = np.asarray(post, dtype=R)
+    lse = np.asarray(lse, dtype=R)
+    scale = np.broadcast_to(np.asarray(scale, dtype=R), (B,))
+    lam = R.type(fastemit_lambda)
+    sym = _symbols(B, U1, M2, targets, int(blank), big)
+    ok = _valid(colidx, Ul, U1)
+    g = np.zeros((B, T, U1, V), dtype=R)
+    for b in range(B):
+        for t in range(int(Tl[b])):
+            for u in range(int(Ul[b]) + 1):
+                n = t + u
+                if n >= post.shape[0]:
+                    continue
+                pj = np.array([post[n, colidx[b, u, j]] if ok[b, u, j] else 0 for j in range(M2)], dtype=R)
+                row = np.zeros(V, dtype=R)
+                if fused_log_softmax:
+                    soft = np.exp(x[b, t, u] - lse[b, t, u])
+                    row += soft * (pj.sum(dtype=R) + lam * pj[1])
+                for j in range(M2):
+                    if ok[b, u, j]:
+                        row[sym[b, u, j]] -= pj[j] * ((1 + lam) if j == 1 else 1)
+                if clamp > 0:
+                    row = np.clip(row, -R.type(clamp), R.type(clamp))
+                g[b, t, u] = scale[b] * row
+    return _store(g, tag, logits)

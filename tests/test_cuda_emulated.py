@@ -1,0 +1,472 @@
+"""The CUDA kernels' logic, run on the CPU: the same .cu sources built with
+the host compiler under chainfb/cuda/emulate.h (see chainfb.cuda.emulation),
+compared with the NumPy engine, path enumeration and the NumPy twins."""
+
+import numpy as np
+import pytest
+import torch
+
+from chainfb import Fst, FstBatch, Lattice
+from chainfb.cuda import twins
+from chainfb.cuda.emulation import EmulatedBackend, build, find_compiler
+from chainfb.cuda.engine_cuda import forward_backward_lattice_on
+from chainfb.cuda.kernels import KERNELS
+from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
+from chainfb.engine import forward_backward_lattice
+from chainfb.testing import brute_force, numerator_like_fst, random_fst
+from rnnt_reference import rnnt_reference, rnnt_step_case
+
+pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def be(tmp_path_factory):
+    return EmulatedBackend(build(str(tmp_path_factory.mktemp("emu"))))
+
+
+def test_library_has_every_kernel(be):
+    assert sorted(be.kernel_names()) == sorted(KERNELS)
+
+
+# ---------------------------------------------------------------- engine
+
+
+def _compare(be, lat, X, lengths, leaky=None, block=None, dtype=np.float64, rtol=1e-10, atol=1e-12):
+    Xn = X.astype(np.float64).copy()
+    ll, post = forward_backward_lattice(lat, Xn, lengths, leaky=leaky)
+    Xe = X.astype(dtype).copy()
+    lle, poste = forward_backward_lattice_on(be, lat, Xe, lengths, leaky=leaky, block_size=block)
+    assert lle.dtype == dtype and poste.dtype == dtype and poste.shape == post.shape
+    np.testing.assert_array_equal(np.isneginf(lle), np.isneginf(ll))
+    fin = np.isfinite(ll)
+    np.testing.assert_allclose(lle[fin], ll[fin], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(poste, post, rtol=rtol, atol=atol)
+    assert not np.isnan(poste).any()
+    # frames past each length are masked in place (the NumPy engine stops at max(lengths); the kernel masks
+    # every frame t >= lengths[seq], as the contract says)
+    Tmax = int(lengths.max(initial=0))
+    np.testing.assert_array_equal(np.isneginf(Xe[:Tmax]), np.isneginf(Xn[:Tmax]))
+    past = np.arange(X.shape[0])[:, None] >= np.asarray(lengths)[lat.col_seq][None, :]
+    assert np.isneginf(Xe[past]).all() and np.array_equal(Xe[~past], X.astype(dtype)[~past])
+    return lle, poste
+
+
+@pytest.mark.parametrize("block", [1, 3, 4, 32])
+def test_engine_random_graphs_variable_lengths(be, block):
+    rng = np.random.default_rng(block)
+    fsts = [random_fst(rng, num_states=int(rng.integers(2, 7)), num_arcs=int(rng.integers(4, 14))) for _ in range(7)]
+    lat = Lattice.of(FstBatch(fsts))
+    T = 6
+    X = rng.normal(size=(T, lat.num_columns))
+    lengths = np.array([6, 0, 1, 3, 6, 2, 5])
+    ll, _ = _compare(be, lat, X, lengths, block=block)
+    assert np.isinf(ll).any() and np.isfinite(ll).any()  # both kinds occur in this batch
+
+
+def test_engine_matches_path_enumeration(be):
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        f = random_fst(rng, num_states=3, num_arcs=6, num_pdfs=3)
+        lat = Lattice.of(FstBatch([f]))
+        T = 4
+        scores = rng.normal(size=(T, 3))
+        X = scores[:, lat.col_pdf]
+        ll, post = forward_backward_lattice_on(be, lat, X.copy(), np.array([T]), block_size=2)
+        bl, bpost = brute_force(f, scores)
+        if bl == -np.inf:
+            assert ll[0] == -np.inf and not post.any()
+        else:
+            np.testing.assert_allclose(ll[0], bl, rtol=1e-12)
+            np.testing.assert_allclose(post, bpost[:, lat.col_pdf], atol=1e-12)
+
+
+def test_engine_impossible_and_unreachable(be):
+    # 0 -a-> 1 (final), 2 unreachable with a self-loop and final: needs exactly 1 frame
+    f = Fst.from_arcs([(0, 1, 0, -0.1), (2, 2, 1, 0.0)], {1: 0.0, 2: 0.0}, num_states=3)
+    lat = Lattice.of(FstBatch([f, f, f]))
+    X = np.zeros((3, lat.num_columns))
+    X[0, 0] = -np.inf  # sequence 0 (length 1): its only arc is blocked
+    ll, post = _compare(be, lat, X, np.array([1, 1, 3]))
+    assert ll[0] == -np.inf and ll[2] == -np.inf and np.isclose(ll[1], -0.1)
+    cols0 = lat.col_seq == 0
+    assert not post[:, cols0].any()
+
+
+def test_engine_larger_than_block_and_long(be):
+    rng = np.random.default_rng(2)
+    fsts = [numerator_like_fst(rng, num_phones=6, num_pdfs=20) for _ in range(3)]
+    lat = Lattice.of(FstBatch(fsts))
+    T = 150
+    X = rng.normal(size=(T, lat.num_columns)) * 3
+    _compare(be, lat, X, np.array([150, 97, 40]), block=4, rtol=1e-9)
+
+
+def test_engine_shared_graph_float32(be):
+    rng = np.random.default_rng(3)
+    f = random_fst(rng, num_states=8, num_arcs=30, num_pdfs=5, num_finals=3)
+    lat = Lattice.of(FstBatch([f], np.zeros(4, dtype=np.int64)))
+    X = rng.normal(size=(9, lat.num_columns))
+    _compare(be, lat, X, np.array([9, 8, 1, 5]), block=4, dtype=np.float32, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("block", [2, 5, 32])
+def test_engine_leaky(be, block):
+    rng = np.random.default_rng(4)
+    f = random_fst(rng, num_states=7, num_arcs=20, num_pdfs=4, num_finals=7)
+    lat = Lattice.of(FstBatch([f], np.zeros(3, dtype=np.int64)))
+    init = rng.random(lat.num_states)
+    for n in range(3):  # a distribution per sequence
+        sl = slice(lat.state_offsets[n], lat.state_offsets[n + 1])
+        init[sl] /= init[sl].sum()
+    leaky = (0.1, np.log(init))
+    X = rng.normal(size=(6, lat.num_columns))
+    _compare(be, lat, X, np.array([6, 0, 3]), leaky=leaky, block=block)
+
+
+def test_engine_deterministic_bitwise(be):
+    rng = np.random.default_rng(5)
+    fsts = [random_fst(rng, num_states=6, num_arcs=25, num_pdfs=3) for _ in range(4)]
+    lat = Lattice.of(FstBatch(fsts))
+    X = rng.normal(size=(7, lat.num_columns))
+    lengths = np.array([7, 5, 7, 3])
+    runs = [forward_backward_lattice_on(be, lat, X.copy(), lengths, block_size=b) for b in (4, 4, 2, 32)]
+    for ll, post in runs[1:]:
+        # fixed summation order per state and per column: identical bits, whatever the block size
+        assert np.array_equal(ll, runs[0][0]) and np.array_equal(post, runs[0][1])
+
+
+def test_engine_forward_only_and_errors(be):
+    rng = np.random.default_rng(6)
+    lat = Lattice.of(FstBatch([random_fst(rng)]))
+    X = rng.normal(size=(3, lat.num_columns))
+    ll, post = forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), need_posteriors=False)
+    assert post is None
+    np.testing.assert_allclose(ll, forward_backward_lattice(lat, X.copy(), np.array([3]))[0])
+    with pytest.raises(ValueError, match="X"):
+        forward_backward_lattice_on(be, lat, X[:, :1].copy(), np.array([3]))
+    with pytest.raises(TypeError, match="X"):
+        forward_backward_lattice_on(be, lat, X.astype(np.float16), np.array([3]))
+    with pytest.raises(ValueError, match="lengths"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([3, 3]))
+    with pytest.raises(ValueError, match="lengths"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([4]))
+    with pytest.raises(TypeError, match="lengths"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([3.0]))
+    with pytest.raises(ValueError, match="leaky"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), leaky=(0.1, np.zeros(1)))
+    with pytest.raises(ValueError, match="leaky"):
+        forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), leaky=(1.5, np.zeros(lat.num_states)))
+
+
+# ---------------------------------------------------------------- transducer score maps
+
+
+def _case(rng, B=3, T=4, Umax=3, V=7, M=0, dtype=np.float32):
+    """Random logits and a column layout: (b, u, j) numbered in order, the
+    label column only for u < U_b, some entries -1, a zero column per b."""
+    T_len = rng.integers(1, T + 1, B)
+    T_len[0] = T
+    U_len = rng.integers(0, Umax + 1, B)
+    U_len[0] = Umax
+    U1 = Umax + 1
+    blank = V - 1
+    big = [V - 2 - i for i in range(M)]
+    targets = rng.integers(0, V - 1 - M, (B, Umax))
+    colidx = -np.ones((B, U1, M + 2), dtype=np.int32)
+    c = 0
+    zero_col = -np.ones(B, dtype=np.int32)
+    for b in range(B):
+        for u in range(U_len[b] + 1):
+            for j in range(M + 2):
+                if j == 1 and u >= U_len[b]:
+                    continue
+                if rng.random() < 0.1:
+                    continue
+                colidx[b, u, j] = c
+                c += 1
+        if M:
+            zero_col[b] = c
+            c += 1
+    logits = (rng.normal(size=(B, T, U1, V)) * 2).astype(dtype)
+    args = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=blank,
+                big_blank_idx=big)
+    return logits, args, c, T + U1 - 1, (zero_col if M else None)
+
+
+def _as_input(logits, kind):
+    if kind == "bf16":
+        return torch.from_numpy(logits.astype(np.float32)).to(torch.bfloat16)
+    if kind == "torch32":
+        return torch.from_numpy(logits.astype(np.float32))
+    return logits.astype({"f16": np.float16, "f32": np.float32, "f64": np.float64}[kind])
+
+
+TOL = {"f16": 2e-3, "bf16": 1.6e-2, "f32": 2e-5, "torch32": 2e-5, "f64": 1e-12}
+
+
+@pytest.mark.parametrize("kind", ["f32", "f64", "f16", "bf16", "torch32"])
+@pytest.mark.parametrize("M", [0, 2])
+@pytest.mark.parametrize("fused", [True, False])
+def test_transducer_gather_matches_twin(be, kind, M, fused):
+    rng = np.random.default_rng(hash((kind, M, fused)) % 2**32)
+    logits, args, C, rows, zc = _case(rng, M=M)
+    x = _as_input(logits, kind)
+    Xe, lse_e = transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused,
+                                     threads_per_row=4, block_size=8, **args)
+    Xt, lse_t = twins.transducer_gather(x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused,
+                                        **args)
+    assert Xe.dtype == Xt.dtype == (np.float64 if kind == "f64" else np.float32)
+    np.testing.assert_array_equal(np.isneginf(Xe), np.isneginf(Xt))
+    tol = 1e-12 if kind == "f64" else 2e-6
+    np.testing.assert_allclose(Xe, Xt, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse_e, lse_t, rtol=tol, atol=tol)
+    if not fused:  # exact: the 16-bit loads are bit-exact conversions
+        np.testing.assert_array_equal(Xe, Xt)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f64", "f16", "bf16", "torch32"])
+@pytest.mark.parametrize("M", [0, 2])
+@pytest.mark.parametrize("fastemit,clamp,fused", [(0.0, -1.0, True), (0.25, -1.0, True), (0.1, 0.05, True),
+                                                  (0.0, -1.0, False)])
+def test_transducer_grad_matches_twin(be, kind, M, fastemit, clamp, fused):
+    rng = np.random.default_rng(hash((kind, M, fastemit, fused)) % 2**32)
+    logits, args, C, rows, zc = _case(rng, M=M)
+    x = _as_input(logits, kind)
+    _, lse = twins.transducer_gather(x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused, **args)
+    post = rng.random((rows, C)).astype(lse.dtype)
+    scale = rng.random(logits.shape[0]) + 0.5
+    kw = dict(fastemit_lambda=fastemit, clamp=clamp, fused_log_softmax=fused, **args)
+    ge = transducer_grad_on(be, x, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **kw)
+    gt = twins.transducer_grad(x, post=post, lse=lse, scale=scale, **kw)
+    assert type(ge) is type(gt) and ge.dtype == gt.dtype and tuple(ge.shape) == tuple(gt.shape)
+    ge = ge.float().numpy() if isinstance(ge, torch.Tensor) else ge.astype(np.float64)
+    gt = gt.float().numpy() if isinstance(gt, torch.Tensor) else gt.astype(np.float64)
+    np.testing.assert_allclose(ge, gt, rtol=TOL[kind], atol=TOL[kind])
+    # dead rows are exactly zero
+    B, T, U1, V = logits.shape
+    live = (np.arange(T)[None, :, None] < args["logit_lengths"][:, None, None]) & (
+        np.arange(U1)[None, None, :] <= args["target_lengths"][:, None, None])
+    assert not ge[~live].any()
+    if clamp > 0:
+        assert np.abs(ge).max() <= clamp * scale.max() * (1 + TOL[kind])
+
+
+def _special_floats(rng):
+    v = np.concatenate([
+        rng.normal(size=300) * 10.0 ** rng.integers(-9, 6, 300),
+        [0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e6, np.inf, -np.inf, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
+         1.5 * 2.0 ** -25, 2.0 ** -26, 3 * 2.0 ** -25, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8,
+         1.0 + 3 * 2.0 ** -8, 3.4e38, 1e-40],
+    ])
+    return v.astype(np.float32)
+
+
+def test_16bit_stores_round_like_numpy_and_torch(be):
+    # grad with no softmax, scale 1, lambda 0: grad at the blank symbol is exactly -post, rounded by the kernel
+    rng = np.random.default_rng(7)
+    vals = _special_floats(rng)
+    B, T, V = 1, len(vals), 3
+    colidx = np.array([[[0, -1]]], dtype=np.int32)
+    args = dict(targets=np.zeros((1, 0), dtype=np.int64), logit_lengths=[T], target_lengths=[0], colidx=colidx,
+                blank=1)
+    post = -vals[:, None]  # row n = t (u = 0)
+    vals = np.float32(0) - post[:, 0]  # what the kernel rounds (0 - (-(-0.0)) is +0.0)
+    lse = np.zeros((B, T, 1), dtype=np.float32)
+    for kind in ("f16", "bf16"):
+        x = _as_input(np.zeros((B, T, 1, V), dtype=np.float32), kind)
+        g = transducer_grad_on(be, x, post=post, lse=lse, scale=1.0, fused_log_softmax=False, threads_per_row=1,
+                               block_size=16, **args)
+        if kind == "f16":
+            with np.errstate(over="ignore"):
+                want = vals.astype(np.float16)
+            np.testing.assert_array_equal(g[0, :, 0, 1].view(np.uint16), want.view(np.uint16))
+        else:
+            want = torch.from_numpy(vals).to(torch.bfloat16).view(torch.int16)
+            assert torch.equal(g[0, :, 0, 1].view(torch.int16), want)
+
+
+def test_16bit_loads_are_exact(be):
+    rng = np.random.default_rng(8)
+    bits = np.concatenate([rng.integers(0, 65536, 500), [0, 0x8000, 0x7C00, 0xFC00, 0x0001, 0x03FF, 0x0400, 0x7BFF]])
+    T = len(bits)
+    colidx = np.array([[[0, -1]]], dtype=np.int32)
+    args = dict(targets=np.zeros((1, 0), dtype=np.int64), logit_lengths=[T], target_lengths=[0], colidx=colidx,
+                blank=0)
+    h = bits.astype(np.uint16)
+    h = h[(h & 0x7C00) != 0x7C00 | ((h & 0x3FF) == 0)]  # no NaNs (compare equal)
+    for kind in ("f16", "bf16"):
+        if kind == "f16":
+            x = h.view(np.float16).reshape(1, -1, 1, 1)
+            want = x.astype(np.float32).ravel()
+        else:
+            x = torch.from_numpy(h.view(np.int16).copy()).view(torch.bfloat16).reshape(1, -1, 1, 1)
+            want = x.float().numpy().ravel()
+            keep = ~np.isnan(want)
+            x, want = x[:, keep], want[keep]
+        n = x.shape[1]
+        X, _ = transducer_gather_on(be, x, num_rows=n, num_columns=1, fused_log_softmax=False, threads_per_row=1,
+                                    block_size=64, **dict(args, logit_lengths=[n]))
+        np.testing.assert_array_equal(X[:, 0], want)
+
+
+# ---------------------------------------------------------------- RNN-T end to end
+
+
+def test_rnnt_through_kernels_and_engine(be):
+    """Step graphs (state u: blank self-loop, label arc u -> u+1) + emulated
+    gather + emulated engine + emulated grad = the direct RNN-T recursion."""
+    rng = np.random.default_rng(9)
+    logits, lat, args, rows, T_len, U_len = rnnt_step_case(rng)
+    X, lse = transducer_gather_on(be, logits, num_rows=rows, num_columns=lat.num_columns, threads_per_row=4,
+                                  block_size=8, **args)
+    ll, post = forward_backward_lattice_on(be, lat, X, T_len + U_len, block_size=2)
+    scale = np.ones(len(T_len))  # the kernel formula is d(-logP) / d logits
+    grad = transducer_grad_on(be, logits, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **args)
+    lt = torch.tensor(logits, requires_grad=True)
+    ref = rnnt_reference(lt, args["targets"], T_len, U_len, args["blank"])
+    ref.sum().backward()
+    np.testing.assert_allclose(-ll, ref.detach().numpy(), rtol=1e-10)
+    np.testing.assert_allclose(grad, lt.grad.numpy(), atol=1e-10)
+
+
+# ---------------------------------------------------------------- through the public API
+
+
+def test_fst_loglike_gradcheck_through_emulated_engine(be, monkeypatch):
+    """The public autograd path with the engine swapped for the emulated kernels."""
+    import chainfb
+    import chainfb.numerator as numerator
+
+    calls = []
+
+    def engine(lat, X, lengths, need_posteriors=True, leaky=None):
+        calls.append(1)
+        return forward_backward_lattice_on(be, lat, X, lengths, need_posteriors, leaky, block_size=2)
+
+    monkeypatch.setattr(numerator, "engine_for", lambda xp: engine)
+    rng = np.random.default_rng(10)
+    fsts = [random_fst(rng, num_states=4, num_arcs=10, num_pdfs=4) for _ in range(3)]
+    scores = torch.tensor(rng.normal(size=(3, 4, 4)), requires_grad=True)
+    lengths = [4, 2, 3]
+    assert torch.autograd.gradcheck(lambda s: chainfb.fst_loglike(s, fsts, lengths), (scores,))
+    assert calls
+
+
+def test_engine_hypothesis(be):
+    """Random graphs, lengths, block sizes and dtypes (property-based)."""
+    hyp = pytest.importorskip("hypothesis")
+    st = pytest.importorskip("hypothesis.strategies")
+
+    @hyp.settings(max_examples=25, deadline=None, derandomize=True)
+    @hyp.given(seed=st.integers(0, 2**31), n=st.integers(1, 4), T=st.integers(0, 6), block=st.integers(1, 9),
+               leaky=st.booleans())
+    def check(seed, n, T, block, leaky):
+        rng = np.random.default_rng(seed)
+        fsts = [random_fst(rng, num_states=int(rng.integers(1, 6)), num_arcs=int(rng.integers(1, 12)),
+                           num_pdfs=3, num_finals=1) for _ in range(n)]
+        lat = Lattice.of(FstBatch(fsts))
+        X = rng.normal(size=(T, lat.num_columns)) * 2
+        X[rng.random(X.shape) < 0.1] = -np.inf
+        lengths = rng.integers(0, T + 1, n)
+        lk = None
+        if leaky:
+            init = rng.random(lat.num_states) + 0.01
+            for i in range(n):
+                sl = slice(lat.state_offsets[i], lat.state_offsets[i + 1])
+                init[sl] /= init[sl].sum()
+            lk = (0.05, np.log(init))
+        _compare(be, lat, X, lengths, leaky=lk, block=block, rtol=1e-9, atol=1e-11)
+
+    check()
+
+
+def test_emulation_under_ubsan(tmp_path):
+    """The kernels have no undefined behaviour (signed overflow, bad shifts,
+    out-of-bounds on fixed arrays) on a small engine and transducer case."""
+    try:
+        lib = build(str(tmp_path), extra_flags=("-fsanitize=undefined,bounds", "-fno-sanitize-recover=all"))
+        ub = EmulatedBackend(lib)
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"UBSan build not available: {str(e)[:200]}")
+    rng = np.random.default_rng(11)
+    lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12) for _ in range(3)]))
+    X = rng.normal(size=(5, lat.num_columns))
+    _compare(ub, lat, X, np.array([5, 2, 0]), block=3)
+    for kind in ("f16", "bf16", "f64"):
+        logits, args, C, rows, zc = _case(rng, M=2)
+        x = _as_input(logits, kind)
+        Xe, lse = transducer_gather_on(ub, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
+                                       block_size=4, **args)
+        transducer_grad_on(ub, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+                           fastemit_lambda=0.1, clamp=0.5, threads_per_row=2, block_size=4, **args)
+
+
+def test_transducer_argument_errors(be):
+    rng = np.random.default_rng(12)
+    logits, args, C, rows, zc = _case(rng, M=0)
+    kw = dict(num_rows=rows, num_columns=C)
+    for fn in (lambda x, **a: transducer_gather_on(be, x, **a), twins.transducer_gather):
+        with pytest.raises(TypeError, match="logits"):
+            fn(logits.astype(np.int32), **kw, **args)
+        with pytest.raises(ValueError, match="logits"):
+            fn(logits[0], **kw, **args)
+        with pytest.raises(ValueError, match="targets"):
+            fn(logits, **kw, **dict(args, targets=args["targets"][:, :1]))
+        with pytest.raises(ValueError, match="colidx"):
+            fn(logits, **kw, **dict(args, colidx=args["colidx"] + C))
+        with pytest.raises(ValueError, match="big_blank_idx"):
+            fn(logits, **kw, **dict(args, big_blank_idx=[1]))
+        with pytest.raises(ValueError, match="blank"):
+            fn(logits, **kw, **dict(args, blank=logits.shape[-1]))
+        with pytest.raises(TypeError, match="logit_lengths"):
+            fn(logits, **kw, **dict(args, logit_lengths=np.ones(3)))
+    with pytest.raises(ValueError, match="threads_per_row"):
+        transducer_gather_on(be, logits, threads_per_row=3, block_size=6, **kw, **args)
+
+
+def test_emulation_under_asan(tmp_path):
+    """No out-of-bounds access in any kernel on small cases: the emulation
+    built with AddressSanitizer, run in a child process with libasan preloaded
+    (NumPy's buffers then get red zones)."""
+    import os
+    import subprocess
+    import sys
+
+    from chainfb.cuda.emulation import find_compiler as fc
+
+    cxx = fc()
+    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not libasan or not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip("libasan not available")
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "asan_child.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {here!r})
+import numpy as np
+import test_cuda_emulated as t
+from chainfb.cuda.emulation import build, EmulatedBackend
+be = EmulatedBackend(build({str(tmp_path)!r}, extra_flags=("-fsanitize=address",)))
+rng = np.random.default_rng(0)
+for block in (1, 3, 8):
+    lat = t.Lattice.of(t.FstBatch([t.random_fst(rng, num_states=5, num_arcs=12) for _ in range(3)]))
+    X = rng.normal(size=(5, lat.num_columns))
+    t._compare(be, lat, X, np.array([5, 2, 0]), block=block)
+    t._compare(be, lat, X, np.array([5, 2, 0]), block=block, leaky=(0.1, np.log(np.full(lat.num_states, 0.2))))
+for kind in ("f16", "bf16", "f32", "f64"):
+    for M in (0, 2):
+        logits, args, C, rows, zc = t._case(rng, M=M)
+        x = t._as_input(logits, kind)
+        Xe, lse = t.transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
+                                         block_size=4, **args)
+        t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+                             fastemit_lambda=0.1, clamp=0.5, threads_per_row=2, block_size=4, **args)
+print("ASAN-CLEAN")
+""")
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here)] + [p for p in [env.get("PYTHONPATH")] if p])
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    if "ASAN-CLEAN" not in res.stdout and "AddressSanitizer" not in res.stderr:
+        pytest.skip(f"could not run under ASan: {res.stderr[-300:]}")
+    assert "ERROR: AddressSanitizer" not in res.stderr, res.stderr[-3000:]
+    assert "ASAN-CLEAN" in res.stdout

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Time the transducer score-map kernels (fused log-softmax + gather, fused
+gradient) and the fraction of the memory-bandwidth roofline they reach.
+
+Shapes follow the transducer-loss-benchmarking / k2 setting: batch 30, vocab
+500, LibriSpeech-like lengths (frames: mean ~318, max 680; labels: mean ~68,
+max 151).  Bytes that must move: the live rows of the logits read twice (once
+per kernel) and the whole gradient written once.
+
+    python tools/bench_transducer_maps.py --device cuda [--dtype float32|float16|bfloat16]
+                                          [--repeat 5] [--peak-gbps 3350]
+    python tools/bench_transducer_maps.py --device cpu   # tiny smoke run of the NumPy twins
+
+The engine pass between the two kernels is not included (it depends on the
+transducer compiler); see tools/bench_engine.py for the engine.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+
+def make_case(rng, B, Tmax, Umax, V, M=0):
+    T_len = rng.integers(max(1, Tmax // 7), max(2, (Tmax * 4) // 5), B)
+    U_len = rng.integers(max(0, Umax // 7), max(1, (Umax * 4) // 5), B)
+    T_len[0], U_len[0] = Tmax, Umax
+    U1 = Umax + 1
+    colidx = -np.ones((B, U1, 2 + M), dtype=np.int32)
+    c = 0
+    for b in range(B):
+        n = (U_len[b] + 1) * (2 + M) - 1  # no label column on the last row
+        idx = np.arange(c, c + n + 1).reshape(U_len[b] + 1, 2 + M)
+        colidx[b, : U_len[b] + 1] = idx
+        colidx[b, U_len[b], 1] = -1
+        c += n + 1
+    targets = rng.integers(1, V - 1 - M, (B, Umax))
+    kw = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=V - 1,
+              big_blank_idx=[V - 2 - i for i in range(M)])
+    return kw, c, Tmax + Umax
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64"])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=30)
+    ap.add_argument("--max-frames", type=int, default=680)
+    ap.add_argument("--max-labels", type=int, default=151)
+    ap.add_argument("--vocab", type=int, default=500)
+    ap.add_argument("--peak-gbps", type=float, default=None, help="GPU memory bandwidth, e.g. 3350 (H100 SXM)")
+    args = ap.parse_args(argv)
+    import torch
+
+    rng = np.random.default_rng(0)
+    dtype = getattr(torch, args.dtype)
+    if args.device == "cpu":
+        from chainfb.cuda import twins as impl
+
+        B, Tmax, Umax, V = 2, 8, 4, 16
+    else:
+        import chainfb.cuda as impl
+
+        B, Tmax, Umax, V = args.batch, args.max_frames, args.max_labels, args.vocab
+    kw, C, rows = make_case(rng, B, Tmax, Umax, V)
+    logits = torch.randn(B, Tmax, Umax + 1, V, dtype=torch.float32).to(dtype)
+    if args.device == "cuda":
+        logits = logits.cuda()
+    post = np.abs(rng.normal(size=(rows, C))) * 0.01
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    X, lse = impl.transducer_gather(logits, num_rows=rows, num_columns=C, **kw)  # warm-up / compile
+    if args.device == "cuda":
+        import cupy
+
+        post = cupy.asarray(post, dtype=X.dtype)
+        torch.cuda.reset_peak_memory_stats()
+    g = impl.transducer_grad(logits, post=post, lse=lse, scale=1.0, **kw)
+    del g
+    tg, tr = [], []
+    for _ in range(args.repeat):
+        sync()
+        t0 = time.perf_counter()
+        X, lse = impl.transducer_gather(logits, num_rows=rows, num_columns=C, **kw)
+        sync()
+        t1 = time.perf_counter()
+        g = impl.transducer_grad(logits, post=post, lse=lse, scale=1.0, **kw)
+        sync()
+        t2 = time.perf_counter()
+        del g
+        tg.append(t1 - t0)
+        tr.append(t2 - t1)
+    item = logits.element_size()
+    live = sum(int(kw["logit_lengths"][b]) * (int(kw["target_lengths"][b]) + 1) for b in range(B))
+    need = 2 * live * V * item + logits.numel() * item
+    best = min(a + b for a, b in zip(tg, tr))
+    print(f"device {args.device}"
+          + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
+          + f", logits {tuple(logits.shape)} {args.dtype}, live rows {live} of {B * Tmax * (Umax + 1)}")
+    print(f"gather {min(tg) * 1e3:9.2f} ms   grad {min(tr) * 1e3:9.2f} ms   both {best * 1e3:9.2f} ms")
+    gbps = need / best / 1e9
+    line = f"bytes that must move {need / 1e9:.2f} GB -> {gbps:.1f} GB/s"
+    if args.peak_gbps:
+        line += f" = {gbps / args.peak_gbps:.1%} of {args.peak_gbps:.0f} GB/s"
+    print(line)
+    if args.device == "cuda":
+        print(f"peak memory allocated by torch {torch.cuda.max_memory_allocated() / 1e9:.2f} GB "
+              f"(CuPy's pool: {cupy.get_default_memory_pool().total_bytes() / 1e9:.2f} GB)")
+
+
+if __name__ == "__main__":
+    main()
