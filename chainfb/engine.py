@@ -232,13 +232,12 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
                 wx = _arc_scores(X, c0, t + 1, b)
             w = beta.take(b.dst)
             w += wx[t - c0]
-            g = alpha[t].take(b.src)
-            g += w
+            g = w.copy()
             beta = np.full(S, -np.inf)
             beta[b.key_states] = logsumexp_segments(w, b.seg_starts, plan.bwd_seg_of)
             z = logsumexp_segments(alpha[t] + beta, seq_starts)
             z[np.isneginf(z)] = np.inf  # no path through frame t: posteriors exp(-inf) = 0
-            g -= z[b.seq]
+            g += (alpha[t] - z.take(sos)).take(b.src)
             np.exp(g, out=g)
             post[t] = np.bincount(b.col, weights=g, minlength=C)
             if leaky is not None:
