@@ -2,7 +2,50 @@
 
 from __future__ import annotations
 
-__all__ = ["cupy_view", "use_torch_stream"]
+import os
+
+__all__ = ["cupy_view", "use_torch_stream", "use_torch_allocator"]
+
+_allocator_installed = False
+
+
+class _TorchBlock:
+    """Owner of a block from torch's caching allocator; frees it when CuPy drops it."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        import torch
+
+        torch.cuda.caching_allocator_delete(self.ptr)
+
+
+def _torch_malloc(size: int):
+    import cupy
+    import torch
+
+    device = cupy.cuda.Device().id
+    stream = cupy.cuda.get_current_stream().ptr
+    ptr = torch.cuda.caching_allocator_alloc(max(int(size), 1), device, stream)
+    mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr), device)
+    return cupy.cuda.MemoryPointer(mem, 0)
+
+
+def use_torch_allocator() -> None:
+    """Route CuPy's device allocations (the engine's scratch: X, alphas,
+    posteriors) through torch's caching allocator, so one pool serves both
+    libraries and ``torch.cuda.max_memory_allocated`` counts chainfb's memory.
+    Set ``CHAINFB_CUPY_ALLOCATOR=cupy`` to keep CuPy's own pool."""
+    global _allocator_installed
+    if _allocator_installed or os.environ.get("CHAINFB_CUPY_ALLOCATOR", "torch") == "cupy":
+        return
+    import cupy
+
+    cupy.cuda.set_allocator(_torch_malloc)
+    _allocator_installed = True
 
 
 def use_torch_stream(device_index: int):
@@ -37,5 +80,6 @@ def cupy_view(tensor):
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.view(torch.int16)
     cupy.cuda.Device(dev).use()
+    use_torch_allocator()
     use_torch_stream(dev)
     return cupy.from_dlpack(tensor)
