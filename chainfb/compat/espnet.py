@@ -58,7 +58,7 @@ class RNNTLossNumba(torch.nn.Module):
     def forward(self, acts, labels, act_lens, label_lens):
         b, Tb, Ub = check_inputs(acts, labels, act_lens, label_lens, self.blank)
         costs = _TransducerCost.apply(
-            acts, labels, Tb, Ub, b, (), 0.0, True, self.fastemit_lambda, self.clamp, False
+            acts, labels, Tb, Ub, b, (), 0.0, True, self.fastemit_lambda, self.clamp
         )
         return _nemo_reduce(costs, self.reduction)
 
@@ -84,6 +84,6 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
         durations = check_durations(self.big_blank_durations, acts.shape[-1] if acts.dim() == 4 else 1)
         b, Tb, Ub = check_inputs(acts, labels, act_lens, label_lens, self.blank, len(durations))
         costs = _TransducerCost.apply(
-            acts, labels, Tb, Ub, b, tuple(durations), self.sigma, True, self.fastemit_lambda, self.clamp, False
+            acts, labels, Tb, Ub, b, tuple(durations), self.sigma, True, self.fastemit_lambda, self.clamp
         )
         return _nemo_reduce(costs, self.reduction)

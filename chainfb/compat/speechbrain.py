@@ -58,7 +58,7 @@ class TransducerLoss(torch.nn.Module):
         b, Tb, Ub = check_inputs(logits, labels, T, U, self.blank)
         if not self.true_gradient:
             return _SpeechBrainTransducer.apply(logits, labels, Tb, Ub, b, self.reduction)
-        costs = _TransducerCost.apply(logits, labels, Tb, Ub, b, (), 0.0, True, 0.0, -1.0, False)
+        costs = _TransducerCost.apply(logits, labels, Tb, Ub, b, (), 0.0, True, 0.0, -1.0)
         loss = costs / torch.from_numpy(Tb).to(costs.dtype)
         if self.reduction == "mean":
             return loss.mean()

@@ -5,9 +5,11 @@ Quirks reproduced from torchaudio's code:
 
 - ``logits`` must have ``T == max(logit_lengths)`` and ``U == max(target_lengths) + 1``;
   ``targets`` must be ``[B, U - 1]``; targets and lengths must be int32.
-- ``clamp > 0`` only clamps the gradient *from below*: torchaudio's kernels
-  write ``min(g, clamp)`` and then overwrite it with ``max(g, -clamp)``, so
-  positive gradient elements are never clamped.
+- ``clamp > 0`` clamps each gradient element to ``[-clamp, clamp]`` per
+  sample, before the incoming gradient (e.g. the batch mean's ``1/B``) is
+  applied.  (The CUDA kernel source reads as if only the lower bound were
+  applied; torchaudio 2.9's CPU build clamps both sides, which is what the
+  peer comparison in the tests measures and what is reproduced here.)
 - A sample whose cost is inf/NaN gets an all-zero gradient.
 
 Extension: float64 logits are accepted too (torchaudio takes float32/float16;
@@ -49,7 +51,7 @@ def rnnt_loss(
             f"targets: expected shape [B, {logits.shape[2] - 1}] (logits.shape[2] - 1), got {tuple(targets.shape)}"
         )
     costs = _TransducerCost.apply(
-        logits, targets, Tb, Ub, b, (), 0.0, bool(fused_log_softmax), 0.0, float(clamp), True
+        logits, targets, Tb, Ub, b, (), 0.0, bool(fused_log_softmax), 0.0, float(clamp)
     )
     return reduce_costs(costs, reduction)
 

@@ -118,7 +118,6 @@ def transducer_costs(
     fused_log_softmax=True,
     fastemit_lambda=0.0,
     clamp=-1.0,
-    clamp_lower_only=False,
     need_gradient=True,
 ):
     """``(loglike float64 [B], grad [B, T, U, V] in logits' dtype or None)``
@@ -132,7 +131,7 @@ def transducer_costs(
     if not need_gradient:
         return loglike, None
     bad = ~np.isfinite(loglike)
-    grad = score_map.gradient(st, post, fastemit_lambda, clamp, clamp_lower_only, bad, out_dtype=logits.dtype)
+    grad = score_map.gradient(st, post, fastemit_lambda, clamp, bad, out_dtype=logits.dtype)
     return loglike, grad
 
 
@@ -141,10 +140,10 @@ class _TransducerCost(torch.autograd.Function):
     computed in forward and scaled per utterance in backward."""
 
     @staticmethod
-    def forward(ctx, logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp, lower_only):
+    def forward(ctx, logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp):
         need = ctx.needs_input_grad[0]
         loglike, grad = transducer_costs(
-            logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp, lower_only, need
+            logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp, need
         )
         ctx.save_for_backward(grad if grad is not None else logits.new_zeros(0))
         costs = torch.from_numpy(-(1.0 + fastemit) * loglike)
@@ -156,7 +155,7 @@ class _TransducerCost(torch.autograd.Function):
         go = grad_out.to(grad.dtype)
         # an impossible utterance has zero gradient even for a non-finite incoming gradient
         go = torch.where(torch.isfinite(go), go, torch.zeros_like(go))
-        return (grad * go.view(-1, 1, 1, 1),) + (None,) * 10
+        return (grad * go.view(-1, 1, 1, 1),) + (None,) * 9
 
 
 def reduce_costs(costs: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -223,7 +222,7 @@ def rnnt_loss(
     _check_common(reduction, clamp, fastemit_lambda)
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank)
     costs = _TransducerCost.apply(
-        logits, targets, Tb, Ub, blank, (), 0.0, bool(fused_log_softmax), float(fastemit_lambda), float(clamp), False
+        logits, targets, Tb, Ub, blank, (), 0.0, bool(fused_log_softmax), float(fastemit_lambda), float(clamp)
     )
     return reduce_costs(costs, reduction)
 
@@ -286,6 +285,6 @@ def multiblank_rnnt_loss(
         raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank, len(durations))
     costs = _TransducerCost.apply(
-        logits, targets, Tb, Ub, blank, tuple(durations), float(sigma), True, float(fastemit_lambda), float(clamp), False
+        logits, targets, Tb, Ub, blank, tuple(durations), float(sigma), True, float(fastemit_lambda), float(clamp)
     )
     return reduce_costs(costs, reduction)

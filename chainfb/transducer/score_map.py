@@ -144,7 +144,6 @@ def gradient(
     post: np.ndarray,
     fastemit_lambda: float = 0.0,
     clamp: float = -1.0,
-    clamp_lower_only: bool = False,
     zero_samples: np.ndarray | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -152,8 +151,7 @@ def gradient(
     version when ``fastemit_lambda > 0``), written into ``state.work``.
 
     ``post`` float64 ``[num_steps, C]`` engine posteriors.  ``clamp > 0``
-    clamps every element to ``[-clamp, clamp]`` (only from below with
-    ``clamp_lower_only``, torchaudio's behaviour); ``zero_samples`` bool
+    clamps every element to ``[-clamp, clamp]``; ``zero_samples`` bool
     ``[B]`` zeroes whole samples (non-finite costs).  Returned in
     ``out_dtype`` (default: the compute dtype).
     """
@@ -173,10 +171,7 @@ def gradient(
         g.mul_(factor.unsqueeze(-1))
     g.view(-1).index_add_(0, torch.from_numpy(state.elems), wt, alpha=-1)
     if clamp is not None and clamp > 0:
-        if clamp_lower_only:
-            g.clamp_(min=-clamp)
-        else:
-            g.clamp_(-clamp, clamp)
+        g.clamp_(-clamp, clamp)
     if zero_samples is not None and zero_samples.any():
         g[torch.from_numpy(np.asarray(zero_samples, dtype=bool))] = 0.0
     if out_dtype is not None and out_dtype != g.dtype:
