@@ -137,25 +137,36 @@ def transducer_costs(
 
 class _TransducerCost(torch.autograd.Function):
     """Per-utterance cost ``-(1 + lambda) * loglike`` ``[B]``; the gradient is
-    computed in forward and scaled per utterance in backward."""
+    computed in forward and scaled per utterance in backward.
+
+    Memory: the first backward scales the saved gradient in place and hands
+    that very tensor to autograd (no second 4-D tensor); a repeated backward
+    through the same graph (``retain_graph``, gradcheck) recomputes it."""
 
     @staticmethod
     def forward(ctx, logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp):
         need = ctx.needs_input_grad[0]
-        loglike, grad = transducer_costs(
-            logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp, need
-        )
-        ctx.save_for_backward(grad if grad is not None else logits.new_zeros(0))
+        args = (Tb, Ub, blank, durations, sigma, fused, fastemit, clamp)
+        loglike, grad = transducer_costs(logits, targets, *args, need_gradient=need)
+        ctx.grad = grad
+        ctx.args = args
+        if need:
+            ctx.save_for_backward(logits, targets)
         costs = torch.from_numpy(-(1.0 + fastemit) * loglike)
         return costs.to(logits.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:  # second backward through this graph: recompute
+            logits, targets = ctx.saved_tensors
+            grad = transducer_costs(logits, targets, *ctx.args, need_gradient=True)[1]
         go = grad_out.to(grad.dtype)
         # an impossible utterance has zero gradient even for a non-finite incoming gradient
         go = torch.where(torch.isfinite(go), go, torch.zeros_like(go))
-        return (grad * go.view(-1, 1, 1, 1),) + (None,) * 9
+        if not bool((go == 1).all()):
+            grad.mul_(go.view(-1, 1, 1, 1))
+        return (grad,) + (None,) * 9
 
 
 def reduce_costs(costs: torch.Tensor, reduction: str) -> torch.Tensor:
