@@ -410,3 +410,17 @@ def test_bad_multiblank_inputs(kw, exc, match):
     # a label equal to a big blank is rejected too
     with pytest.raises(ValueError, match="targets"):
         chainfb.multiblank_rnnt_loss(x, i32([[3], [0]]), i32([3, 2]), i32([1, 1]), 4, [2, 3])
+
+
+def test_draw_tool_writes_dot(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(__import__("os").environ, PYTHONPATH=str(root))
+    subprocess.run([sys.executable, str(root / "tools" / "draw_transducer.py"), "--out", str(tmp_path)], check=True, env=env,
+                   capture_output=True)
+    text = (tmp_path / "multiblank_U2_d2_3.dot").read_text()
+    assert "big3@1" in text and "zero" in text and "digraph" in text
+    assert (tmp_path / "rnnt_U3_pdfs.dot").read_text().count("->") == 7

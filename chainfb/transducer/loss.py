@@ -55,6 +55,10 @@ def check_inputs(
         raise TypeError(f"logits: expected float32, float64, float16 or bfloat16, got {logits.dtype}")
     if logits.dim() != 4:
         raise ValueError(f"logits: expected a 4-D tensor [B, T, U, V], got shape {tuple(logits.shape)}")
+    if logits.device.type != "cpu":
+        raise ValueError(
+            f"logits: the transducer losses run on CPU tensors in this build, got a tensor on {logits.device}"
+        )
     B, T, U1, V = logits.shape
     if B == 0:
         raise ValueError("logits: expected a batch of at least one utterance, got B = 0")
