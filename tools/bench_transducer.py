@@ -118,6 +118,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--skip", default="", help="comma-separated name prefixes of methods to leave out")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
@@ -128,14 +129,23 @@ def main():
     print(f"# B={args.batch} V={args.vocab} T={T.tolist()} U={U.tolist()}")
     print(f"# logits {tuple(inputs[0].shape)} float32 = {nbytes / 2**20:.0f} MiB; memory = peak above inputs")
     rows = []
+    skip = [p for p in args.skip.split(",") if p]
     for name, fn in methods().items():
-        step(fn, inputs, args.device)  # warm-up (JIT compilation, caches)
+        if any(name.startswith(p) for p in skip):
+            continue
+        try:
+            step(fn, inputs, args.device)  # warm-up (JIT compilation, caches)
+        except Exception as e:  # noqa: BLE001
+            print(f"# {name} failed: {type(e).__name__}: {e}")
+            continue
         times, peaks = [], []
         for _ in range(args.repeat):
             dt, peak, val = step(fn, inputs, args.device)
             times.append(dt)
             peaks.append(peak)
         rows.append((name, statistics.median(times), max(peaks), val))
+    if not rows:
+        return
     ref = rows[0]
     print(f"{'method':28s} {'time s':>8s} {'peak MiB':>9s} {'x logits':>8s} {'cost':>14s}  chainfb speed-up / memory ratio")
     for name, t, p, v in rows:

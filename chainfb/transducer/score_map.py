@@ -10,7 +10,7 @@ themselves when ``fused_log_softmax=False``), ``sym_0`` = blank,
 column scores 0 at every step.
 
 The gradient w.r.t. the logits, written into one new tensor the size of the
-logits (the buffer that held ``exp(logits - max)`` during the gather), is::
+logits (the buffer that held the softmax during the gather), is::
 
     grad[b,t,u,k] = softmax_k(b,t,u) * occ(t,u) - sum_j w_j(t,u) [k == sym_j]
     w_j = post_j * (1 + lambda [j == label]),   occ = sum_j w_j
@@ -43,8 +43,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 class ScoreMapState:
     """What :func:`gather` keeps for :func:`gradient`.
 
-    ``work``: ``[B, T, U, V]`` compute-dtype buffer holding ``exp(logits - max)``
-    (becomes the gradient) or ``None``; ``expsum``: ``[B, T, U]`` its sums;
+    ``work``: ``[B, T, U, V]`` compute-dtype buffer holding the softmax
+    (becomes the gradient; zeros when not fused) or ``None``;
     ``norm``: ``[B, T, U]`` log-softmax normaliser (zeros when not fused);
     ``rows``/``cols``: engine coordinates ``(n, c)`` of every gathered entry
     ``[E]``; ``cells``: flat ``(b, t, u)`` index ``[E]``; ``elems``: flat
@@ -52,7 +52,6 @@ class ScoreMapState:
     """
 
     work: torch.Tensor | None
-    expsum: torch.Tensor | None
     norm: torch.Tensor
     rows: np.ndarray
     cols: np.ndarray
@@ -90,17 +89,17 @@ def gather(
     B, T, U1, V = logits.shape
     x = logits.detach()
     ct = compute_dtype(x.dtype)
-    work = expsum = None
+    work = None
     if fused_log_softmax:
-        mx = x.amax(dim=-1, keepdim=True).to(ct) if V else x.new_zeros((B, T, U1, 1), dtype=ct)
-        mx.masked_fill_(~torch.isfinite(mx), 0.0)
         if need_gradient:
-            work = torch.sub(x, mx, alpha=1)  # the one new 4-D tensor: exp(x - max), later the gradient
-            if work.dtype != ct:
-                work = work.to(ct)
-            work.exp_()
-            expsum = work.sum(dim=-1)
-            norm = expsum.log().add_(mx.squeeze(-1))
+            # the one new 4-D tensor: softmax (one fused pass), later turned into the gradient
+            mx, arg = x.max(dim=-1, keepdim=True)
+            work = torch.softmax(x, dim=-1, dtype=ct)
+            # normaliser from the row maximum, whose probability >= 1/V never underflows
+            norm = (mx.to(ct) - work.gather(-1, arg).log_()).squeeze(-1)
+            bad_rows = ~torch.isfinite(mx.squeeze(-1))
+            if bool(bad_rows.any()):  # all -inf / inf / NaN rows: no usable softmax there
+                work[bad_rows] = 0.0
         else:
             norm = torch.logsumexp(x.to(ct) if x.dtype != ct else x, dim=-1)
     else:
@@ -135,7 +134,7 @@ def gather(
     X = np.full((layout.num_steps, lat.num_columns), -np.inf)
     X[rows, cols] = vals.numpy()
     X[:, layout.col_j < 0] = 0.0
-    state = ScoreMapState(work, expsum, norm, rows, cols, cells, elems, lab[which], (B, T, U1, V), fused_log_softmax)
+    state = ScoreMapState(work, norm, rows, cols, cells, elems, lab[which], (B, T, U1, V), fused_log_softmax)
     return X, state
 
 
@@ -166,9 +165,7 @@ def gradient(
     if state.fused:
         occ = np.bincount(state.cells, weights=w, minlength=B * T * U1)
         occ_t = torch.from_numpy(occ).to(g.dtype).view(B, T, U1)
-        # softmax * occ = exp(x - max) * occ / sum; cells never visited get exactly 0
-        factor = torch.where(occ_t > 0, occ_t / state.expsum, torch.zeros_like(occ_t))
-        g.mul_(factor.unsqueeze(-1))
+        g.mul_(occ_t.unsqueeze(-1))  # softmax * occupancy; cells never visited get exactly 0
     g.view(-1).index_add_(0, torch.from_numpy(state.elems), wt, alpha=-1)
     if clamp is not None and clamp > 0:
         g.clamp_(-clamp, clamp)
