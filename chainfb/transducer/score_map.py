@@ -93,11 +93,11 @@ def gather(
     if fused_log_softmax:
         if need_gradient:
             # the one new 4-D tensor: softmax (one fused pass), later turned into the gradient
-            mx, arg = x.max(dim=-1, keepdim=True)
+            mx = x.amax(dim=-1).to(ct)
             work = torch.softmax(x, dim=-1, dtype=ct)
-            # normaliser from the row maximum, whose probability >= 1/V never underflows
-            norm = (mx.to(ct) - work.gather(-1, arg).log_()).squeeze(-1)
-            bad_rows = ~torch.isfinite(mx.squeeze(-1))
+            # normaliser from the row maximum, whose probability (>= 1/V) never underflows
+            norm = mx - work.amax(dim=-1).log_()
+            bad_rows = ~torch.isfinite(mx)
             if bool(bad_rows.any()):  # all -inf / inf / NaN rows: no usable softmax there
                 work[bad_rows] = 0.0
         else:
