@@ -424,3 +424,41 @@ def test_draw_tool_writes_dot(tmp_path):
     text = (tmp_path / "multiblank_U2_d2_3.dot").read_text()
     assert "big3@1" in text and "zero" in text and "digraph" in text
     assert (tmp_path / "rnnt_U3_pdfs.dot").read_text().count("->") == 7
+
+
+def test_score_map_gather_layout():
+    from chainfb.transducer import score_map
+
+    rng = np.random.default_rng(21)
+    x, tg, Tb, Ub = random_batch(rng, B=3, T=5, U=3, V=7, reserved=3)
+    durations = (2, 3)
+    blank = 6
+    lay = compile_layout(Ub.numpy(), Tb.numpy(), durations, 0.0, umax=3)
+    X, st = score_map.gather(x, tg, Tb.numpy(), lay, blank, [5, 4], True, need_gradient=False)
+    lp = torch.log_softmax(x, -1).numpy()
+    assert X.shape == (int((Tb + Ub).max()), lay.lat.num_columns)
+    for b in range(3):
+        for u in range(int(Ub[b]) + 1):
+            for j in range(4):
+                c = lay.colidx[b, u, j]
+                if j == 1 and u == Ub[b]:
+                    assert c == -1
+                    continue
+                sym = [blank, int(tg[b, u]) if u < Ub[b] else -1, 5, 4][j]
+                for n in range(X.shape[0]):
+                    t = n - u
+                    want = lp[b, t, u, sym] if 0 <= t < Tb[b] else -np.inf
+                    assert X[n, c] == pytest.approx(want, abs=1e-12)
+    zero = np.flatnonzero(lay.col_j < 0)
+    assert len(zero) == 3 and (X[:, zero] == 0).all()
+
+
+def test_repeated_backward_recomputes_the_gradient():
+    rng = np.random.default_rng(22)
+    x, tg, Tb, Ub = random_batch(rng)
+    x.requires_grad_()
+    loss = chainfb.rnnt_loss(x, tg, Tb, Ub, reduction="mean")
+    loss.backward(retain_graph=True)
+    g1 = x.grad.clone()
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * g1.numpy(), rtol=1e-13)
