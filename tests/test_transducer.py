@@ -378,6 +378,8 @@ def _ok():
         (dict(blank=1.0), TypeError, "blank"),
         (dict(reduction="avg"), ValueError, "reduction"),
         (dict(fastemit_lambda=-0.1), ValueError, "fastemit_lambda"),
+        (dict(clamp=float("nan")), ValueError, "clamp"),
+        (dict(clamp="1"), TypeError, "clamp"),
         (dict(logits=torch.randn(0, 3, 3, 5), targets=torch.zeros(0, 2, dtype=torch.int32),
               logit_lengths=torch.zeros(0, dtype=torch.int32), target_lengths=torch.zeros(0, dtype=torch.int32)),
          ValueError, "B = 0"),

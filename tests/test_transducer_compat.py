@@ -97,8 +97,12 @@ def test_espnet_fastemit_and_clamp():
         lp, g = grid_reference(x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), 0, fastemit=lam)
         assert cost[b].item() == pytest.approx(-(1 + lam) * lp, rel=1e-12)
         np.testing.assert_allclose(x.grad[b].numpy(), np.clip(g, -c, c), atol=1e-12)
-    # clamp <= 0 disables
+    # clamp <= 0 disables in the module; the functional form rejects a negative clamp
     assert espnet.RNNTLossNumba(clamp=-1).clamp == 0.0
+    with pytest.raises(ValueError, match="clamp"):
+        espnet.rnnt_loss(x, tg, Tb, Ub, clamp=-1.0)
+    f = espnet.rnnt_loss(x, tg, Tb, Ub, reduction="none", fastemit_lambda=lam, clamp=c)
+    assert torch.equal(f.detach(), cost.detach())
 
 
 def test_espnet_multiblank_matches_core_and_gradcheck():

@@ -11,7 +11,8 @@ Quirks reproduced from the NeMo code (ESPnet vendors a copy):
   terms are scaled by ``1 + lambda`` and ``lambda * softmax * P(label arc)``
   is added (this is NeMo's FastEmit gradient, not the derivative of the cost).
 - ``clamp > 0`` clamps every gradient element to ``[-clamp, clamp]`` per
-  sample before the batch scaling; ``clamp <= 0`` disables it.
+  sample before the batch scaling; the modules treat ``clamp <= 0`` as
+  "off", the functional ``rnnt_loss`` rejects a negative clamp.
 - Multi-blank: standard blank at ``blank`` (NeMo puts it last), big blank
   ``i`` at ``blank - 1 - i``; every arc carries ``lp - sigma``.
 """
@@ -22,7 +23,7 @@ import torch
 
 from ..transducer.loss import _TransducerCost, check_durations, check_inputs
 
-__all__ = ["RNNTLossNumba", "MultiblankRNNTLossNumba"]
+__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba"]
 
 
 def _nemo_reduce(costs, reduction):
@@ -40,6 +41,14 @@ def _check(reduction, fastemit_lambda, clamp):
     if not isinstance(clamp, (int, float)):
         raise TypeError(f"clamp: expected a number, got {type(clamp).__name__}")
     return float(clamp) if clamp > 0 else 0.0
+
+
+def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean", fastemit_lambda=0.0, clamp=0.0):
+    """NeMo's functional ``rnnt_loss``: as :class:`RNNTLossNumba`, but a
+    negative ``clamp`` is a ``ValueError`` (``0`` disables clamping)."""
+    if isinstance(clamp, (int, float)) and clamp < 0:
+        raise ValueError(f"clamp: must be 0.0 or a positive value, got {clamp}")
+    return RNNTLossNumba(blank, reduction, fastemit_lambda, clamp)(acts, labels, act_lens, label_lens)
 
 
 class RNNTLossNumba(torch.nn.Module):

@@ -189,6 +189,8 @@ def _check_common(reduction, clamp, fastemit_lambda):
         raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
     if not isinstance(clamp, (int, float)) or isinstance(clamp, bool):
         raise TypeError(f"clamp: expected a number, got {type(clamp).__name__}")
+    if np.isnan(clamp):
+        raise ValueError("clamp: expected a number (<= 0 disables clamping), got NaN")
     if not isinstance(fastemit_lambda, (int, float)) or isinstance(fastemit_lambda, bool):
         raise TypeError(f"fastemit_lambda: expected a number, got {type(fastemit_lambda).__name__}")
     if fastemit_lambda < 0 or not np.isfinite(fastemit_lambda):
