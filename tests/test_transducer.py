@@ -464,3 +464,45 @@ def test_repeated_backward_recomputes_the_gradient():
     g1 = x.grad.clone()
     loss.backward()
     np.testing.assert_allclose(x.grad.numpy(), 2 * g1.numpy(), rtol=1e-13)
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover
+    given = None
+
+if given is not None:
+
+    @settings(max_examples=25, deadline=None)
+    @given(
+        seed=st.integers(0, 2**31 - 1),
+        durations=st.lists(st.integers(2, 4), max_size=2),
+        B=st.integers(1, 3),
+        T=st.integers(1, 6),
+        U=st.integers(0, 3),
+        lam=st.sampled_from([0.0, 0.25]),
+    )
+    def test_property_against_grid_reference(seed, durations, B, T, U, lam):
+        rng = np.random.default_rng(seed)
+        M = len(durations)
+        V = 3 + M
+        Tb = rng.integers(1, T + 1, B)
+        Tb[0] = T
+        Ub = rng.integers(0, U + 1, B)
+        Ub[0] = U
+        tg = torch.tensor(rng.integers(0, V - 1 - M, (B, U)))
+        x = torch.tensor(rng.normal(scale=2.0, size=(B, T, U + 1, V)), requires_grad=True)
+        sigma = float(rng.uniform(0, 0.2)) if M else 0.0
+        blank = V - 1
+        if M:
+            costs = chainfb.multiblank_rnnt_loss(
+                x, tg, torch.tensor(Tb), torch.tensor(Ub), blank, durations, sigma=sigma, fastemit_lambda=lam, reduction="none"
+            )
+        else:
+            costs = chainfb.rnnt_loss(x, tg, torch.tensor(Tb), torch.tensor(Ub), blank=blank, fastemit_lambda=lam, reduction="none")
+        costs.sum().backward()
+        for b in range(B):
+            lp, g = grid_reference(x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, sigma, fastemit=lam)
+            assert costs[b].item() == pytest.approx(-(1 + lam) * lp, rel=1e-11)
+            np.testing.assert_allclose(x.grad[b].numpy(), g, atol=1e-11)
