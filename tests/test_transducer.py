@@ -506,3 +506,17 @@ if given is not None:
             lp, g = grid_reference(x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, sigma, fastemit=lam)
             assert costs[b].item() == pytest.approx(-(1 + lam) * lp, rel=1e-11)
             np.testing.assert_allclose(x.grad[b].numpy(), g, atol=1e-11)
+
+
+def test_non_contiguous_logits():
+    rng = np.random.default_rng(23)
+    x, tg, Tb, Ub = random_batch(rng, B=2, T=4, U=2, V=5)
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()  # same values, other strides
+    assert not xt.is_contiguous()
+    a = chainfb.rnnt_loss(xt, tg, Tb, Ub, reduction="sum")
+    a.backward()
+    x.requires_grad_()
+    b = chainfb.rnnt_loss(x, tg, Tb, Ub, reduction="sum")
+    b.backward()
+    assert a.item() == pytest.approx(b.item(), rel=1e-14)
+    np.testing.assert_allclose(xt.grad.numpy(), x.grad.numpy(), atol=1e-15)

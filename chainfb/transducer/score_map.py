@@ -76,7 +76,8 @@ def gather(
 
     Parameters
     ----------
-    logits : ``[B, T, U, V]`` tensor (any float dtype; read, never written).
+    logits : ``[B, T, U, V]`` tensor (any float dtype; read, never written;
+        a non-contiguous tensor is copied once).
     targets : ``[B, >= U - 1]`` integer tensor.
     logit_lengths : int64 ``[B]`` (NumPy).
     layout : the batch's :class:`TransducerLayout`.
@@ -88,6 +89,8 @@ def gather(
     """
     B, T, U1, V = logits.shape
     x = logits.detach()
+    if not x.is_contiguous():  # flat indexing below; a non-contiguous input costs one copy
+        x = x.contiguous()
     ct = compute_dtype(x.dtype)
     work = None
     if fused_log_softmax:
