@@ -21,3 +21,7 @@ __all__ = [
     "Supervision",
     "GenericNumeratorComputation",
 ]
+
+from .transducer import multiblank_rnnt_loss, rnnt_loss  # noqa: E402
+
+__all__ += ["rnnt_loss", "multiblank_rnnt_loss"]

@@ -1,0 +1,98 @@
+"""NeMo / ESPnet numba RNN-T losses (``RNNTLossNumba``,
+``MultiblankRNNTLossNumba``) computed by chainfb's engine, on CPU for both.
+
+Quirks reproduced from the NeMo code (ESPnet vendors a copy):
+
+- ``reduction="mean"`` divides the *summed* cost and the gradient by the
+  batch size (the docstring claims a division by the target lengths; the
+  code does not do that); ``"mean"`` and ``"sum"`` return a tensor of shape
+  ``[1]`` (``costs.sum().unsqueeze(-1)``), ``"none"`` returns ``[B]``.
+- FastEmit: the cost is ``-(1 + lambda) log P``; the gradient's label-arc
+  terms are scaled by ``1 + lambda`` and ``lambda * softmax * P(label arc)``
+  is added (this is NeMo's FastEmit gradient, not the derivative of the cost).
+- ``clamp > 0`` clamps every gradient element to ``[-clamp, clamp]`` per
+  sample before the batch scaling; the modules treat ``clamp <= 0`` as
+  "off", the functional ``rnnt_loss`` rejects a negative clamp.
+- Multi-blank: standard blank at ``blank`` (NeMo puts it last), big blank
+  ``i`` at ``blank - 1 - i``; every arc carries ``lp - sigma``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..transducer.loss import _TransducerCost, check_durations, check_inputs
+
+__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba"]
+
+
+def _nemo_reduce(costs, reduction):
+    if reduction == "none":
+        return costs
+    total = costs.sum().unsqueeze(-1)
+    return total / costs.shape[0] if reduction == "mean" else total
+
+
+def _check(reduction, fastemit_lambda, clamp):
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
+    if not isinstance(fastemit_lambda, (int, float)) or fastemit_lambda < 0:
+        raise ValueError(f"fastemit_lambda: expected a number >= 0, got {fastemit_lambda!r}")
+    if not isinstance(clamp, (int, float)):
+        raise TypeError(f"clamp: expected a number, got {type(clamp).__name__}")
+    return float(clamp) if clamp > 0 else 0.0
+
+
+def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean", fastemit_lambda=0.0, clamp=0.0):
+    """NeMo's functional ``rnnt_loss``: as :class:`RNNTLossNumba`, but a
+    negative ``clamp`` is a ``ValueError`` (``0`` disables clamping)."""
+    if isinstance(clamp, (int, float)) and clamp < 0:
+        raise ValueError(f"clamp: must be 0.0 or a positive value, got {clamp}")
+    return RNNTLossNumba(blank, reduction, fastemit_lambda, clamp)(acts, labels, act_lens, label_lens)
+
+
+class RNNTLossNumba(torch.nn.Module):
+    """NeMo's ``RNNTLossNumba(blank=0, reduction="mean", fastemit_lambda=0.0,
+    clamp=-1)``.  ``forward(acts [B, T, U + 1, V], labels [B, >= U],
+    act_lens [B], label_lens [B])`` returns the cost (see the module
+    docstring for shapes and quirks)."""
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", fastemit_lambda: float = 0.0, clamp: float = -1):
+        super().__init__()
+        self.clamp = _check(reduction, fastemit_lambda, clamp)
+        self.blank = blank
+        self.reduction = reduction
+        self.fastemit_lambda = float(fastemit_lambda)
+
+    def forward(self, acts, labels, act_lens, label_lens):
+        b, Tb, Ub = check_inputs(acts, labels, act_lens, label_lens, self.blank)
+        costs = _TransducerCost.apply(
+            acts, labels, Tb, Ub, b, (), 0.0, True, self.fastemit_lambda, self.clamp
+        )
+        return _nemo_reduce(costs, self.reduction)
+
+
+class MultiblankRNNTLossNumba(torch.nn.Module):
+    """NeMo's ``MultiblankRNNTLossNumba(blank, big_blank_durations,
+    reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0)``;
+    ``forward(acts, labels, act_lens, label_lens)``.  Runs on CPU (NeMo's
+    version needs CUDA)."""
+
+    def __init__(self, blank, big_blank_durations, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0):
+        super().__init__()
+        self.clamp = _check(reduction, fastemit_lambda, clamp)
+        self.blank = blank
+        self.big_blank_durations = list(big_blank_durations)
+        self.reduction = reduction
+        self.fastemit_lambda = float(fastemit_lambda)
+        self.sigma = float(sigma)
+
+    def forward(self, acts, labels, act_lens, label_lens):
+        if not isinstance(acts, torch.Tensor):
+            raise TypeError(f"acts: expected a torch.Tensor, got {type(acts).__name__}")
+        durations = check_durations(self.big_blank_durations, acts.shape[-1] if acts.dim() == 4 else 1)
+        b, Tb, Ub = check_inputs(acts, labels, act_lens, label_lens, self.blank, len(durations))
+        costs = _TransducerCost.apply(
+            acts, labels, Tb, Ub, b, tuple(durations), self.sigma, True, self.fastemit_lambda, self.clamp
+        )
+        return _nemo_reduce(costs, self.reduction)

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Forward+backward time and peak memory of chainfb's RNN-T loss against
+every installed peer (torchaudio, warprnnt_numba), measured in one run.
+
+Shapes follow the transducer-loss-benchmarking suite (vocab 500,
+LibriSpeech after 4x subsampling: T mean ~318 / max 680, U mean ~68 /
+max 151), scaled to this machine: ``--batch`` utterances (default 8) drawn
+with a fixed seed, padded to the batch maximum, reduction "sum", logits
+float32 requiring grad; one step = loss + ``backward()``.
+
+Memory
+------
+CPU: peak resident memory of the step *above the inputs*, read from Linux's
+``VmHWM`` after resetting it (``echo 5 > /proc/self/clear_refs``) just
+before the step; all methods run in this one process, one after another,
+and torch returns big blocks to the OS, so each reading is that method's own
+peak.  It includes the returned gradient (the size of the logits), so the
+floor for any implementation is ~1x the logits.  CUDA (``--device cuda``):
+``torch.cuda.max_memory_allocated`` above the inputs.
+
+    python tools/bench_transducer.py [--batch 8] [--repeat 3] [--device cpu|cuda]
+    # torchaudio / warprnnt_numba live in a separate venv here:
+    PYTHONPATH=$PWD /work/venv-ta/bin/python tools/bench_transducer.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+
+import chainfb
+
+warnings.filterwarnings("ignore")
+
+
+def draw_shapes(rng, batch):
+    """Utterance lengths like LibriSpeech after 4x subsampling (T mean ~318,
+    max 680; U ~ 0.21 T, mean ~68, max 151)."""
+    T = np.clip(rng.gamma(6.0, 318 / 6.0, batch), 40, 680).astype(int)
+    U = np.clip(np.round(T * rng.normal(68 / 318, 0.03, batch)), 1, 151).astype(int)
+    return T, U
+
+
+def make_inputs(rng, T, U, V, device):
+    B = len(T)
+    logits = torch.randn(B, int(T.max()), int(U.max()) + 1, V, device=device, generator=None)
+    targets = torch.from_numpy(rng.integers(1, V, (B, int(U.max())))).to(torch.int32).to(device)
+    return logits, targets, torch.from_numpy(T).to(torch.int32).to(device), torch.from_numpy(U).to(torch.int32).to(device)
+
+
+def methods():
+    out = {"chainfb": lambda x, y, t, u: chainfb.rnnt_loss(x, y, t, u, blank=0, reduction="sum")}
+    try:
+        import torchaudio.functional as taf
+
+        out[f"torchaudio {__import__('torchaudio').__version__}"] = (
+            lambda x, y, t, u: taf.rnnt_loss(x, y, t, u, blank=0, reduction="sum")
+        )
+    except Exception as e:  # noqa: BLE001
+        print(f"# torchaudio not available: {type(e).__name__}: {e}")
+    try:
+        import warprnnt_numba
+
+        loss = warprnnt_numba.RNNTLossNumba(blank=0, reduction="sum")
+        out[f"warprnnt_numba {warprnnt_numba.__version__}"] = lambda x, y, t, u: loss(x, y, t, u)
+    except Exception as e:  # noqa: BLE001
+        print(f"# warprnnt_numba not available: {type(e).__name__}: {e}")
+    return out
+
+
+def _status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def step(fn, inputs, device):
+    x = inputs[0].detach().requires_grad_()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        _reset_peak()
+        base = _status("VmRSS")
+    t0 = time.perf_counter()
+    loss = fn(x, *inputs[1:])
+    loss.sum().backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _status("VmHWM")) - base
+    val = float(loss.sum())
+    del x, loss
+    return dt, peak, val
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=500)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--skip", default="", help="comma-separated name prefixes of methods to leave out")
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    torch.manual_seed(args.seed)
+    T, U = draw_shapes(rng, args.batch)
+    inputs = make_inputs(rng, T, U, args.vocab, args.device)
+    nbytes = inputs[0].numel() * inputs[0].element_size()
+    print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}")
+    print(f"# B={args.batch} V={args.vocab} T={T.tolist()} U={U.tolist()}")
+    print(f"# logits {tuple(inputs[0].shape)} float32 = {nbytes / 2**20:.0f} MiB; memory = peak above inputs")
+    rows = []
+    skip = [p for p in args.skip.split(",") if p]
+    for name, fn in methods().items():
+        if any(name.startswith(p) for p in skip):
+            continue
+        try:
+            step(fn, inputs, args.device)  # warm-up (JIT compilation, caches)
+        except Exception as e:  # noqa: BLE001
+            print(f"# {name} failed: {type(e).__name__}: {e}")
+            continue
+        times, peaks = [], []
+        for _ in range(args.repeat):
+            dt, peak, val = step(fn, inputs, args.device)
+            times.append(dt)
+            peaks.append(peak)
+        rows.append((name, statistics.median(times), max(peaks), val))
+    if not rows:
+        return
+    ref = rows[0]
+    print(f"{'method':28s} {'time s':>8s} {'peak MiB':>9s} {'x logits':>8s} {'cost':>14s}  chainfb speed-up / memory ratio")
+    for name, t, p, v in rows:
+        print(
+            f"{name:28s} {t:8.3f} {p / 2**20:9.0f} {p / nbytes:8.2f} {v:14.4f}  "
+            f"{t / ref[1]:6.2f}x faster / {ref[2] / max(p, 1):5.2f}x memory"
+        )
+
+
+if __name__ == "__main__":
+    main()

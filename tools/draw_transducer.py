@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Draw the step graphs chainfb compiles transducer losses into.
+
+Writes Graphviz dot for a small RNN-T example (``U = 3`` labels) and a
+multi-blank example (``U = 2``, big-blank durations 2 and 3, sigma 0.05),
+twice each: the plain ``Fst.to_dot()`` (arcs ``pdf:prob``, as the engine
+sees them) and an annotated version naming each pdf (``blank@u``,
+``y_{u+1}``, ``big<d>@u``, ``zero``).  Renders PNGs when ``dot`` is on PATH.
+
+    python tools/draw_transducer.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+
+from chainfb.transducer import multiblank_graphs, rnnt_graphs
+
+
+def annotated_dot(fst, num_labels, durations, title):
+    W = len(durations) + 2
+    zero_pdf = (num_labels + 1) * W
+
+    def name(pdf):
+        if pdf == zero_pdf:
+            return "zero"
+        u, j = divmod(pdf, W)
+        if j == 0:
+            return f"blank@{u}"
+        if j == 1:
+            return f"y{u + 1}"
+        return f"big{durations[j - 2]}@{u}"
+
+    out = ["digraph transducer {", "  rankdir=LR;", f'  label="{title}";']
+    for s in range(fst.num_states):
+        main = s <= num_labels
+        shape = "doublecircle" if fst.final[s] > -math.inf else ("circle" if main else "point")
+        label = f"u={s}" if main else ""
+        out.append(f'  {s} [shape={shape}, label="{label}"{", style=bold" if s == fst.start else ""}];')
+    for s, d, p, lp in fst.arcs():
+        w = "" if lp == 0.0 else f" (-{-lp:g})"
+        out.append(f'  {s} -> {d} [label="{name(p)}{w}"];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="transducer_graphs")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cases = [
+        ("rnnt_U3", rnnt_graphs([3]).fsts[0], 3, (), "RNN-T step graph, U=3: run T+3 steps"),
+        (
+            "multiblank_U2_d2_3",
+            multiblank_graphs([2], [2, 3], sigma=0.05).fsts[0],
+            2,
+            (2, 3),
+            "multi-blank step graph, U=2, durations 2,3, sigma 0.05",
+        ),
+    ]
+    have_dot = shutil.which("dot") is not None
+    for stem, fst, U, durations, title in cases:
+        for suffix, text in (("", annotated_dot(fst, U, durations, title)), ("_pdfs", fst.to_dot(title))):
+            path = os.path.join(args.out, f"{stem}{suffix}.dot")
+            with open(path, "w") as f:
+                f.write(text)
+            print(path)
+            if have_dot:
+                png = path[:-4] + ".png"
+                subprocess.run(["dot", "-Tpng", path, "-o", png], check=True)
+                print(png)
+    if not have_dot:
+        print("# graphviz 'dot' not found: wrote .dot files only")
+
+
+if __name__ == "__main__":
+    main()
