@@ -12,3 +12,10 @@ __all__ = [
     "numerator_graph", "word_loop_graph", "expand", "min_frames", "fits", "check_fits", "phone_index",
     "merge_equivalent_states", "trim",
 ]
+
+from .denominator import DenominatorGraph, initial_probs
+from .loss import ChainLoss, chain_objective
+from .phone_lm import PhoneLM, den_graph, estimate_phone_lm
+
+__all__ += ["DenominatorGraph", "initial_probs", "ChainLoss", "chain_objective", "PhoneLM", "den_graph",
+            "estimate_phone_lm"]
