@@ -19,3 +19,7 @@ from .phone_lm import PhoneLM, den_graph, estimate_phone_lm
 
 __all__ += ["DenominatorGraph", "initial_probs", "ChainLoss", "chain_objective", "PhoneLM", "den_graph",
             "estimate_phone_lm"]
+
+from .normalization import add_normalization, intersect, normalization_fst
+
+__all__ += ["add_normalization", "intersect", "normalization_fst"]
