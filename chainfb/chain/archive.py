@@ -73,7 +73,7 @@ def write_kaldi_fst_archive(path: str | os.PathLike, items: Iterable[tuple[str, 
     n = 0
     try:
         for key, fst in items:
-            writer.write(key, kaldifst.compile(fst.to_openfst_text(), acceptor=True))
+            writer.write(key, kaldifst.compile(fst.to_openfst_text(), acceptor=True, keep_state_numbering=True))
             n += 1
     finally:
         writer.close()
