@@ -110,6 +110,9 @@ class SharedGraphEngine:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             m = X.max(axis=2) if K else np.zeros((N, T))
             m = np.where(np.isfinite(m) & valid, m, 0.0)
+            # E[t] = exp(x_t - max) as [K, N] (1 past a sequence's length)
+            E = np.exp(X[:, :Tmax, :] - m[:, :Tmax, None]).transpose(1, 2, 0).copy()
+            E[~valid[:, :Tmax].T[:, None, :].repeat(K, axis=1)] = 1.0
             alphas = np.zeros((Tmax + 1, S, N))
             log_scale = np.zeros(N)
             dead = np.zeros(N, bool)
@@ -130,8 +133,7 @@ class SharedGraphEngine:
                     loglike[ending] = np.log(tot) + log_scale[ending]
                 if t == Tmax:
                     break
-                e = np.exp(X[:, t, :] - m[:, t:t + 1]).T  # [K, N]
-                e[:, ~valid[:, t]] = 1.0
+                e = E[t]  # [K, N]
                 pre = self.WT @ a
                 pre *= e[self.group_col]
                 a = self.D @ pre
@@ -162,8 +164,7 @@ class SharedGraphEngine:
                 starting = np.flatnonzero((lengths == t + 1) & ok)
                 if starting.size:
                     b[:, starting] = fin_b
-                e = np.exp(X[:, t, :] - m[:, t:t + 1]).T
-                e[:, ~valid[:, t]] = 0.0
+                e = E[t]  # frames past a length: b is 0 there, so e's value does not matter
                 bd = self.DT @ b  # [G, N]: b'_{t+1}(dst g)
                 bd *= e[self.group_col]
                 pre = self.WT @ alphas[t]
