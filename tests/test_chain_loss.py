@@ -305,3 +305,22 @@ def test_chain_loss_bad_inputs():
         loss.den_graph.forward_backward(np.zeros((1, 2, 10)), engine="gpu")
     with pytest.raises(TypeError, match="fst"):
         DenominatorGraph("x")
+
+
+def test_kaldi_layout_denominator_computation():
+    from chainfb.chain import DenominatorComputation
+
+    den = den_from_lm()
+    rng = np.random.default_rng(8)
+    N, T = 3, 6
+    y = rng.normal(size=(N, T, den.num_pdfs))
+    kaldi = np.ascontiguousarray(y.transpose(1, 0, 2).reshape(T * N, -1))  # row t*N + n
+    comp = DenominatorComputation(den, N, kaldi, leaky_hmm_coefficient=0.1)
+    total = comp.forward()
+    ll, post = den.forward_backward(y, None, 0.1)
+    assert total == pytest.approx(ll.sum(), rel=1e-12)
+    deriv = np.zeros_like(kaldi)
+    assert comp.backward(-1.0, deriv)
+    np.testing.assert_allclose(deriv.reshape(T, N, -1).transpose(1, 0, 2), -post, atol=1e-12)
+    with pytest.raises(ValueError, match="nnet_output"):
+        DenominatorComputation(den, 4, kaldi)

@@ -13,11 +13,11 @@ __all__ = [
     "merge_equivalent_states", "trim",
 ]
 
-from .denominator import DenominatorGraph, initial_probs
+from .denominator import DenominatorComputation, DenominatorGraph, initial_probs
 from .loss import ChainLoss, chain_objective
 from .phone_lm import PhoneLM, den_graph, estimate_phone_lm
 
-__all__ += ["DenominatorGraph", "initial_probs", "ChainLoss", "chain_objective", "PhoneLM", "den_graph",
+__all__ += ["DenominatorGraph", "DenominatorComputation", "initial_probs", "ChainLoss", "chain_objective", "PhoneLM", "den_graph",
             "estimate_phone_lm"]
 
 from .normalization import add_normalization, intersect, normalization_fst
