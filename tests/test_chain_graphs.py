@@ -264,7 +264,10 @@ def test_den_graph_matches_phone_lm():
     seqs = [[0, 1, 2], [0, 1, 1, 2], [2, 0], [1, 2, 0, 1]]
     lm = estimate_phone_lm(seqs, 3, 2, 3)
     topo = Topology.chain()
-    fst = den_graph(lm, topo)
+    raw = den_graph(lm, topo)
+    # finals are the LM's end-of-sequence probabilities; the denominator treats all states as final
+    assert np.isclose(np.exp(raw.final).max(), np.exp(lm.final).max())
+    fst = DenominatorGraph(raw).fst
     assert (fst.final == 0).all()
     arcs = {}
     for s, d, p, lp in lm.arcs:

@@ -32,6 +32,7 @@ def leaky_reference(fst, scores, L, c):
     A = np.zeros((S, S))
     for s, d, p, lp in fst.arcs():
         A[s, d] += math.exp(lp)
+    A = A / (A.sum(axis=1) + np.exp(fst.final))[:, None]  # Kaldi: out-mass incl. final sums to 1
     v = np.zeros(S)
     v[fst.start] = 1
     acc = np.zeros(S)
@@ -106,13 +107,13 @@ def test_denominator_without_leak_is_path_enumeration(engine):
 
 
 def test_initial_probs_is_average_occupancy():
+    # state 0: arc prob 1 + final prob 1 -> normalised to 1/2 (Kaldi includes finals)
     f = Fst.from_arcs([(0, 1, 0, 0.0), (1, 1, 1, math.log(0.5)), (1, 0, 0, math.log(0.5))], {0: 0.0})
     p = initial_probs(f)
-    # iterations: [1,0], [0,1], [1/3,2/3], ... the average converges toward the stationary [1/3, 2/3]
     assert p.sum() == pytest.approx(1.0)
     assert 0.3 < p[0] < 0.4
     cur, avg = np.array([1.0, 0.0]), np.zeros(2)
-    A = np.array([[0, 1.0], [0.5, 0.5]])
+    A = np.array([[0, 0.5], [0.5, 0.5]])
     for _ in range(100):
         avg += cur / 100
         cur = cur @ A

@@ -40,22 +40,29 @@ CLAMP = 30.0
 
 
 def initial_probs(fst: Fst, num_iters: int = 100) -> np.ndarray:
-    """Kaldi's initial distribution ``[S]``: average over ``num_iters``
-    iterations of the state distribution, starting from the start state,
-    propagated through the arc probabilities (pdfs ignored) and renormalised
-    each iteration."""
+    """Kaldi's initial distribution ``[S]`` (``DenominatorGraph::SetInitialProbs``).
+
+    Each state's outgoing mass is first normalised to sum to one *including
+    its final probability* (the graph's own finals, before the denominator
+    treats every state as final); starting with all mass on the start
+    state, the distribution is propagated through the arcs (pdfs ignored)
+    and renormalised ``num_iters`` times, and the distributions before each
+    propagation are averaged.
+    """
     S = fst.num_states
     p = np.exp(fst.log_prob)
+    tot = np.exp(fst.final) + np.bincount(fst.src, weights=p, minlength=S)
+    norm = np.where(tot > 0, 1.0 / np.where(tot > 0, tot, 1.0), 0.0)
     cur = np.zeros(S)
     cur[fst.start] = 1.0
     avg = np.zeros(S)
     for _ in range(num_iters):
         avg += cur / num_iters
-        nxt = np.bincount(fst.dst, weights=cur[fst.src] * p, minlength=S)
-        tot = nxt.sum()
-        if not tot > 0:
+        nxt = np.bincount(fst.dst, weights=(cur * norm)[fst.src] * p, minlength=S)
+        total = nxt.sum()
+        if not total > 0:
             break  # no mass can move: keep the average so far
-        cur = nxt / tot
+        cur = nxt / total
     return avg / avg.sum()
 
 
@@ -67,13 +74,14 @@ class DenominatorGraph:
     fst : Fst
         Epsilon-free pdf acceptor (e.g. from
         :func:`chainfb.chain.phone_lm.den_graph`).  Its final probabilities
-        are ignored: every state is final with probability 1.
+        only enter the initial probabilities (as in Kaldi); the computation
+        treats every state as final with probability 1.
     num_pdfs : int, optional — the network output dimension ``P``
         (default: one more than the largest pdf in ``fst``).
 
     Attributes
     ----------
-    fst : Fst (with all finals set to 0)
+    fst : Fst (the graph with all finals set to 0)
     init_probs : float64 ``[S]``; ``log_init`` its log.
     """
 
@@ -82,12 +90,12 @@ class DenominatorGraph:
             fst = fst.fst
         if not isinstance(fst, Fst):
             raise TypeError(f"fst: expected chainfb.Fst, got {type(fst).__name__}")
+        self.init_probs = initial_probs(fst)  # Kaldi: from the graph as given (its finals included)
         self.fst = Fst(fst.num_states, fst.start, fst.src, fst.dst, fst.pdf, fst.log_prob,
                        np.zeros(fst.num_states))
         self.num_pdfs = self.fst.num_pdfs if num_pdfs is None else int(num_pdfs)
         if self.num_pdfs < self.fst.num_pdfs:
             raise ValueError(f"num_pdfs: the graph uses pdf {self.fst.num_pdfs - 1} but num_pdfs={num_pdfs}")
-        self.init_probs = initial_probs(self.fst)
         with np.errstate(divide="ignore"):
             self.log_init = np.log(self.init_probs)
         self._shared = None
