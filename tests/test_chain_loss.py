@@ -225,14 +225,14 @@ def test_chain_loss_value_and_derivative_are_kaldis():
     mask = (np.arange(8)[None, :] < np.array(lengths)[:, None])[:, :, None]
     ym = y * mask
     ex = (y - np.clip(y, -30, 30)) * mask
-    objf = (num_ll - den_ll).sum() - 0.5 * 0.02 * (ym ** 2).sum() - 0.01 * (ex ** 2).sum()
+    objf = (num_ll - den_ll).sum() - 0.5 * 0.02 * (ym ** 2).sum() - 0.5 * 0.01 * (ex ** 2).sum()
     assert out.item() == pytest.approx(-objf, rel=1e-12)
-    deriv = num_post - den_post - 0.02 * ym - 2 * 0.01 * ex
+    deriv = num_post - den_post - 0.02 * ym - 0.01 * ex
     np.testing.assert_allclose(yt.grad.numpy(), -deriv, atol=1e-12)
     info = loss.info
     assert info["num"] == pytest.approx(num_ll.sum()) and info["den"] == pytest.approx(den_ll.sum())
     assert info["objf"] == pytest.approx(objf) and info["frames"] == 21 and info["num_fallback"] == 0
-    assert info["oor"] == pytest.approx(-0.01 * 100.0)
+    assert info["oor"] == pytest.approx(-0.5 * 0.01 * 100.0)
 
 
 def test_kaldi_finite_difference_on_full_objective():
