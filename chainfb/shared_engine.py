@@ -38,6 +38,8 @@ class SharedGraphEngine:
         columns: ``self.pdfs`` ``[K]``.
     """
 
+    min_parallel_work = 2e7  # sequences x arcs x frames below which one thread is used
+
     def __init__(self, fst: Fst):
         if not isinstance(fst, Fst):
             raise TypeError(f"fst: expected chainfb.Fst, got {type(fst).__name__}")
@@ -66,6 +68,30 @@ class SharedGraphEngine:
         self.final = np.exp(fst.final)
 
     def forward_backward(self, X, lengths, need_posteriors: bool = True, leaky=None):
+        """Log-likelihoods and column posteriors; large calls are split by
+        sequence over ``chainfb.engine.get_num_threads()`` threads (SciPy's
+        sparse products and NumPy release the GIL).  See :meth:`_run`."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .engine import get_num_threads
+
+        X = np.asarray(X)
+        N = X.shape[0] if X.ndim == 3 else 0
+        threads = min(get_num_threads(), N // 8)
+        if threads < 2 or X.ndim != 3 or N * self.fst.num_arcs * X.shape[1] < self.min_parallel_work:
+            return self._run(X, lengths, need_posteriors, leaky)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != (N,):
+            raise ValueError(f"lengths: expected [{N}] ints in [0, {X.shape[1]}]")
+        bounds = np.linspace(0, N, threads + 1).astype(int)
+        parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        with ThreadPoolExecutor(threads) as ex:
+            res = list(ex.map(lambda sl: self._run(X[sl], lengths[sl], need_posteriors, leaky), parts))
+        loglike = np.concatenate([r[0] for r in res])
+        post = np.concatenate([r[1] for r in res]) if need_posteriors else None
+        return loglike, post
+
+    def _run(self, X, lengths, need_posteriors: bool = True, leaky=None):
         """Log-likelihoods and column posteriors.
 
         Parameters

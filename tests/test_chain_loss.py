@@ -325,3 +325,21 @@ def test_kaldi_layout_denominator_computation():
     np.testing.assert_allclose(deriv.reshape(T, N, -1).transpose(1, 0, 2), -post, atol=1e-12)
     with pytest.raises(ValueError, match="nnet_output"):
         DenominatorComputation(den, 4, kaldi)
+
+
+def test_shared_engine_threads_match_single_thread(monkeypatch):
+    from chainfb import engine
+
+    den = den_from_lm(5, seed=6)
+    eng = den.shared_engine()
+    rng = np.random.default_rng(4)
+    N, T = 20, 9
+    X = rng.normal(scale=3, size=(N, T, eng.num_columns))
+    lengths = rng.integers(0, T + 1, N)
+    leaky = (0.1, den.log_init)
+    single = eng._run(X, lengths, True, leaky)
+    monkeypatch.setattr(eng, "min_parallel_work", 0)
+    monkeypatch.setattr(engine, "_num_threads", 2)
+    multi = eng.forward_backward(X, lengths, True, leaky)
+    np.testing.assert_array_equal(single[0], multi[0])
+    np.testing.assert_array_equal(single[1], multi[1])
