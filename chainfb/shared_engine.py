@@ -14,8 +14,11 @@ group ``g`` leaving ``src``, so one frame is::
 with ``e_t = exp(x_t - max_k x_t)`` and the log of the scales accumulated
 (Kaldi's denominator recursion, generalised).  The backward pass is the
 transpose.  Exact up to float64 underflow of path-weight *ratios* below
-~1e-300 within one frame; impossible sequences give ``-inf`` and zero
-posteriors.  Knows nothing about what the graph means.
+~1e-300 within one frame: with scores spread over more than ~700 nats in
+one frame (never the case for Kaldi's clamped [-30, 30] denominator
+scores) a live sequence could be reported as impossible -- use the
+log-domain engine for such scores.  Impossible sequences give ``-inf``
+and zero posteriors.  Knows nothing about what the graph means.
 """
 
 from __future__ import annotations

@@ -174,6 +174,10 @@ def test_numerator_graph_errors_and_fit_check():
         numerator_graph(["a"], lex, topo, PHONES, sil_prob=1.0)
     with pytest.raises(TypeError):
         numerator_graph("a b", lex, topo, PHONES)
+    no_ends = numerator_graph(["b"], lex, topo, PHONES, sil_at_ends=False)
+    assert pdf_sequences(no_ends, 2) == {(4, 5): 1.0}  # B entered, B self-loop; no silence at the ends
+    two = pdf_sequences(numerator_graph(["b", "b"], lex, topo, PHONES, sil_prob=0.25, sil_at_ends=False), 3)
+    assert two == {(4, 0, 4): pytest.approx(0.25), (4, 5, 4): pytest.approx(0.75), (4, 4, 5): pytest.approx(0.75)}
     fst = numerator_graph(["a", "b", "c"], lex, topo, PHONES)
     assert min_frames(fst) == 5  # A B  B  C A
     assert min_frames(numerator_graph(["a", "b", "c"], lex, Topology.hmm3(), PHONES)) == 15

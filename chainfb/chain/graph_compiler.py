@@ -269,7 +269,6 @@ def min_frames(fst: Fst) -> float:
     Kaldi rejects training examples whose numerator graph's shortest path is
     longer than the number of frames; see :func:`fits`.
     """
-    S = fst.num_states
     ok = fst.log_prob > -np.inf
     out: dict[int, list] = {}
     for s, d in zip(fst.src[ok].tolist(), fst.dst[ok].tolist()):
