@@ -3,14 +3,14 @@ graphs, phone LM and denominator graph, and the chain objective."""
 
 from .graph_compiler import check_fits, expand, fits, min_frames, numerator_graph, phone_index, word_loop_graph
 from .lexicon import Lexicon, read_lexicon, read_phones, read_text
-from .minimize import merge_equivalent_states, trim
+from .minimize import determinize, merge_equivalent_states, trim
 from .phone_graph import PhoneGraph
 from .topology import Topology
 
 __all__ = [
     "Lexicon", "read_lexicon", "read_text", "read_phones", "Topology", "PhoneGraph",
     "numerator_graph", "word_loop_graph", "expand", "min_frames", "fits", "check_fits", "phone_index",
-    "merge_equivalent_states", "trim",
+    "merge_equivalent_states", "trim", "determinize",
 ]
 
 from .denominator import DenominatorComputation, DenominatorGraph, initial_probs
