@@ -25,3 +25,9 @@ __all__ = [
 from .transducer import multiblank_rnnt_loss, rnnt_loss  # noqa: E402
 
 __all__ += ["rnnt_loss", "multiblank_rnnt_loss"]
+
+# chain (LF-MMI), issue 5
+from . import chain  # noqa: E402
+from .chain import ChainLoss, DenominatorComputation, DenominatorGraph  # noqa: E402
+
+__all__ += ["chain", "ChainLoss", "DenominatorGraph", "DenominatorComputation"]

@@ -16,6 +16,12 @@ frame the source alpha, weight, column score and two indices; backward: the
 same twice over, once for beta and once for the column posteriors) and
 divides by the time: compare it with the GPU's memory bandwidth
 (``--peak-gbps``, e.g. 3350 for an H100 SXM, 4800 for an H200).
+``--den``: the LF-MMI denominator at Kaldi's scale instead: a 4-gram phone-LM
+graph (40 phones, chain topology: ~3,400 states, ~48,000 arcs, 80 pdfs)
+shared by 128 sequences, T=150, leaky HMM 0.1, through the one engine
+(``lattice``) and the sparse shared-graph path (``shared``, CPU only).
+
+    python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--den [--den-seqs 128]]
 """
 
 import argparse
@@ -57,6 +63,72 @@ def bytes_moved(arcs, T, real=8):
     """Rough lower bound of the engine's global-memory traffic (see the docstring)."""
     per_arc_frame = 3 * (2 * real + real + 2 * 4)  # alpha/beta + weight + score, two int32 indices; x3 passes
     return arcs * T * per_arc_frame
+def den_case(rng, num_phones=40, num_utts=4000):
+    """A Kaldi-sized denominator graph from a phone LM estimated on synthetic
+    Markov phone sequences."""
+    from chainfb.chain import DenominatorGraph, Topology, den_graph, estimate_phone_lm
+
+    trans = rng.dirichlet(np.full(num_phones, 0.3), size=num_phones).cumsum(1)
+    seqs = []
+    for _ in range(num_utts):
+        L = int(rng.integers(20, 80))
+        s = [int(rng.integers(num_phones))]
+        for u in rng.random(L - 1):
+            s.append(int(min(np.searchsorted(trans[s[-1]], u), num_phones - 1)))
+        seqs.append(s)
+    topo = Topology.chain()
+    lm = estimate_phone_lm(seqs, order=4, no_prune_order=3, num_extra_states=2000)
+    return DenominatorGraph(den_graph(lm, topo), topo.num_pdfs(num_phones))
+
+
+def run_den(args):
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    den = den_case(rng)
+    print(f"den graph: {den} (built in {time.perf_counter() - t0:.1f} s)")
+    N, T = args.den_seqs, 150
+    scores = rng.normal(size=(N, T, den.num_pdfs)).astype(np.float32)
+    lengths = np.full(N, T)
+    lengths[N // 2:] = T - rng.integers(0, 20, N - N // 2)
+    engines = ["shared", "lattice"] if args.device == "cpu" else ["lattice"]
+    if args.device == "cuda":
+        import torch
+
+        scores = torch.from_numpy(scores).cuda()
+    print(f"{'engine':10s} {'seqs':>5s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}")
+    for eng in engines:
+        def once():
+            if args.device == "cuda":
+                import torch
+
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            den.forward_backward(scores, lengths, 0.1, engine=eng)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - t
+
+        once()  # warm-up (builds the lattice / sparse matrices)
+        best = min(once() for _ in range(args.repeat))
+        print(f"{eng:10s} {N:5d} {T:6d} {best:8.3f} {den.num_arcs * N * T / best / 1e6:15.1f}")
+    if args.device == "cpu":
+        # the whole LF-MMI loss: numerators (the one engine) + denominator (shared path) + backward
+        import torch
+
+        from chainfb.chain import ChainLoss
+
+        nums = chainfb.FstBatch([numerator_like_fst(rng, num_phones=30, num_pdfs=den.num_pdfs) for _ in range(N)])
+        loss_fn = ChainLoss(den, leaky_hmm_coefficient=0.1)
+        y = torch.from_numpy(scores).requires_grad_()
+
+        def step():
+            t = time.perf_counter()
+            loss_fn(y, nums, lengths).backward()
+            return time.perf_counter() - t
+
+        step()
+        best = min(step() for _ in range(args.repeat))
+        print(f"ChainLoss forward+backward ({N} numerator graphs of ~{nums.num_arcs // N} arcs + den): {best:.3f} s")
 
 
 def main(argv=None):
@@ -66,7 +138,11 @@ def main(argv=None):
     ap.add_argument("--cases", default="ab", help="which cases to run, e.g. abc (default ab)")
     ap.add_argument("--numpy-baseline", action="store_true", help="with --device cuda: also time the NumPy path")
     ap.add_argument("--peak-gbps", type=float, default=None, help="GPU memory bandwidth for the roofline fraction")
+    ap.add_argument("--den", action="store_true", help="benchmark the LF-MMI denominator (Kaldi scale)")
+    ap.add_argument("--den-seqs", type=int, default=128)
     args = ap.parse_args(argv)
+    if args.den:
+        return run_den(args)
     rng = np.random.default_rng(0)
     head = f"{'case':28s} {'arcs':>9s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}"
     if args.device == "cuda":
