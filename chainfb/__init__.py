@@ -1,13 +1,17 @@
 """chainfb: one generic FST forward-backward engine (Kaldi's e2e chain
 numerator) with NumPy and CuPy backends, and compilers that turn training
-criteria (chain numerators, transducer losses) into graphs for it."""
+criteria (chain numerators and denominators, transducer losses) into graphs
+for it."""
 
+from . import chain
 from .autograd import NumeratorLoss, fst_loglike
 from .batch import FstBatch
+from .chain import ChainLoss, DenominatorComputation, DenominatorGraph
 from .fst import Fst
 from .kaldi import GenericNumeratorComputation, Supervision
 from .lattice import Lattice
 from .numerator import forward_backward
+from .transducer import multiblank_rnnt_loss, rnnt_loss
 
 __version__ = "0.1.0"
 
@@ -20,14 +24,10 @@ __all__ = [
     "NumeratorLoss",
     "Supervision",
     "GenericNumeratorComputation",
+    "rnnt_loss",
+    "multiblank_rnnt_loss",
+    "chain",
+    "ChainLoss",
+    "DenominatorGraph",
+    "DenominatorComputation",
 ]
-
-from .transducer import multiblank_rnnt_loss, rnnt_loss  # noqa: E402
-
-__all__ += ["rnnt_loss", "multiblank_rnnt_loss"]
-
-# chain (LF-MMI), issue 5
-from . import chain  # noqa: E402
-from .chain import ChainLoss, DenominatorComputation, DenominatorGraph  # noqa: E402
-
-__all__ += ["chain", "ChainLoss", "DenominatorGraph", "DenominatorComputation"]
