@@ -470,3 +470,31 @@ print("ASAN-CLEAN")
         pytest.skip(f"could not run under ASan: {res.stderr[-300:]}")
     assert "ERROR: AddressSanitizer" not in res.stderr, res.stderr[-3000:]
     assert "ASAN-CLEAN" in res.stdout
+
+
+# ------------------------------------------- transducer losses, kernel route
+
+
+@pytest.mark.parametrize("durations", [(), (2, 3)])
+@pytest.mark.parametrize("fastemit, clamp, fused", [(0.0, -1.0, True), (0.5, 0.3, True), (0.0, -1.0, False)])
+def test_transducer_costs_kernel_route_matches_cpu(be, durations, fastemit, clamp, fused):
+    """The route CUDA logits take (gather kernel -> engine kernels -> gradient
+    kernel), run under emulation, against the CPU score map + NumPy engine."""
+    from chainfb.cuda.transducer_maps import transducer_costs_on
+    from chainfb.transducer.graphs import compile_layout
+    from chainfb.transducer.loss import transducer_costs
+
+    rng = np.random.default_rng(5)
+    B, T, U1, V = 3, 6, 4, 7
+    logits = torch.from_numpy(rng.normal(size=(B, T, U1, V)))
+    Tb = np.array([6, 4, 1])
+    Ub = np.array([3, 0, 2])
+    blank = V - 1
+    targets = torch.from_numpy(rng.integers(0, V - 1 - len(durations), size=(B, U1 - 1)))
+    big = [blank - 1 - i for i in range(len(durations))]
+    sigma = 0.05 if durations else 0.0
+    ll_cpu, g_cpu = transducer_costs(logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp)
+    lay = compile_layout(Ub, Tb, durations, sigma, umax=U1 - 1)
+    ll_k, g_k = transducer_costs_on(be, logits, targets, lay, blank, big, fused, fastemit, clamp)
+    np.testing.assert_allclose(ll_k, ll_cpu.numpy(), rtol=1e-10)
+    torch.testing.assert_close(g_k, g_cpu, rtol=1e-9, atol=1e-10)

@@ -17,7 +17,6 @@ SpeechBrain's behaviour, reproduced:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..transducer.loss import _TransducerCost, check_inputs, transducer_costs
@@ -30,8 +29,7 @@ class _SpeechBrainTransducer(torch.autograd.Function):
     def forward(ctx, logits, labels, Tb, Ub, blank, reduction):
         loglike, grad = transducer_costs(logits, labels, Tb, Ub, blank, need_gradient=ctx.needs_input_grad[0])
         ctx.save_for_backward(grad if grad is not None else logits.new_zeros(0))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            loss = torch.from_numpy(-loglike / Tb).to(logits.dtype)
+        loss = (-loglike / torch.as_tensor(Tb, dtype=loglike.dtype).to(loglike.device)).to(logits.dtype)
         if reduction == "mean":
             return loss.mean()
         if reduction == "sum":

@@ -14,6 +14,12 @@ Importing this package does not import CuPy; calling into it does.
 
 from .engine_cuda import forward_backward_lattice_cuda
 from .interop import cupy_view
-from .transducer_maps import transducer_gather, transducer_grad
+from .transducer_maps import transducer_costs_cuda, transducer_gather, transducer_grad
 
-__all__ = ["forward_backward_lattice_cuda", "cupy_view", "transducer_gather", "transducer_grad"]
+__all__ = [
+    "forward_backward_lattice_cuda",
+    "cupy_view",
+    "transducer_gather",
+    "transducer_grad",
+    "transducer_costs_cuda",
+]

@@ -35,7 +35,15 @@ import numpy as np
 
 from .kernels import cupy_backend
 
-__all__ = ["transducer_gather", "transducer_grad", "transducer_gather_on", "transducer_grad_on", "logits_storage"]
+__all__ = [
+    "transducer_gather",
+    "transducer_grad",
+    "transducer_gather_on",
+    "transducer_grad_on",
+    "transducer_costs_on",
+    "transducer_costs_cuda",
+    "logits_storage",
+]
 
 _IN = {"f32": "float, float", "f64": "double, double", "f16": "chainfb::F16, float", "bf16": "chainfb::BF16, float"}
 _MAX_J = 16
@@ -283,3 +291,62 @@ def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post
     """
     return transducer_grad_on(cupy_backend(), logits, targets, logit_lengths, target_lengths, colidx, post, lse,
                               scale, blank, big_blank_idx, fastemit_lambda, clamp, fused_log_softmax)
+
+
+def transducer_costs_on(backend, logits, targets, layout, blank, big_blank_idx=(), fused_log_softmax=True,
+                        fastemit_lambda=0.0, clamp=-1.0, need_gradient=True):
+    """Transducer log-likelihoods and gradient through the kernels: gather,
+    the engine kernels, then the fused gradient.
+
+    Parameters
+    ----------
+    logits : ``[B, T, U1, V]`` tensor (CUDA for the GPU backend, CPU for the
+        emulation).
+    targets : ``[B, >= max(U_b)]`` int tensor.
+    layout : :class:`chainfb.transducer.graphs.TransducerLayout` of the batch
+        (its lattice, ``colidx``, per-utterance steps and lengths).
+
+    Returns
+    -------
+    loglike : ``[B]`` backend array, compute dtype.
+    grad : gradient of ``-loglike`` (FastEmit-modified, clamped, zero for
+        utterances with a non-finite log-likelihood), like ``logits``; or None.
+    """
+    import torch
+
+    xp = backend.xp
+    lat = layout.lat
+    B, T, U1, V = logits.shape
+    logits = logits.detach().contiguous()
+    tg = torch.zeros((B, U1 - 1), dtype=torch.int32, device=logits.device)
+    k = min(U1 - 1, targets.shape[1])
+    tg[:, :k] = targets[:, :k].to(device=logits.device, dtype=torch.int32)
+    Tb = np.asarray(layout.logit_lengths, dtype=np.int32)
+    Ub = np.asarray(layout.target_lengths, dtype=np.int32)
+    zero = np.flatnonzero(layout.col_j < 0)
+    zero_col = None
+    if zero.size:
+        zero_col = np.full(B, -1, dtype=np.int64)
+        zero_col[layout.col_b[zero]] = zero
+    X, lse = transducer_gather_on(backend, logits, tg, Tb, Ub, layout.colidx, layout.num_steps, lat.num_columns,
+                                  blank, big_blank_idx, zero_col, fused_log_softmax)
+    from .engine_cuda import forward_backward_lattice_on
+
+    loglike, post = forward_backward_lattice_on(backend, lat, X, layout.steps, need_gradient)
+    if not need_gradient:
+        return loglike, None
+    scale = xp.isfinite(loglike).astype(X.dtype)
+    grad = transducer_grad_on(backend, logits, tg, Tb, Ub, layout.colidx, post, lse, scale, blank, big_blank_idx,
+                              fastemit_lambda, clamp, fused_log_softmax)
+    return loglike, grad
+
+
+def transducer_costs_cuda(logits, targets, layout, blank, big_blank_idx=(), fused_log_softmax=True,
+                          fastemit_lambda=0.0, clamp=-1.0, need_gradient=True):
+    """:func:`transducer_costs_on` on the GPU; ``loglike`` comes back as a
+    CUDA torch tensor (no host synchronisation)."""
+    import torch
+
+    loglike, grad = transducer_costs_on(cupy_backend(), logits, targets, layout, blank, big_blank_idx,
+                                        fused_log_softmax, fastemit_lambda, clamp, need_gradient)
+    return torch.from_dlpack(loglike), grad

@@ -120,6 +120,7 @@ class TransducerLayout:
     Attributes
     ----------
     batch : FstBatch, lat : Lattice
+    target_lengths, logit_lengths : int64 ``[B]``, ``U_b`` and ``T_b``.
     steps : int64 ``[B]``, ``T_b + U_b`` (the engine's lengths).
     num_steps : int, ``max(steps)`` (rows of the engine's score matrix).
     width : int, ``M + 2`` arc kinds per main state.
@@ -133,6 +134,7 @@ class TransducerLayout:
         self.lat = lat = Lattice.of(batch)
         U = np.asarray(target_lengths, dtype=np.int64)
         T = np.asarray(logit_lengths, dtype=np.int64)
+        self.target_lengths, self.logit_lengths = U, T
         self.steps = T + U
         self.num_steps = int(self.steps.max()) if len(U) else 0
         self.width = width

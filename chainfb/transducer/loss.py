@@ -55,10 +55,8 @@ def check_inputs(
         raise TypeError(f"logits: expected float32, float64, float16 or bfloat16, got {logits.dtype}")
     if logits.dim() != 4:
         raise ValueError(f"logits: expected a 4-D tensor [B, T, U, V], got shape {tuple(logits.shape)}")
-    if logits.device.type != "cpu":
-        raise ValueError(
-            f"logits: the transducer losses run on CPU tensors in this build, got a tensor on {logits.device}"
-        )
+    if logits.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"logits: expected a CPU or CUDA tensor, got a tensor on {logits.device}")
     B, T, U1, V = logits.shape
     if B == 0:
         raise ValueError("logits: expected a batch of at least one utterance, got B = 0")
@@ -124,19 +122,26 @@ def transducer_costs(
     clamp=-1.0,
     need_gradient=True,
 ):
-    """``(loglike float64 [B], grad [B, T, U, V] in logits' dtype or None)``
+    """``(loglike [B] tensor, grad [B, T, U, V] in logits' dtype or None)``
     for validated inputs.  ``grad`` is the gradient of ``-loglike`` (FastEmit-
-    modified, clamped; zero for utterances with a non-finite cost)."""
+    modified, clamped; zero for utterances with a non-finite cost).  CUDA
+    logits go through the GPU score-map and engine kernels (chainfb.cuda);
+    ``loglike`` is float64 on the CPU path and in the compute dtype on the GPU."""
     B, T, U1, V = logits.shape
     lay = compile_layout(Ub, Tb, durations, sigma, umax=U1 - 1)
     big = [blank - 1 - i for i in range(len(durations))]
+    if logits.is_cuda:
+        from ..cuda import transducer_costs_cuda
+
+        return transducer_costs_cuda(logits, targets, lay, blank, big, fused_log_softmax, fastemit_lambda, clamp,
+                                     need_gradient)
     X, st = score_map.gather(logits, targets, Tb, lay, blank, big, fused_log_softmax, need_gradient)
     loglike, post = forward_backward_lattice(lay.lat, X, lay.steps, need_posteriors=need_gradient)
-    if not need_gradient:
-        return loglike, None
-    bad = ~np.isfinite(loglike)
-    grad = score_map.gradient(st, post, fastemit_lambda, clamp, bad, out_dtype=logits.dtype)
-    return loglike, grad
+    grad = None
+    if need_gradient:
+        bad = ~np.isfinite(loglike)
+        grad = score_map.gradient(st, post, fastemit_lambda, clamp, bad, out_dtype=logits.dtype)
+    return torch.from_numpy(loglike), grad
 
 
 class _TransducerCost(torch.autograd.Function):
@@ -156,8 +161,7 @@ class _TransducerCost(torch.autograd.Function):
         ctx.args = args
         if need:
             ctx.save_for_backward(logits, targets)
-        costs = torch.from_numpy(-(1.0 + fastemit) * loglike)
-        return costs.to(logits.dtype)
+        return (-(1.0 + fastemit) * loglike).to(logits.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
