@@ -59,6 +59,6 @@ def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
     posteriors = None
     if need_posteriors:
         posteriors = xp.zeros(arr.shape, dtype=arr.dtype)
-        smap.scatter_add(xp, posteriors, post)
+        smap.scatter_add(xp, posteriors, post, accumulate=False)
         posteriors = wrap_like(posteriors, scores)
     return wrap_like(loglike.astype(arr.dtype), scores), posteriors

@@ -59,8 +59,9 @@ class PdfScoreMap:
         view = _frame_view(xp, scores, width)
         return view[:, offs].astype(dtype, copy=False)
 
-    def scatter_add(self, xp, target, post, scale: float = 1.0):
-        """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``.
+    def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True):
+        """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
+        (``=`` instead of ``+=`` when ``accumulate`` is False).
 
         ``target`` is ``[N, T, P]`` (any strides); columns are distinct, so
         the fancy-index add is exact and deterministic.
@@ -70,4 +71,7 @@ class PdfScoreMap:
         T = min(target.shape[1], post.shape[0])
         if scale != 1.0:
             post = post * scale
-        view[:T, offs] += post[:T].astype(target.dtype, copy=False)
+        if accumulate:
+            view[:T, offs] += post[:T].astype(target.dtype, copy=False)
+        else:
+            view[:T, offs] = post[:T]
