@@ -21,3 +21,9 @@ __all__ = [
     "Supervision",
     "GenericNumeratorComputation",
 ]
+
+# chain (LF-MMI), issue 5
+from . import chain  # noqa: E402
+from .chain import ChainLoss, DenominatorGraph  # noqa: E402
+
+__all__ += ["chain", "ChainLoss", "DenominatorGraph"]

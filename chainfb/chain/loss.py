@@ -1,0 +1,185 @@
+"""The LF-MMI (chain) objective as a torch loss: Kaldi's e2e
+``ComputeChainObjfAndDeriv``.
+
+For sequence ``n`` with weight ``w_n`` and ``L_n`` frames (network output
+``y [N, T, P]`` used as pdf log-likelihoods):
+
+    num_n  = w_n * log sum over numerator paths      (chainfb.forward_backward)
+    den_n  = w_n * log sum over denominator paths    (leaky HMM, clamp(y, -30, 30))
+    l2_n   = -0.5 * l2_regularize * w_n * sum_{t < L_n} ||y[n, t]||^2
+    oor_n  = -out_of_range_regularize * w_n * sum_{t < L_n} ||y[n, t] - clamp(y[n, t], -30, 30)||^2
+    objf_n = num_n - den_n + l2_n + oor_n
+
+The loss returned is ``-objf`` (to MINIMISE), summed over sequences
+(``reduction="sum"``, Kaldi's scale), divided by the weighted frame count
+``sum_n w_n L_n`` (``"frame"``), or per sequence (``"none"``).  Its
+derivative w.r.t. ``y`` is ``-(w_n (num_post - den_post) - l2 w_n y -
+2 oor w_n (y - clamp(y)))`` (the den posterior is not masked by the clamp,
+as in Kaldi).
+
+Fallback (Kaldi): a sequence whose ``num_n - den_n`` is not finite (e.g.
+its transcript does not fit its frames) gets ``-10 * w_n * L_n`` as its
+chain objective and zero chain derivative, and a ``warnings.warn``; the
+regularisers still apply.  Nothing is ever NaN.
+
+After each call ``ChainLoss.info`` holds floats: ``num``, ``den``, ``l2``,
+``oor`` (weighted sums of the objective pieces; the fallback sequences'
+``-10`` per frame is counted in ``objf`` only), ``objf`` (total
+objective), ``frames`` (``sum w_n L_n``), ``objf_per_frame``,
+``num_fallback`` (count of fallback sequences).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from .._arrays import check_lengths
+from ..numerator import forward_backward as num_forward_backward
+from .denominator import CLAMP, DenominatorGraph
+
+__all__ = ["ChainLoss", "chain_objective"]
+
+DEFAULT_OBJF = -10.0
+
+
+def chain_objective(nnet_output, num_graphs, den_graph: DenominatorGraph, lengths=None, weights=None,
+                    leaky_hmm_coefficient=0.1, l2_regularize=0.0, out_of_range_regularize=0.01,
+                    den_engine="auto"):
+    """NumPy core of :class:`ChainLoss`.
+
+    Parameters
+    ----------
+    nnet_output : float64 NumPy ``[N, T, P]``
+    num_graphs : Fst / list of Fst / FstBatch (one per sequence).
+    den_graph : DenominatorGraph
+    lengths : ``[N]`` or None; weights : ``[N]`` or None (default 1).
+
+    Returns
+    -------
+    objf : float64 ``[N]`` per-sequence objective (to maximise);
+    deriv : float64 ``[N, T, P]`` ``d objf_n / d y`` (rows of other sequences are 0);
+    info : dict of floats (see module docstring).
+    """
+    y = nnet_output
+    N, T, P = y.shape
+    lengths = check_lengths(lengths, N, T)
+    if weights is None:
+        w = np.ones(N)
+    else:
+        w = np.asarray(weights.detach().cpu().numpy() if isinstance(weights, torch.Tensor) else weights,
+                       dtype=np.float64)
+        if w.shape != (N,) or not np.isfinite(w).all():
+            raise ValueError(f"weights: expected {N} finite numbers, got shape {w.shape}")
+    num_ll, num_post = num_forward_backward(num_graphs, y, lengths)
+    den_ll, den_post = den_graph.forward_backward(y, lengths, leaky_hmm_coefficient, engine=den_engine)
+    with np.errstate(invalid="ignore"):
+        chain = num_ll - den_ll
+    bad = ~np.isfinite(chain)
+    deriv = (num_post - den_post) * w[:, None, None]
+    frames = w * lengths
+    if bad.any():
+        warnings.warn(
+            f"ChainLoss: {int(bad.sum())} sequence(s) {np.flatnonzero(bad).tolist()} have a non-finite "
+            f"objective (numerator {num_ll[bad].tolist()}, denominator {den_ll[bad].tolist()}); "
+            f"using Kaldi's fallback ({DEFAULT_OBJF} per frame, zero derivative)",
+            RuntimeWarning, stacklevel=3)
+        deriv[bad] = 0.0
+    objf = np.where(bad, DEFAULT_OBJF * frames, w * np.where(bad, 0.0, chain))
+    mask = (np.arange(T)[None, :] < lengths[:, None])[:, :, None]
+    l2 = np.zeros(N)
+    if l2_regularize:
+        ym = np.where(mask, y, 0.0)
+        l2 = -0.5 * l2_regularize * w * (ym ** 2).sum(axis=(1, 2))
+        deriv -= l2_regularize * w[:, None, None] * ym
+    oor = np.zeros(N)
+    if out_of_range_regularize:
+        excess = np.where(mask, y - np.clip(y, -CLAMP, CLAMP), 0.0)
+        oor = -out_of_range_regularize * w * (excess ** 2).sum(axis=(1, 2))
+        deriv -= 2.0 * out_of_range_regularize * w[:, None, None] * excess
+    total = objf + l2 + oor
+    good = ~bad
+    info = {
+        "num": float((w * num_ll)[good].sum()),
+        "den": float((w * den_ll)[good].sum()),
+        "l2": float(l2.sum()),
+        "oor": float(oor.sum()),
+        "objf": float(total.sum()),
+        "frames": float(frames.sum()),
+        "num_fallback": int(bad.sum()),
+    }
+    info["objf_per_frame"] = info["objf"] / info["frames"] if info["frames"] else 0.0
+    return total, deriv, info
+
+
+class _ChainFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, nnet_output, module, num_graphs, lengths, weights):
+        y = nnet_output.detach().to("cpu", torch.float64).numpy()
+        objf, deriv, info = chain_objective(
+            y, num_graphs, module.den_graph, lengths, weights, module.leaky_hmm_coefficient,
+            module.l2_regularize, module.out_of_range_regularize, module.den_engine)
+        module.info = info
+        ctx.save_for_backward(torch.from_numpy(-deriv).to(nnet_output.device, nnet_output.dtype))
+        return torch.from_numpy(-objf).to(nnet_output.device, nnet_output.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (d,) = ctx.saved_tensors
+        g = torch.where(torch.isfinite(grad), grad, torch.zeros_like(grad))
+        return d * g[:, None, None], None, None, None, None
+
+
+class ChainLoss(torch.nn.Module):
+    """LF-MMI loss (see the module docstring for the exact formula).
+
+    Parameters
+    ----------
+    den_graph : DenominatorGraph or Fst
+    leaky_hmm_coefficient : float in [0, 1) — Kaldi recipes use 0.1.
+    l2_regularize : float >= 0 — Kaldi's l2 on the chain output.
+    out_of_range_regularize : float >= 0 — penalty on outputs outside [-30, 30].
+    reduction : ``"sum"`` (default, Kaldi's scale), ``"frame"`` (divided by
+        the weighted frame count) or ``"none"`` (``[N]``).
+    den_engine : ``"auto"``, ``"shared"`` or ``"lattice"`` (see
+        :mod:`chainfb.chain.denominator`).
+
+    ``forward(nnet_output [N, T, P], num_graphs, lengths=None, weights=None)``
+    returns the loss (= minus the objective).  ``num_graphs``: list of N
+    ``Fst`` or an ``FstBatch``; ``lengths`` ``[N]``; ``weights`` ``[N]``.
+    """
+
+    def __init__(self, den_graph, leaky_hmm_coefficient: float = 0.1, l2_regularize: float = 0.0,
+                 out_of_range_regularize: float = 0.01, reduction: str = "sum", den_engine: str = "auto"):
+        super().__init__()
+        self.den_graph = den_graph if isinstance(den_graph, DenominatorGraph) else DenominatorGraph(den_graph)
+        if not 0.0 <= leaky_hmm_coefficient < 1.0:
+            raise ValueError(f"leaky_hmm_coefficient: expected a value in [0, 1), got {leaky_hmm_coefficient}")
+        if l2_regularize < 0 or out_of_range_regularize < 0:
+            raise ValueError("l2_regularize and out_of_range_regularize must be >= 0")
+        if reduction not in ("sum", "frame", "none"):
+            raise ValueError(f"reduction: expected 'sum', 'frame' or 'none', got {reduction!r}")
+        self.leaky_hmm_coefficient = float(leaky_hmm_coefficient)
+        self.l2_regularize = float(l2_regularize)
+        self.out_of_range_regularize = float(out_of_range_regularize)
+        self.reduction = reduction
+        self.den_engine = den_engine
+        self.info: dict = {}
+
+    def forward(self, nnet_output, num_graphs, lengths=None, weights=None):
+        if not isinstance(nnet_output, torch.Tensor):
+            raise TypeError(f"nnet_output: expected a torch.Tensor, got {type(nnet_output).__name__}")
+        if nnet_output.dim() != 3:
+            raise ValueError(f"nnet_output: expected [N, T, P], got shape {tuple(nnet_output.shape)}")
+        if nnet_output.shape[2] < self.den_graph.num_pdfs:
+            raise ValueError(f"nnet_output: P={nnet_output.shape[2]} but the denominator uses "
+                             f"{self.den_graph.num_pdfs} pdfs")
+        per_seq = _ChainFunction.apply(nnet_output, self, num_graphs, lengths, weights)
+        if self.reduction == "none":
+            return per_seq
+        total = per_seq.sum()
+        if self.reduction == "frame":
+            total = total / max(self.info["frames"], 1e-20)
+        return total

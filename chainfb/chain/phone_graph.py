@@ -1,0 +1,115 @@
+"""Phone-level acceptors (before topology expansion).
+
+A :class:`PhoneGraph` is a weighted acceptor over phone ids whose arcs may
+be epsilons (``phone = -1``) and may carry a word id (``word >= 0``, used by
+decoding graphs; ``-1`` otherwise).  Transcripts, lexicons and phone LMs are
+first written as phone graphs; :func:`PhoneGraph.remove_epsilons` and
+:func:`PhoneGraph.trim` prepare them for expansion by a topology.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["PhoneGraph"]
+
+EPS = -1
+
+
+def _lae(a: float, b: float) -> float:
+    return float(np.logaddexp(a, b))
+
+
+@dataclass
+class PhoneGraph:
+    """Weighted phone acceptor with optional epsilons.
+
+    Attributes
+    ----------
+    num_nodes : int
+    start : int
+    arcs : list of ``(src, dst, phone, log_prob, word)``; ``phone = -1`` is epsilon.
+    final : dict ``node -> log_prob``
+    """
+
+    num_nodes: int = 0
+    start: int = 0
+    arcs: list = field(default_factory=list)
+    final: dict = field(default_factory=dict)
+
+    def add_node(self) -> int:
+        self.num_nodes += 1
+        return self.num_nodes - 1
+
+    def add_arc(self, src: int, dst: int, phone: int, log_prob: float = 0.0, word: int = -1) -> None:
+        self.arcs.append((int(src), int(dst), int(phone), float(log_prob), int(word)))
+
+    def remove_epsilons(self) -> "PhoneGraph":
+        """An equivalent graph without epsilon arcs (the epsilon sub-graph must
+        be acyclic; path weights through epsilons are summed exactly).
+        Epsilon arcs may not carry words."""
+        eps_out: dict[int, list] = {}
+        real_out: dict[int, list] = {}
+        for a in self.arcs:
+            if a[2] == EPS:
+                if a[4] >= 0:
+                    raise ValueError("an epsilon arc may not carry a word label")
+                eps_out.setdefault(a[0], []).append(a)
+            else:
+                real_out.setdefault(a[0], []).append(a)
+        closure_cache: dict[int, dict] = {}
+
+        def closure(u, stack=()):
+            if u in closure_cache:
+                return closure_cache[u]
+            if u in stack:
+                raise ValueError("the epsilon arcs of the phone graph form a cycle")
+            c = {u: 0.0}
+            for (_, v, _, lp, _) in eps_out.get(u, []):
+                for x, w in closure(v, stack + (u,)).items():
+                    c[x] = _lae(c[x], lp + w) if x in c else lp + w
+            closure_cache[u] = c
+            return c
+
+        out = PhoneGraph(self.num_nodes, self.start)
+        for u in range(self.num_nodes):
+            for v, w in closure(u).items():
+                for (_, x, p, lp, word) in real_out.get(v, []):
+                    out.arcs.append((u, x, p, w + lp, word))
+                if v in self.final:
+                    f = w + self.final[v]
+                    out.final[u] = _lae(out.final[u], f) if u in out.final else f
+        return out.trim()
+
+    def trim(self) -> "PhoneGraph":
+        """Keep only nodes on some start-to-final path, renumbered (start first)."""
+        fwd: dict[int, list] = {}
+        bwd: dict[int, list] = {}
+        for a in self.arcs:
+            if a[3] > -np.inf:
+                fwd.setdefault(a[0], []).append(a[1])
+                bwd.setdefault(a[1], []).append(a[0])
+
+        def reach(seeds, adj):
+            seen, todo = set(seeds), list(seeds)
+            while todo:
+                for y in adj.get(todo.pop(), []):
+                    if y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+            return seen
+
+        acc = reach([self.start], fwd)
+        coacc = reach([s for s, w in self.final.items() if w > -np.inf], bwd)
+        keep = acc & coacc
+        if self.start not in keep:
+            raise ValueError("the phone graph has no path from the start to a final node")
+        order = [self.start] + sorted(keep - {self.start})
+        new = {u: i for i, u in enumerate(order)}
+        out = PhoneGraph(len(order), 0)
+        out.arcs = [(new[a[0]], new[a[1]], a[2], a[3], a[4]) for a in self.arcs
+                    if a[0] in keep and a[1] in keep and a[3] > -np.inf]
+        out.final = {new[s]: w for s, w in self.final.items() if s in keep and w > -np.inf}
+        return out

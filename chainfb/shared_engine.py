@@ -1,0 +1,176 @@
+"""A second engine path for many sequences sharing ONE graph: scaled
+probability domain with sparse matrix products (SciPy), float64.
+
+Same quantities as :func:`chainfb.engine.forward_backward_lattice` (same
+definition of the log-likelihood, the posteriors and the leaky-HMM option),
+but the graph is not replicated per sequence: states x sequences arrays are
+multiplied by sparse matrices built once per graph.  Arcs are grouped by
+``(destination, pdf)``; ``W[src, g]`` sums the probabilities of the arcs of
+group ``g`` leaving ``src``, so one frame is::
+
+    pre   = W^T a_t                      [G, N]
+    a_t+1 = D (e_t[pdf(g)] * pre) / s_t  (D: group -> destination; s_t the per-sequence sum)
+
+with ``e_t = exp(x_t - max_k x_t)`` and the log of the scales accumulated
+(Kaldi's denominator recursion, generalised).  The backward pass is the
+transpose.  Exact up to float64 underflow of path-weight *ratios* below
+~1e-300 within one frame; impossible sequences give ``-inf`` and zero
+posteriors.  Knows nothing about what the graph means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from .fst import Fst
+
+__all__ = ["SharedGraphEngine"]
+
+
+class SharedGraphEngine:
+    """Forward-backward of ``N`` sequences over one shared :class:`Fst`.
+
+    Parameters
+    ----------
+    fst : Fst
+        The shared graph.  Its distinct pdfs (sorted) are the engine's
+        columns: ``self.pdfs`` ``[K]``.
+    """
+
+    def __init__(self, fst: Fst):
+        if not isinstance(fst, Fst):
+            raise TypeError(f"fst: expected chainfb.Fst, got {type(fst).__name__}")
+        self.fst = fst
+        S = fst.num_states
+        ok = fst.log_prob > -np.inf
+        src, dst, pdf = fst.src[ok], fst.dst[ok], fst.pdf[ok]
+        prob = np.exp(fst.log_prob[ok])
+        self.pdfs, col = np.unique(pdf, return_inverse=True) if pdf.size else (np.zeros(0, np.int64), pdf)
+        K = len(self.pdfs)
+        gkey = dst * max(K, 1) + col
+        gu, gidx = np.unique(gkey, return_inverse=True)
+        G = len(gu)
+        self.group_dst = gu // max(K, 1)
+        self.group_col = gu % max(K, 1)
+        self.num_states, self.num_groups, self.num_columns = S, G, K
+        # W^T [G, S] (csr) and W [S, G] (csr), duplicates summed
+        WT = sp.csr_matrix((prob, (gidx, src)), shape=(G, S))
+        WT.sum_duplicates()
+        self.WT = WT
+        self.W = WT.T.tocsr()
+        ones = np.ones(G)
+        self.D = sp.csr_matrix((ones, (self.group_dst, np.arange(G))), shape=(S, G))
+        self.DT = self.D.T.tocsr()
+        self.P = sp.csr_matrix((ones, (self.group_col, np.arange(G))), shape=(K, G))
+        self.final = np.exp(fst.final)
+
+    def forward_backward(self, X, lengths, need_posteriors: bool = True, leaky=None):
+        """Log-likelihoods and column posteriors.
+
+        Parameters
+        ----------
+        X : float ``[N, T, K]`` — scores of the graph's columns ``self.pdfs``
+            (``X[..., k]`` is the score of pdf ``self.pdfs[k]``).
+        lengths : int ``[N]`` in ``[0, T]``.
+        leaky : ``(coefficient, log_init [S])`` or None — Kaldi's leaky HMM
+            (see :mod:`chainfb.engine`); the initial distribution replaces
+            the start state.
+
+        Returns
+        -------
+        loglike : float64 ``[N]``
+        posteriors : float64 ``[N, T, K]`` or None — ``d loglike / d X``.
+        """
+        X = np.asarray(X)
+        if X.ndim != 3 or X.shape[2] != self.num_columns:
+            raise ValueError(f"X: expected [N, T, {self.num_columns}], got shape {X.shape}")
+        N, T, K = X.shape
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != (N,) or (N and (lengths.min() < 0 or lengths.max() > T)):
+            raise ValueError(f"lengths: expected [{N}] ints in [0, {T}]")
+        S = self.num_states
+        Tmax = int(lengths.max()) if N else 0
+        if leaky is not None:
+            c = float(leaky[0])
+            init = np.exp(np.asarray(leaky[1], dtype=np.float64))
+            if init.shape != (S,):
+                raise ValueError(f"leaky: log_init must have shape ({S},), got {init.shape}")
+            init = init[:, None]
+
+            def leak(a):
+                return a + c * a.sum(axis=0, keepdims=True) * init
+
+            def leak_t(b):
+                return b + c * (init * b).sum(axis=0, keepdims=True)
+        else:
+            leak = leak_t = None
+        # per-frame, per-sequence max for scaling; frames past the length use e = 1 (ignored)
+        valid = np.arange(T)[None, :] < lengths[:, None]  # [N, T]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m = X.max(axis=2) if K else np.zeros((N, T))
+            m = np.where(np.isfinite(m) & valid, m, 0.0)
+            alphas = np.zeros((Tmax + 1, S, N))
+            log_scale = np.zeros(N)
+            dead = np.zeros(N, bool)
+            a = np.zeros((S, N))
+            if leak is None:
+                a[self.fst.start] = 1.0
+            else:
+                a[:] = init
+                a = leak(a)
+            alphas[0] = a
+            scales = np.ones((Tmax, N))
+            loglike = np.full(N, -np.inf)
+            fin = self.final[:, None]
+            for t in range(Tmax + 1):
+                ending = np.flatnonzero(lengths == t)
+                if ending.size:
+                    tot = (a[:, ending] * fin).sum(axis=0)
+                    loglike[ending] = np.log(tot) + log_scale[ending]
+                if t == Tmax:
+                    break
+                e = np.exp(X[:, t, :] - m[:, t:t + 1]).T  # [K, N]
+                e[:, ~valid[:, t]] = 1.0
+                pre = self.WT @ a
+                pre *= e[self.group_col]
+                a = self.D @ pre
+                s = a.sum(axis=0)
+                bad = ~(s > 0) & valid[:, t]
+                dead |= bad
+                s = np.where(s > 0, s, 1.0)
+                a /= s
+                if leak is not None:
+                    a = leak(a)
+                scales[t] = s
+                log_scale += np.where(valid[:, t], np.log(s) + m[:, t], 0.0)
+                alphas[t + 1] = a
+            loglike[dead] = -np.inf
+            loglike[~np.isfinite(loglike)] = -np.inf
+            if not need_posteriors:
+                return loglike, None
+            post = np.zeros((N, T, K))
+            ok = np.isfinite(loglike)
+            # P_hat = sum a'_L * final, in the scaled domain
+            p_hat = np.ones(N)
+            for n in np.flatnonzero(ok):
+                p_hat[n] = (alphas[lengths[n], :, n] * self.final).sum()
+            inv = np.where(ok, 1.0 / p_hat, 0.0)
+            b = np.zeros((S, N))
+            fin_b = fin if leak_t is None else leak_t(np.repeat(fin, 1, axis=1))
+            for t in range(Tmax - 1, -1, -1):
+                starting = np.flatnonzero((lengths == t + 1) & ok)
+                if starting.size:
+                    b[:, starting] = fin_b
+                e = np.exp(X[:, t, :] - m[:, t:t + 1]).T
+                e[:, ~valid[:, t]] = 0.0
+                bd = self.DT @ b  # [G, N]: b'_{t+1}(dst g)
+                bd *= e[self.group_col]
+                pre = self.WT @ alphas[t]
+                g = pre * bd
+                g *= inv / scales[t]
+                post[:, t, :] = (self.P @ g).T
+                b = (self.W @ bd) / scales[t]
+                if leak_t is not None:
+                    b = leak_t(b)
+        return loglike, post

@@ -1,0 +1,321 @@
+"""Graph building for chain training: lexicon/text/phones readers, topology
+files, numerator graphs (alternatives, optional silence, OOV, too-short
+transcripts), word-loop graphs, phone LM and denominator graph,
+normalization FST."""
+
+import itertools
+import math
+import os
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+import chainfb
+from chainfb import Fst
+from chainfb.chain import (
+    Topology, add_normalization, check_fits, den_graph, estimate_phone_lm, fits, intersect,
+    merge_equivalent_states, min_frames, normalization_fst, numerator_graph, read_lexicon, read_phones,
+    read_text, word_loop_graph, DenominatorGraph,
+)
+from chainfb.testing import random_fst
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEX = ["a A B", "a A C", "b B", "c C A", "SIL SIL"]
+PHONES = ["SIL", "A", "B", "C"]
+
+
+def pdf_sequences(fst, L):
+    """{pdf tuple: total probability} over all paths of exactly L arcs (enumeration)."""
+    out = defaultdict(float)
+    arcs = defaultdict(list)
+    for s, d, p, lp in fst.arcs():
+        arcs[s].append((d, p, lp))
+
+    def walk(s, seq, lp):
+        if len(seq) == L:
+            if fst.final[s] > -math.inf:
+                out[tuple(seq)] += math.exp(lp + fst.final[s])
+            return
+        for d, p, w in arcs[s]:
+            walk(d, seq + [p], lp + w)
+
+    walk(fst.start, [], 0.0)
+    return dict(out)
+
+
+def phone_alternatives(words, lex, sil_prob, sil="SIL"):
+    """{phone tuple: prob} of a transcript with optional silence at every boundary (independent)."""
+    prons = [[(tuple(PHONES.index(p) for p in ph), pr) for ph, pr in lex.prons[w]] for w in words]
+    out = defaultdict(float)
+    nb = len(words) + 1
+    for choice in itertools.product(*prons):
+        for sils in itertools.product([0, 1], repeat=nb):
+            seq, prob = [], 1.0
+            for i in range(nb):
+                if sils[i]:
+                    seq.append(PHONES.index(sil))
+                prob *= sil_prob if sils[i] else 1 - sil_prob
+                if i < len(choice):
+                    seq += list(choice[i][0])
+                    prob *= choice[i][1]
+            out[tuple(seq)] += prob
+    return out
+
+
+def alignments(phones, L, topo):
+    """All pdf sequences of length L aligning ``phones`` under a topology (independent rules)."""
+    res = []
+    if topo == "chain":
+        for cuts in itertools.combinations(range(1, L), len(phones) - 1) if phones else []:
+            bounds = (0,) + cuts + (L,)
+            seq = []
+            for p, (b0, b1) in zip(phones, zip(bounds, bounds[1:])):
+                seq += [2 * p] + [2 * p + 1] * (b1 - b0 - 1)
+            res.append(tuple(seq))
+    elif topo == "hmm3":
+        states = [(p, k) for p in phones for k in range(3)]
+        for cuts in itertools.combinations(range(1, L), len(states) - 1):
+            bounds = (0,) + cuts + (L,)
+            seq = []
+            for (p, k), (b0, b1) in zip(states, zip(bounds, bounds[1:])):
+                seq += [3 * p + k] * (b1 - b0)
+            res.append(tuple(seq))
+    elif topo == "ctc":
+        for seq in itertools.product(range(len(PHONES) + 1), repeat=L):
+            collapsed = [k for k, _ in itertools.groupby(seq) if k != 0]
+            if tuple(c - 1 for c in collapsed) == tuple(phones):
+                res.append(seq)
+    return res
+
+
+# ---------------------------------------------------------------- readers
+def test_read_lexicon_text_phones(tmp_path):
+    lex = read_lexicon(LEX)
+    assert lex.prons["a"] == [(("A", "B"), 1.0), (("A", "C"), 1.0)]
+    lexp = read_lexicon(["a 1.0 A B", "a 0.5 A C", "b 1 B"])
+    assert lexp.prons["a"][1] == (("A", "C"), 0.5)
+    (tmp_path / "lexicon.txt").write_text("\n".join(LEX) + "\n")
+    assert read_lexicon(tmp_path / "lexicon.txt").prons == lex.prons
+    with pytest.raises(ValueError, match="probability"):
+        read_lexicon(["a 1.5 A"], with_probs=True)
+    with pytest.raises(ValueError, match="no phones"):
+        read_lexicon(["a"])
+    (tmp_path / "text").write_text("u1 a b\nu2 c\n")
+    assert read_text(tmp_path / "text") == [("u1", ["a", "b"]), ("u2", ["c"])]
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nA 2\nB 3\nC 4\n#0 5\n")
+    assert read_phones(tmp_path / "phones.txt") == PHONES
+    assert read_phones(["SIL", "A"]) == ["SIL", "A"]
+    with pytest.raises(TypeError):
+        read_lexicon(42)
+
+
+# ---------------------------------------------------------------- topology
+@pytest.mark.parametrize("name", ["chain", "ctc", "hmm3"])
+def test_topology_files_round_trip(name, tmp_path):
+    topo = getattr(Topology, name)()
+    from_file = Topology.read(os.path.join(ROOT, "graphs", "topologies", f"{name}.topo"))
+    assert from_file == topo
+    topo.write(tmp_path / "t.topo")
+    assert Topology.read(tmp_path / "t.topo") == topo
+    assert Topology.from_text(topo.to_text()) == topo
+
+
+def test_topology_numbering_and_errors():
+    assert Topology.chain().num_pdfs(10) == 20
+    assert Topology.ctc().num_pdfs(10) == 11
+    assert Topology.hmm3().num_pdfs(10) == 30
+    t = Topology.chain()
+    assert t.pdf_id(("class", 1), 3) == 7
+    t2 = Topology.from_text("states 1\nshared_pdfs 0\npdfs_per_phone 1\narc enter 0 0 0.5\narc 0 0 0\nexit 0 0.25\n")
+    assert t2.arcs[0][3] == pytest.approx(math.log(0.5)) and t2.exits[0] == pytest.approx(math.log(0.25))
+    for bad in ["states 1\nshared_pdfs 0\npdfs_per_phone 1\narc enter 0 3\nexit 0\n",
+                "states 1\nshared_pdfs 0\npdfs_per_phone 1\narc 0 0 0\nexit 0\n",
+                "states 1\nshared_pdfs 0\npdfs_per_phone 1\narc enter 0 0\n",
+                "states 1\npdfs_per_phone 1\narc enter 0 0\nexit 0\n",
+                "bogus 1\n"]:
+        with pytest.raises(ValueError):
+            Topology.from_text(bad)
+
+
+# ---------------------------------------------------------------- numerator graphs
+@pytest.mark.parametrize("topo", ["chain", "hmm3", "ctc"])
+@pytest.mark.parametrize("words", [["a", "b"], ["c"], ["b", "a"]])
+def test_numerator_graph_accepts_exactly_the_alignments(topo, words):
+    lex = read_lexicon(["a 1.0 A B", "a 0.5 A C", "b 1.0 B", "c 1.0 C A", "SIL 1.0 SIL"])
+    sil_prob = 0.3
+    fst = numerator_graph(words, lex, getattr(Topology, topo)(), PHONES, "SIL", sil_prob)
+    raw = numerator_graph(words, lex, getattr(Topology, topo)(), PHONES, "SIL", sil_prob, minimize=False)
+    assert fst.num_states <= raw.num_states
+    alts = phone_alternatives(words, lex, sil_prob)
+    lengths = [5, 6] if topo != "hmm3" else [9, 10]
+    if topo == "ctc":
+        lengths = [4, 5]
+    for L in lengths:
+        expected = defaultdict(float)
+        for phones, prob in alts.items():
+            for seq in alignments(list(phones), L, topo):
+                expected[seq] += prob
+        got = pdf_sequences(fst, L)
+        assert set(got) == {k for k, v in expected.items() if v > 0}
+        for k in got:
+            assert got[k] == pytest.approx(expected[k], rel=1e-12)
+        assert pdf_sequences(raw, L).keys() == got.keys()
+
+
+def test_numerator_graph_errors_and_fit_check():
+    lex = read_lexicon(LEX)
+    topo = Topology.chain()
+    with pytest.raises(ValueError, match="OOV"):
+        numerator_graph(["a", "zzz"], lex, topo, PHONES)
+    with pytest.raises(ValueError, match="not in phone_ids"):
+        numerator_graph(["a"], lex, topo, ["SIL", "A"])
+    with pytest.raises(ValueError, match="sil_prob"):
+        numerator_graph(["a"], lex, topo, PHONES, sil_prob=1.0)
+    with pytest.raises(TypeError):
+        numerator_graph("a b", lex, topo, PHONES)
+    fst = numerator_graph(["a", "b", "c"], lex, topo, PHONES)
+    assert min_frames(fst) == 5  # A B  B  C A
+    assert min_frames(numerator_graph(["a", "b", "c"], lex, Topology.hmm3(), PHONES)) == 15
+    ok, msg = fits(fst, 4)
+    assert not ok and "at least 5 frames" in msg
+    assert fits(fst, 5) == (True, "")
+    with pytest.raises(ValueError, match="utt7"):
+        check_fits(fst, 3, "utt7")
+    # the engine agrees: too few frames -> -inf
+    ll, _ = chainfb.forward_backward(fst, np.zeros((1, 4, topo.num_pdfs(4))))
+    assert ll[0] == -np.inf
+    # a graph without self-loops that cannot produce every length
+    g = Fst.from_arcs([(0, 1, 0, 0.0), (1, 2, 0, 0.0)], {2: 0.0})
+    assert fits(g, 3)[0] is False and "exactly 3" in fits(g, 3)[1]
+
+
+def test_merge_preserves_totals_random():
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        f = random_fst(rng, num_states=6, num_arcs=14, num_pdfs=3)
+        m, _ = merge_equivalent_states(f)
+        x = rng.normal(size=(2, 6, 3))
+        a, _ = chainfb.forward_backward(f, x)
+        b, _ = chainfb.forward_backward(m, x)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_word_loop_graph_labels_words():
+    lex = read_lexicon(LEX)
+    topo = Topology.chain()
+    vocab = ["a", "b", "c"]
+    fst, word_of_arc = word_loop_graph(vocab, lex, topo, PHONES, optional_silence=None)
+    assert word_of_arc.shape == (fst.num_arcs,)
+    arcs = defaultdict(list)
+    for i, (s, d, p, lp) in enumerate(fst.arcs()):
+        arcs[s].append((d, p, lp, int(word_of_arc[i])))
+    seen = set()
+
+    def walk(s, pdfs, words, L):
+        if len(pdfs) == L:
+            if fst.final[s] > -math.inf:
+                num = numerator_graph([vocab[w] for w in words], lex, topo, PHONES, optional_silence=None)
+                assert tuple(pdfs) in pdf_sequences(num, L)
+                seen.add(tuple(words))
+            return
+        for d, p, lp, w in arcs[s]:
+            walk(d, pdfs + [p], words + ([w] if w >= 0 else []), L)
+
+    for L in (1, 2, 3, 4):
+        walk(fst.start, [], [], L)
+    assert {(1,), (0,), (2,), (1, 1), (0, 1), (1, 0)} <= seen
+    g2, w2 = word_loop_graph(vocab, lex, topo, PHONES)  # with silence
+    assert (w2 >= 0).sum() >= 3 and g2.final[g2.start] == 0.0
+
+
+# ---------------------------------------------------------------- phone LM and den graph
+def test_phone_lm_bigram_counts_and_normalisation():
+    seqs = [[0, 1, 2], [0, 1, 1], [2]]
+    lm = estimate_phone_lm(seqs, order=2, no_prune_order=2, num_extra_states=0)
+    # ML bigram: P(0|BOS)=2/3, P(1|0)=1, P(2|1)=1/3, P(1|1)=1/3, P(EOS|1)=1/3, P(EOS|2)=1
+    assert lm.log_prob([0, 1, 2]) == pytest.approx(math.log(2 / 3 * 1 * 1 / 3 * 1))
+    assert lm.log_prob([0, 1, 1, 1]) == pytest.approx(math.log(2 / 3 * 1 / 3 * 1 / 3 * 1 / 3))
+    assert lm.log_prob([1]) == -math.inf
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.integers(0, 6, rng.integers(1, 15))) for _ in range(200)]
+    for order, npo, extra in [(2, 2, 0), (3, 2, 5), (4, 3, 30), (4, 2, 0)]:
+        lm = estimate_phone_lm(seqs, order, npo, extra)
+        tot = np.exp(lm.final.copy())
+        for s, d, p, lp in lm.arcs:
+            tot[s] += math.exp(lp)
+        np.testing.assert_allclose(tot, 1.0, rtol=1e-12)
+        assert all(len(h) <= order - 1 for h in lm.histories)
+        assert sum(len(h) >= npo for h in lm.histories) <= extra
+        # every training sequence has non-zero probability
+        assert all(lm.log_prob(s) > -math.inf for s in seqs)
+    # pruning all long histories of a 4-gram = the bigram
+    a = estimate_phone_lm(seqs, 4, 2, 0)
+    b = estimate_phone_lm(seqs, 2, 2, 0)
+    for s in seqs[:20]:
+        assert a.log_prob(s) == pytest.approx(b.log_prob(s))
+    with pytest.raises(ValueError):
+        estimate_phone_lm([], 3)
+    with pytest.raises(ValueError):
+        estimate_phone_lm(seqs, 0)
+
+
+def test_den_graph_matches_phone_lm():
+    seqs = [[0, 1, 2], [0, 1, 1, 2], [2, 0], [1, 2, 0, 1]]
+    lm = estimate_phone_lm(seqs, 3, 2, 3)
+    topo = Topology.chain()
+    fst = den_graph(lm, topo)
+    assert (fst.final == 0).all()
+    arcs = {}
+    for s, d, p, lp in lm.arcs:
+        arcs[(s, p)] = (d, lp)
+
+    def prefix_prob(phones):
+        s, lp = lm.start, 0.0
+        for p in phones:
+            if (s, p) not in arcs:
+                return 0.0
+            s, w = arcs[(s, p)]
+            lp += w
+        return math.exp(lp)
+
+    for L in (1, 3, 4):
+        got = pdf_sequences(fst, L)
+        expected = {}
+        for seq in itertools.product(range(6), repeat=L):
+            if seq[0] % 2 == 1 or any(b % 2 == 1 and b != a and b - 1 != a for a, b in zip(seq, seq[1:])):
+                continue  # a self-loop pdf must follow its own phone
+            phones = [p // 2 for p in seq if p % 2 == 0]
+            pr = prefix_prob(phones)
+            if pr > 0:
+                expected[seq] = pr
+        assert got.keys() == expected.keys()
+        for k in got:
+            assert got[k] == pytest.approx(expected[k], rel=1e-12)
+
+
+def test_normalization_fst_and_intersection():
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        a = random_fst(rng, 3, 7, 2)
+        b = random_fst(rng, 3, 7, 2)
+        ab = intersect(a, b)
+        for L in (1, 2, 3):
+            pa, pb, pab = pdf_sequences(a, L), pdf_sequences(b, L), pdf_sequences(ab, L)
+            exp = {k: pa[k] * pb[k] for k in pa if k in pb and pa[k] * pb[k] > 0}
+            assert pab.keys() == exp.keys()
+            for k in exp:
+                assert pab[k] == pytest.approx(exp[k], rel=1e-12)
+    lm = estimate_phone_lm([[0, 1], [1, 0, 1]], 2, 2, 0)
+    den = DenominatorGraph(den_graph(lm, Topology.chain()))
+    norm = normalization_fst(den)
+    assert norm.num_states == den.num_states + 1 and norm.start == den.num_states
+    lex = read_lexicon(["x A", "y B"])
+    num = numerator_graph(["x", "y"], lex, Topology.chain(), ["A", "B"], optional_silence=None)
+    nn = add_normalization(num, den)
+    # each path's weight gets init(state) times the den arc probs along it
+    for L in (2, 3):
+        pn, pd = pdf_sequences(num, L), pdf_sequences(nn, L)
+        assert pd.keys() <= pn.keys() and pd
+        for k, v in pd.items():
+            assert 0 < v <= pn[k] + 1e-12

@@ -1,0 +1,307 @@
+"""The LF-MMI denominator (leaky HMM) against an independent matrix-product
+formula, the shared-graph engine against the one engine and path
+enumeration, ChainLoss gradcheck, Kaldi's finite-difference test, and the
+fallback for impossible sequences."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import chainfb
+from chainfb import ChainLoss, DenominatorGraph, Fst
+from chainfb.chain import (
+    Topology, den_graph, estimate_phone_lm, initial_probs, numerator_graph, read_lexicon,
+)
+from chainfb.shared_engine import SharedGraphEngine
+from chainfb.testing import brute_force, random_fst
+
+ENGINES = ["lattice", "shared"]
+
+
+def leaky_reference(fst, scores, L, c):
+    """Kaldi's leaky-HMM denominator by dense matrix products (independent of
+    the engines): alpha' = alpha (I + c 1 init^T); every state final with 1.
+    Returns (loglike, d loglike / d scores [T, P]) with scores clamped to [-30, 30]."""
+    S = fst.num_states
+    T, P = scores.shape
+    x = np.clip(scores, -30, 30)
+    # initial probs: 100 iterations, independently written
+    A = np.zeros((S, S))
+    for s, d, p, lp in fst.arcs():
+        A[s, d] += math.exp(lp)
+    v = np.zeros(S)
+    v[fst.start] = 1
+    acc = np.zeros(S)
+    for _ in range(100):
+        acc += v / 100
+        v = v @ A
+        v = v / v.sum()
+    init = acc / acc.sum()
+    lam = np.eye(S) + c * np.outer(np.ones(S), init)
+
+    def M(t):
+        m = np.zeros((S, S))
+        for s, d, p, lp in fst.arcs():
+            m[s, d] += math.exp(lp + x[t, p])
+        return m
+
+    Ms = [M(t) for t in range(L)]
+    fwd = [init @ lam]
+    for t in range(L):
+        fwd.append(fwd[-1] @ Ms[t] @ lam)
+    bwd = [None] * (L + 1)
+    bwd[L] = lam @ np.ones(S)
+    for t in range(L - 1, -1, -1):
+        bwd[t] = lam @ (Ms[t] @ bwd[t + 1])
+    total = fwd[L].sum()
+    post = np.zeros((T, P))
+    for t in range(L):
+        right = bwd[t + 1]
+        for s, d, p, lp in fst.arcs():
+            post[t, p] += fwd[t][s] * math.exp(lp + x[t, p]) * right[d] / total
+    return math.log(total), post, init
+
+
+def small_den(rng, S=4, A=9, P=3):
+    while True:
+        f = random_fst(rng, num_states=S, num_arcs=A, num_pdfs=P, start=0)
+        # keep graphs where probability mass can always move (Kaldi's den graphs are like that)
+        if np.all(np.bincount(f.src, minlength=S) > 0):
+            return f
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("c", [0.1, 0.5, 1e-5])
+def test_denominator_against_matrix_products(engine, c):
+    rng = np.random.default_rng(int(c * 1e5) + 7)
+    for _ in range(4):
+        f = small_den(rng)
+        den = DenominatorGraph(f, num_pdfs=4)
+        N, T = 3, 5
+        y = rng.normal(scale=3, size=(N, T, 4))
+        y[0, 1, 0] = 45.0  # out of range: clamped
+        lengths = np.array([5, 3, 1])
+        ll, post = den.forward_backward(y, lengths, c, engine=engine)
+        for n in range(N):
+            Z, g, init = leaky_reference(f, y[n], lengths[n], c)
+            assert ll[n] == pytest.approx(Z, abs=1e-9)
+            np.testing.assert_allclose(post[n], g, atol=1e-9)
+        np.testing.assert_allclose(den.init_probs, init, atol=1e-12)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_denominator_without_leak_is_path_enumeration(engine):
+    rng = np.random.default_rng(11)
+    f = small_den(rng)
+    den = DenominatorGraph(f, num_pdfs=3)
+    y = rng.normal(size=(2, 4, 3))
+    ll, post = den.forward_backward(y, [4, 2], 0.0, engine=engine)
+    for n, L in enumerate([4, 2]):
+        Z, g = brute_force(den.fst, y[n], L)
+        assert ll[n] == pytest.approx(Z, abs=1e-10)
+        np.testing.assert_allclose(post[n], g, atol=1e-10)
+
+
+def test_initial_probs_is_average_occupancy():
+    f = Fst.from_arcs([(0, 1, 0, 0.0), (1, 1, 1, math.log(0.5)), (1, 0, 0, math.log(0.5))], {0: 0.0})
+    p = initial_probs(f)
+    # iterations: [1,0], [0,1], [1/3,2/3], ... the average converges toward the stationary [1/3, 2/3]
+    assert p.sum() == pytest.approx(1.0)
+    assert 0.3 < p[0] < 0.4
+    cur, avg = np.array([1.0, 0.0]), np.zeros(2)
+    A = np.array([[0, 1.0], [0.5, 0.5]])
+    for _ in range(100):
+        avg += cur / 100
+        cur = cur @ A
+        cur /= cur.sum()
+    np.testing.assert_allclose(p, avg, rtol=1e-12)
+
+
+def den_from_lm(num_phones=5, seed=0, order=3):
+    rng = np.random.default_rng(seed)
+    seqs = [list(rng.integers(0, num_phones, rng.integers(2, 12))) for _ in range(60)]
+    topo = Topology.chain()
+    lm = estimate_phone_lm(seqs, order, 2, 20)
+    return DenominatorGraph(den_graph(lm, topo), topo.num_pdfs(num_phones))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_posterior_sums_per_frame_equal_number_of_sequences(engine):
+    den = den_from_lm()
+    rng = np.random.default_rng(1)
+    N, T = 5, 20
+    y = rng.normal(scale=4, size=(N, T, den.num_pdfs))
+    lengths = np.array([20, 20, 13, 7, 0])
+    ll, post = den.forward_backward(y, lengths, 0.1, engine=engine)
+    assert np.isfinite(ll[:4]).all()
+    per_frame = post.sum(axis=(0, 2))
+    expected = (np.arange(T)[:, None] < lengths[None, :]).sum(axis=1)
+    np.testing.assert_allclose(per_frame, expected, atol=1e-9)
+    assert not post[4].any() and not post[3, 7:].any()
+
+
+def test_engines_agree_on_real_den_graph():
+    den = den_from_lm(6, seed=3, order=4)
+    rng = np.random.default_rng(2)
+    y = rng.normal(scale=5, size=(4, 30, den.num_pdfs)).astype(np.float32)
+    a = den.forward_backward(y, [30, 25, 30, 1], 0.1, engine="lattice")
+    b = den.forward_backward(y, [30, 25, 30, 1], 0.1, engine="shared")
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-11)
+    np.testing.assert_allclose(a[1], b[1], atol=1e-10)
+    t = den.forward_backward(torch.from_numpy(y), None, 0.1)
+    assert isinstance(t[0], torch.Tensor) and t[1].shape == (4, 30, den.num_pdfs)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_shared_engine_against_path_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    f = random_fst(rng, num_states=int(rng.integers(2, 6)), num_arcs=int(rng.integers(3, 10)), num_pdfs=4,
+                   num_finals=int(rng.integers(1, 3)))
+    eng = SharedGraphEngine(f)
+    x = rng.normal(scale=2.0, size=(4, 5, 4))
+    x[1, 2, 1] = -np.inf
+    lengths = np.array([5, 3, 1, 0])
+    ll, post = eng.forward_backward(x[:, :, eng.pdfs], lengths)
+    for n in range(4):
+        Z, g = brute_force(f, x[n], lengths[n])
+        if Z == -math.inf:
+            assert ll[n] == -math.inf and not post[n].any()
+        else:
+            assert ll[n] == pytest.approx(Z, abs=1e-9)
+            np.testing.assert_allclose(post[n], g[:, eng.pdfs], atol=1e-9)
+
+
+def test_shared_engine_bad_inputs():
+    f = random_fst(np.random.default_rng(0))
+    eng = SharedGraphEngine(f)
+    with pytest.raises(ValueError, match="X"):
+        eng.forward_backward(np.zeros((2, 3, 99)), [3, 3])
+    with pytest.raises(ValueError, match="lengths"):
+        eng.forward_backward(np.zeros((2, 3, eng.num_columns)), [4, 3])
+    with pytest.raises(TypeError):
+        SharedGraphEngine("not an fst")
+
+
+# ---------------------------------------------------------------- ChainLoss
+LEX = ["a A B", "a A C", "b B", "c C A D", "d D", "SIL SIL"]
+PHONES = ["SIL", "A", "B", "C", "D"]
+
+
+def setup_loss(**kw):
+    lex = read_lexicon(LEX)
+    topo = Topology.chain()
+    den = den_from_lm(5, seed=4)
+    nums = [numerator_graph(w, lex, topo, PHONES, sil_prob=0.2) for w in (["a", "b"], ["c"], ["d", "a"])]
+    return ChainLoss(den, **kw), nums
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_chain_loss_gradcheck(engine):
+    loss, nums = setup_loss(l2_regularize=0.01, den_engine=engine, reduction="none")
+    torch.manual_seed(0)
+    y = (3 * torch.randn(3, 8, 10, dtype=torch.float64)).requires_grad_()
+    lengths = [8, 6, 7]
+    weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda y: loss(y, nums, lengths, weights), (y,), eps=1e-6, atol=1e-6)
+    loss.reduction = "frame"
+    assert torch.autograd.gradcheck(lambda y: loss(y, nums, lengths, weights), (y,), eps=1e-6, atol=1e-6)
+
+
+def test_chain_loss_value_and_derivative_are_kaldis():
+    loss, nums = setup_loss(l2_regularize=0.02, out_of_range_regularize=0.01)
+    rng = np.random.default_rng(9)
+    y = rng.normal(scale=3, size=(3, 8, 10))
+    y[0, 0, 0] = 40.0
+    yt = torch.tensor(y, requires_grad=True)
+    lengths = [8, 6, 7]
+    out = loss(yt, nums, lengths)
+    out.backward()
+    num_ll, num_post = chainfb.forward_backward(nums, y, lengths)
+    den_ll, den_post = loss.den_graph.forward_backward(y, lengths, 0.1)
+    mask = (np.arange(8)[None, :] < np.array(lengths)[:, None])[:, :, None]
+    ym = y * mask
+    ex = (y - np.clip(y, -30, 30)) * mask
+    objf = (num_ll - den_ll).sum() - 0.5 * 0.02 * (ym ** 2).sum() - 0.01 * (ex ** 2).sum()
+    assert out.item() == pytest.approx(-objf, rel=1e-12)
+    deriv = num_post - den_post - 0.02 * ym - 2 * 0.01 * ex
+    np.testing.assert_allclose(yt.grad.numpy(), -deriv, atol=1e-12)
+    info = loss.info
+    assert info["num"] == pytest.approx(num_ll.sum()) and info["den"] == pytest.approx(den_ll.sum())
+    assert info["objf"] == pytest.approx(objf) and info["frames"] == 21 and info["num_fallback"] == 0
+    assert info["oor"] == pytest.approx(-0.01 * 100.0)
+
+
+def test_kaldi_finite_difference_on_full_objective():
+    """Kaldi's chain-training test: the predicted change <delta, deriv> matches
+    the observed change of the objective for small random perturbations."""
+    loss, nums = setup_loss(leaky_hmm_coefficient=0.1, l2_regularize=0.001)
+    rng = np.random.default_rng(21)
+    y0 = rng.normal(scale=2, size=(3, 10, 10))
+    lengths = [10, 9, 8]
+    yt = torch.tensor(y0, requires_grad=True)
+    base = loss(yt, nums, lengths)
+    base.backward()
+    grad = yt.grad.numpy()
+    predicted, observed = [], []
+    for _ in range(5):
+        delta = 1e-4 * rng.normal(size=y0.shape)
+        new = loss(torch.tensor(y0 + delta), nums, lengths).item()
+        predicted.append((delta * grad).sum())
+        observed.append(new - base.item())
+    predicted, observed = np.array(predicted), np.array(observed)
+    assert np.abs(predicted - observed).max() < 1e-3 * np.abs(predicted).max() + 1e-10
+
+
+def test_fallback_for_impossible_sequence():
+    loss, nums = setup_loss()
+    y = torch.randn(3, 8, 10, dtype=torch.float64, requires_grad=True)
+    lengths = [8, 2, 7]  # 'c' (C A D) cannot fit in 2 frames
+    with pytest.warns(RuntimeWarning, match="fallback"):
+        out = loss(y, nums, lengths)
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(y.grad).all()
+    assert not y.grad[1].any()
+    assert y.grad[0].abs().sum() > 0
+    assert loss.info["num_fallback"] == 1
+    # the fallback objective is -10 per frame of the failed sequence
+    per = ChainLoss(loss.den_graph, reduction="none", out_of_range_regularize=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = per(y, nums, lengths)
+    assert v[1].item() == pytest.approx(10.0 * 2)
+
+
+def test_float32_and_reductions():
+    loss, nums = setup_loss()
+    y = torch.randn(3, 8, 10, requires_grad=True)
+    out = loss(y, nums)
+    out.backward()
+    assert out.dtype == torch.float32 and y.grad.dtype == torch.float32
+    s = loss.info["objf"]
+    f = ChainLoss(loss.den_graph, reduction="frame")(y, nums)
+    assert f.item() == pytest.approx(-s / 24, rel=1e-5)
+
+
+def test_chain_loss_bad_inputs():
+    loss, nums = setup_loss()
+    with pytest.raises(TypeError, match="nnet_output"):
+        loss(np.zeros((3, 8, 10)), nums)
+    with pytest.raises(ValueError, match="nnet_output"):
+        loss(torch.zeros(3, 8), nums)
+    with pytest.raises(ValueError, match="nnet_output"):
+        loss(torch.zeros(3, 8, 4), nums)
+    with pytest.raises(ValueError, match="weights"):
+        loss(torch.zeros(3, 8, 10), nums, None, [1.0, 2.0])
+    with pytest.raises(ValueError, match="fsts"):
+        loss(torch.zeros(2, 8, 10), nums)
+    with pytest.raises(ValueError, match="leaky"):
+        ChainLoss(loss.den_graph, leaky_hmm_coefficient=1.5)
+    with pytest.raises(ValueError, match="reduction"):
+        ChainLoss(loss.den_graph, reduction="mean")
+    with pytest.raises(ValueError, match="engine"):
+        loss.den_graph.forward_backward(np.zeros((1, 2, 10)), engine="gpu")
+    with pytest.raises(TypeError, match="fst"):
+        DenominatorGraph("x")
