@@ -34,6 +34,7 @@ def main(argv=None):
     g.add_argument("--hidden", type=int, default=dt.hidden, help="TDNN width")
     g.add_argument("--layers", type=int, default=dt.num_layers, help="TDNN layers after subsampling")
     g.add_argument("--leaky-hmm", type=float, default=dt.leaky_hmm_coefficient)
+    g.add_argument("--phone-lm-order", type=int, default=dt.phone_lm_order, help="n-gram order of the phone LM")
     g.add_argument("--l2", type=float, default=dt.l2_regularize, help="l2 regularization of the output")
     g.add_argument("--device", default=dt.device, help="auto, cpu or cuda")
     g.add_argument("--seed", type=int, default=dt.seed)
@@ -54,12 +55,13 @@ def main(argv=None):
     t1 = time.time()
     print(f"corpus ready in {t1 - t0:.1f} s ({os.path.join(a.cache_dir, ccfg.key())})")
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.lr / 10, hidden=a.hidden,
-                       num_layers=a.layers, leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, seed=a.seed,
+                       num_layers=a.layers, leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2,
+                       phone_lm_order=a.phone_lm_order, seed=a.seed,
                        device=a.device, max_steps=a.max_steps, progress=not a.no_progress)
     res = train(data["train"], data["test"], tcfg, a.out, resume=not a.no_resume)
     t2 = time.time()
     print(f"WER on held-out voices: {res['test_wer']:.2f}% ({res['test_words']} words, {res['test_utts']} "
-          f"utterances); objective {res['objective']}; total wall time {t2 - t0:.0f} s "
+          f"utterances); total wall time {t2 - t0:.0f} s "
           f"(corpus {t1 - t0:.0f} s, training+decoding {t2 - t1:.0f} s); results in {a.out}")
     return res
 

@@ -42,7 +42,7 @@ class CorpusConfig:
     ``test_voice_fraction`` of the voice variants are held out for test; SNR uniform in ``snr_db`` (dB);
     rate (words/min), pitch and pitch range uniform in the given ranges."""
 
-    num_train: int = 3000
+    num_train: int = 2000
     num_test: int = 300
     min_words: int = 1
     max_words: int = 7

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
-__all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon"]
+__all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon", "to_chain_lexicon", "sample_phone_sequence"]
 
 SILENCE = "SIL"
 
@@ -47,3 +47,28 @@ def write_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]], path: str) -> None:
         for w in sorted(lexicon):
             for pron in lexicon[w]:
                 f.write(w + " " + " ".join(pron) + "\n")
+
+
+def to_chain_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]]):
+    """The same pronunciations as a :class:`chainfb.chain.Lexicon` (all with probability 1, Kaldi's convention)."""
+    from ..chain import read_lexicon
+
+    return read_lexicon([w + " " + " ".join(p) for w in sorted(lexicon) for p in lexicon[w]])
+
+
+def sample_phone_sequence(words: Sequence[str], lexicon: Dict[str, List[Tuple[str, ...]]], rng,
+                          silence: str = SILENCE, sil_prob: float = 0.5) -> List[str]:
+    """One phone sequence of a transcript (for phone-LM estimation): a random pronunciation per word and an
+    optional ``silence`` before the first word and after every word, each with probability ``sil_prob``."""
+    missing = [w for w in words if w not in lexicon]
+    if missing:
+        raise ValueError(f"words: not in the lexicon: {missing}")
+    seq: List[str] = []
+    if rng.random() < sil_prob:
+        seq.append(silence)
+    for w in words:
+        prons = lexicon[w]
+        seq.extend(prons[int(rng.integers(0, len(prons)))])
+        if rng.random() < sil_prob:
+            seq.append(silence)
+    return seq

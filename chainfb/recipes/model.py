@@ -13,8 +13,9 @@ def subsampled_lengths(lengths: torch.Tensor, factor: int = 3) -> torch.Tensor:
 
 
 class TdnnModel(nn.Module):
-    """TDNN: per-utterance mean normalization, a context-5 input layer, a stride-3 layer (frame subsampling by 3)
-    and ``num_layers`` dilated context layers at the low frame rate, then a linear layer to ``num_pdfs`` outputs.
+    """TDNN: per-utterance mean normalization, an input layer with 5 frames of context and stride 3 (frame
+    subsampling by 3, like Kaldi's chain models), then ``num_layers`` residual dilated context-3 layers at the low
+    frame rate, then a linear layer to ``num_pdfs`` outputs.
 
     ``forward(feats [N, T, F], lengths [N]) -> (scores [N, ceil(T/3), num_pdfs], out_lengths [N])``; padded frames
     are ignored by the normalization; the scores are unnormalized pdf log-likelihood-like values (chain models
@@ -24,11 +25,11 @@ class TdnnModel(nn.Module):
     def __init__(self, feat_dim: int, num_pdfs: int, hidden: int = 256, num_layers: int = 4, dropout: float = 0.1,
                  subsampling: int = 3):
         super().__init__()
-        if feat_dim < 1 or num_pdfs < 1 or hidden < 1 or num_layers < 0:
-            raise ValueError("feat_dim, num_pdfs, hidden must be >= 1 and num_layers >= 0")
+        if feat_dim < 1 or num_pdfs < 1 or hidden < 1 or num_layers < 0 or subsampling < 1:
+            raise ValueError("feat_dim, num_pdfs, hidden, subsampling must be >= 1 and num_layers >= 0")
         self.subsampling = subsampling
-        self.inp = nn.Sequential(nn.Conv1d(feat_dim, hidden, 5, padding=2), nn.ReLU(), nn.BatchNorm1d(hidden))
-        self.sub = nn.Sequential(nn.Conv1d(hidden, hidden, subsampling, stride=subsampling), nn.ReLU(),
+        ctx = 2 * ((subsampling + 1) // 2) + 1  # odd context covering the stride (5 for 3)
+        self.inp = nn.Sequential(nn.Conv1d(feat_dim, hidden, ctx, stride=subsampling, padding=ctx // 2), nn.ReLU(),
                                  nn.BatchNorm1d(hidden))
         layers = []
         for i in range(num_layers):
@@ -45,13 +46,9 @@ class TdnnModel(nn.Module):
         lengths = torch.as_tensor(lengths, device=feats.device)
         mask = (torch.arange(T, device=feats.device)[None, :] < lengths[:, None]).to(feats.dtype)  # [N, T]
         mean = (feats * mask[..., None]).sum(1) / lengths.clamp(min=1)[:, None].to(feats.dtype)
-        x = (feats - mean[:, None, :]) * mask[..., None]
-        pad = (-T) % self.subsampling
-        x = x.transpose(1, 2)  # [N, F, T]
+        x = ((feats - mean[:, None, :]) * mask[..., None]).transpose(1, 2)  # [N, F, T]
         x = self.inp(x)
-        if pad:
-            x = nn.functional.pad(x, (0, pad))
-        x = self.sub(x)
+        x = x[:, :, :(T + self.subsampling - 1) // self.subsampling]
         for layer in self.layers:
             x = x + layer(x)
         y = self.out(x).transpose(1, 2)  # [N, T', P]

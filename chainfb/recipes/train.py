@@ -12,13 +12,13 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from ..chain import ChainLoss, DenominatorGraph, Topology, min_frames, numerator_graph, word_loop_graph
+from ..chain.normalization import add_normalization, normalization_fst
+from ..chain.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import viterbi, wer
-from .graphs import (bigram_phone_lm, denominator_graph, min_frames, numerator_graph, sample_phone_sequence,
-                     word_loop_graph)
-from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, write_lexicon
+from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import TdnnModel, subsampled_lengths
-from .objective import LfMmi
 
 __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
 
@@ -27,7 +27,7 @@ __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
 class TrainConfig:
     """Training hyper-parameters (see ``tools/train_digits.py --help``)."""
 
-    epochs: int = 6
+    epochs: int = 5
     batch_size: int = 32
     lr: float = 2e-3
     final_lr: float = 2e-4
@@ -38,37 +38,49 @@ class TrainConfig:
     l2_regularize: float = 5e-4
     out_of_range_regularize: float = 0.01
     sil_prob: float = 0.5
+    phone_lm_order: int = 3
+    normalize_numerators: bool = True
     seed: int = 0
     device: str = "auto"
-    force_fallback_loss: bool = False
     max_steps: int = 0  # > 0: stop each epoch after this many batches (tests / smoke runs)
     progress: bool = True
 
 
 class Recipe:
-    """Lexicon (CMUdict), phone set, per-utterance numerator graphs, phone-LM denominator graph and word-loop
-    decoding graph for a training corpus over ``words``."""
+    """Everything graph-shaped for a training corpus over ``words``, built with :mod:`chainfb.chain`:
+    CMUdict lexicon, phone set (``SIL`` first), Kaldi chain topology (``2 * num_phones`` pdfs), a phone LM of order
+    ``phone_lm_order`` estimated on phone sequences of the training transcripts (random pronunciation, optional
+    silence with ``sil_prob``), the denominator graph, numerator graphs per transcript (optionally composed with
+    Kaldi's normalization FST) and the word-loop decoding graph."""
 
-    def __init__(self, train: Corpus, words=DIGIT_WORDS, sil_prob: float = 0.5, seed: int = 0):
+    def __init__(self, train: Corpus, words=DIGIT_WORDS, sil_prob: float = 0.5, phone_lm_order: int = 3,
+                 normalize_numerators: bool = True, seed: int = 0):
         self.words = list(words)
         self.lexicon = cmudict_lexicon(self.words)
+        self.chain_lexicon = to_chain_lexicon(self.lexicon)
         self.phones = phone_inventory(self.lexicon, SILENCE)
         self.phone_ids = {p: i for i, p in enumerate(self.phones)}
-        self.num_pdfs = 2 * len(self.phones)
+        self.topology = Topology.chain()
+        self.num_pdfs = self.topology.num_pdfs(len(self.phones))
         self.sil_prob = sil_prob
         rng = np.random.default_rng(seed)
         seqs = [[self.phone_ids[p] for p in sample_phone_sequence(t, self.lexicon, rng, SILENCE, sil_prob)]
                 for t in train.texts]
-        self.phone_lm = bigram_phone_lm(seqs, len(self.phones))
-        self.den = denominator_graph(self.phone_lm)
-        self.decode_graph, self.decode_labels = word_loop_graph(self.words, self.lexicon, self.phone_ids, SILENCE)
+        self.phone_lm = estimate_phone_lm(seqs, order=phone_lm_order, no_prune_order=min(phone_lm_order, 3))
+        self.den = DenominatorGraph(den_graph(self.phone_lm, self.topology), self.num_pdfs)
+        self._norm = normalization_fst(self.den) if normalize_numerators else None
+        self.decode_graph, self.decode_labels = word_loop_graph(self.words, self.chain_lexicon, self.topology,
+                                                                self.phones, SILENCE, sil_prob)
         self._num_cache: Dict[tuple, object] = {}
 
     def numerator(self, words):
-        """Numerator pdf acceptor of a transcript (cached per distinct transcript)."""
+        """(numerator pdf acceptor, its minimum number of frames) of a transcript, cached per transcript."""
         key = tuple(words)
         if key not in self._num_cache:
-            g = numerator_graph(words, self.lexicon, self.phone_ids, SILENCE, self.sil_prob)
+            g = numerator_graph(list(words), self.chain_lexicon, self.topology, self.phones, SILENCE,
+                                self.sil_prob)
+            if self._norm is not None:
+                g = add_normalization(g, self._norm)
             self._num_cache[key] = (g, min_frames(g))
         return self._num_cache[key]
 
@@ -79,7 +91,7 @@ class Recipe:
         with open(os.path.join(out_dir, "phones.txt"), "w") as f:
             for i, p in enumerate(self.phones):
                 f.write(f"{p} {i}\n")
-        self.den.write(os.path.join(out_dir, "den.fst"))
+        self.den.fst.write(os.path.join(out_dir, "den.fst"))
         self.decode_graph.write(os.path.join(out_dir, "decode.fst"))
 
 
@@ -166,7 +178,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
-    recipe = Recipe(train_set, sil_prob=cfg.sil_prob, seed=cfg.seed)
+    recipe = Recipe(train_set, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
+                    normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
     recipe.write(out_dir)
     model = TdnnModel(train_set.feats.shape[1], recipe.num_pdfs, cfg.hidden, cfg.num_layers, cfg.dropout).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -176,8 +189,9 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     total = max(1, cfg.epochs * steps_per_epoch)
     gamma = (cfg.final_lr / cfg.lr) ** (1.0 / total)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma)
-    loss_fn = LfMmi(recipe.den, cfg.leaky_hmm_coefficient, cfg.l2_regularize, cfg.out_of_range_regularize,
-                    force_fallback=cfg.force_fallback_loss)
+    loss_fn = ChainLoss(recipe.den, leaky_hmm_coefficient=cfg.leaky_hmm_coefficient,
+                        l2_regularize=cfg.l2_regularize, out_of_range_regularize=cfg.out_of_range_regularize,
+                        reduction="sum")
     ckpt = os.path.join(out_dir, "checkpoint.pt")
     history: List[dict] = []
     start_epoch = 0
@@ -195,8 +209,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
         else:
             log(f"{ckpt} was written with a different model configuration; starting from scratch")
     log(f"device {device}; {len(train_set)} train / {len(test_set)} test utterances; {len(recipe.phones)} phones, "
-        f"{recipe.num_pdfs} pdfs; den graph {recipe.den.num_states} states / {recipe.den.num_arcs} arcs; "
-        f"objective: {loss_fn.backend}; {sum(p.numel() for p in model.parameters())} parameters")
+        f"{recipe.num_pdfs} pdfs; phone LM order {cfg.phone_lm_order}, den graph {recipe.den.num_states} states / "
+        f"{recipe.den.num_arcs} arcs; {sum(p.numel() for p in model.parameters())} parameters")
     t0 = time.time()
     rng = np.random.default_rng(cfg.seed + 1)
     for _ in range(start_epoch):  # keep the batch order of a resumed run identical to an uninterrupted one
@@ -221,8 +235,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
             keep_t = torch.tensor(keep)
             x, lens = x[keep_t].to(device), lens[keep_t].to(device)
             y, ylens = model(x, lens)
-            scores = y if device.type == "cuda" and _have_cupy() else y.double().cpu()
-            loss, obj = loss_fn(scores, nums, ylens.cpu() if scores.device.type == "cpu" else ylens)
+            loss = loss_fn(y.double(), nums, ylens.cpu())
+            obj = loss_fn.info["num"] - loss_fn.info["den"]  # chain objective without regularizers
             frames = int(ylens.sum())
             opt.zero_grad()
             (loss / frames).backward()
@@ -250,7 +264,7 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
         plot_history(history, os.path.join(out_dir, "training.png"))
     final_wer = history[-1]["test_wer"] if history else float("nan")
     results = dict(test_wer=final_wer, epochs=len(history), train_utts=len(train_set), test_utts=len(test_set),
-                   test_words=int(sum(len(t) for t in test_set.texts)), objective=loss_fn.backend,
+                   test_words=int(sum(len(t) for t in test_set.texts)),
                    device=str(device), train_seconds=history[-1]["elapsed_s"] if history else 0.0,
                    config=dataclasses.asdict(cfg), history=history)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -262,12 +276,3 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
 
 def _model_key(cfg: TrainConfig) -> dict:
     return dict(hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed)
-
-
-def _have_cupy() -> bool:
-    try:
-        import cupy  # noqa: F401
-
-        return True
-    except ImportError:
-        return False
