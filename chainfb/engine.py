@@ -30,11 +30,31 @@ beta(j)``.  Arc posteriors use ``alpha'_t`` and ``beta'_{t+1}``.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from .lattice import Lattice
 
-__all__ = ["forward_backward_lattice", "logsumexp_segments"]
+__all__ = ["forward_backward_lattice", "logsumexp_segments", "set_num_threads", "get_num_threads"]
+
+_num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
+# below this many arc-frames a call is too small to be worth splitting
+_MIN_PARALLEL_WORK = 1_000_000
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the NumPy engine may use (sequences are split between them;
+    NumPy releases the GIL inside its array operations)."""
+    global _num_threads
+    if int(n) < 1:
+        raise ValueError(f"n: expected a positive number of threads, got {n}")
+    _num_threads = int(n)
+
+
+def get_num_threads() -> int:
+    return _num_threads
 
 
 def logsumexp_segments(v: np.ndarray, starts: np.ndarray, seg_of: np.ndarray | None = None) -> np.ndarray:
@@ -49,12 +69,19 @@ def logsumexp_segments(v: np.ndarray, starts: np.ndarray, seg_of: np.ndarray | N
     m[np.isneginf(m)] = 0.0
     if seg_of is None:
         seg_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, v.size)))
-    v -= m[seg_of]
+    v -= m.take(seg_of)
     np.exp(v, out=v)
-    s = np.add.reduceat(v, starts)
+    s = np.bincount(seg_of, weights=v, minlength=len(starts))
     np.log(s, out=s)
     s += m
     return s
+
+
+def _arc_scores(X, t0, t1, side):
+    """``w(arc) + X[t, col(arc)]`` for frames ``t0 <= t < t1``: ``[t1 - t0, A]``."""
+    wx = X[t0:t1].take(side.col, axis=1)
+    wx += side.log_prob
+    return wx
 
 
 class _Plan:
@@ -102,6 +129,30 @@ def forward_backward_lattice(
     loglike : float64 ``[N]``
     posteriors : float64 ``[T, C]`` or ``None``
     """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    threads = min(_num_threads, lat.num_sequences)
+    work = lat.num_arcs * (int(lengths.max()) if lengths.size else 0)
+    if threads < 2 or work < _MIN_PARALLEL_WORK:
+        return _forward_backward_serial(lat, X, lengths, need_posteriors, leaky)
+    parts = lat.split(threads)
+
+    def run(part):
+        seqs, states, cols, sub = part
+        lk = None if leaky is None else (leaky[0], np.asarray(leaky[1])[states])
+        return _forward_backward_serial(sub, X[:, cols], lengths[seqs], need_posteriors, lk)
+
+    with ThreadPoolExecutor(len(parts)) as ex:
+        results = list(ex.map(run, parts))
+    loglike = np.concatenate([r[0] for r in results])
+    if not need_posteriors:
+        return loglike, None
+    post = np.empty(X.shape)
+    for (seqs, states, cols, sub), (_, p) in zip(parts, results):
+        post[:, cols] = p
+    return loglike, post
+
+
+def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     T, C = X.shape
     N = lat.num_sequences
     S = lat.num_states
@@ -118,6 +169,9 @@ def forward_backward_lattice(
     state_len = lengths[lat.seq_of_state]
 
     seq_starts = plan.state_seq_starts
+    sos = lat.seq_of_state
+    # arc weights + scores are gathered for `chunk` frames at a time (~32 MB)
+    chunk = max(1, min(max(Tmax, 1), 4_000_000 // max(1, lat.num_arcs)))
     if leaky is not None:
         log_c = float(np.log(leaky[0]))
         log_init = np.asarray(leaky[1], dtype=np.float64)
@@ -126,51 +180,71 @@ def forward_backward_lattice(
 
         def leak_alpha(a):
             tot = logsumexp_segments(a.copy(), seq_starts)
-            return np.logaddexp(a, log_c + tot[lat.seq_of_state] + log_init)
+            return np.logaddexp(a, log_c + tot[sos] + log_init)
 
         def leak_beta(b):
             tot = logsumexp_segments(b + log_init, seq_starts)
-            return np.logaddexp(b, log_c + tot[lat.seq_of_state])
+            return np.logaddexp(b, log_c + tot[sos])
+
+    def normalise(a):
+        """Subtract each sequence's max (kept finite); return the offsets."""
+        m = np.maximum.reduceat(a, seq_starts)
+        m[~np.isfinite(m)] = 0.0
+        a -= m[sos]
+        return m
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # alpha[t] is stored normalised per sequence; offset[t, n] is the
+        # float64 log of what was divided out up to frame t.
         alpha = np.full((Tmax + 1, S), -np.inf)
+        offset = np.zeros((Tmax + 1, N))
         if leaky is None:
             alpha[0, lat.start] = 0.0
         else:
             alpha[0] = leak_alpha(log_init)
+            offset[0] = normalise(alpha[0])
         for t in range(Tmax):
+            if t % chunk == 0:
+                wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
             v = alpha[t].take(f.src)
-            v += f.log_prob
-            v += X[t].take(f.col)
+            v += wx[t % chunk]
             a = np.full(S, -np.inf)
             a[f.key_states] = logsumexp_segments(v, f.seg_starts, plan.fwd_seg_of)
-            alpha[t + 1] = a if leaky is None else leak_alpha(a)
+            if leaky is not None:
+                a = leak_alpha(a)
+            offset[t + 1] = offset[t] + normalise(a)
+            alpha[t + 1] = a
         end = alpha[state_len, np.arange(S)] + lat.final
-        loglike = logsumexp_segments(end, plan.state_seq_starts)
+        loglike = logsumexp_segments(end, seq_starts) + offset[lengths, np.arange(N)]
         if not need_posteriors:
             return loglike, None
 
+        # Arc posteriors at frame t are normalised by that frame's own total
+        # Z_t = logsum_i alpha_t(i) + beta_t(i) (before the leaky map), which
+        # equals loglike in exact arithmetic but carries no large offsets.
         post = np.zeros((T, C))
-        # an impossible sequence gets total +inf here so that its posteriors are exp(-inf) = 0
-        total = np.where(np.isneginf(loglike), np.inf, loglike)
-        total_arc = total[b.seq]
         final = lat.final if leaky is None else leak_beta(lat.final)
         beta = np.where(state_len == Tmax, final, -np.inf)
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
         for t in range(Tmax - 1, -1, -1):
+            if t == Tmax - 1 or t % chunk == chunk - 1:
+                c0 = t - t % chunk
+                wx = _arc_scores(X, c0, t + 1, b)
             w = beta.take(b.dst)
-            w += b.log_prob
-            w += X[t].take(b.col)
+            w += wx[t - c0]
             g = alpha[t].take(b.src)
             g += w
-            g -= total_arc
-            np.exp(g, out=g)
-            post[t] = np.bincount(b.col, weights=g, minlength=C)
             beta = np.full(S, -np.inf)
             beta[b.key_states] = logsumexp_segments(w, b.seg_starts, plan.bwd_seg_of)
+            z = logsumexp_segments(alpha[t] + beta, seq_starts)
+            z[np.isneginf(z)] = np.inf  # no path through frame t: posteriors exp(-inf) = 0
+            g -= z[b.seq]
+            np.exp(g, out=g)
+            post[t] = np.bincount(b.col, weights=g, minlength=C)
             if leaky is not None:
                 beta = leak_beta(beta)
             idx = ends_at.get(t)
             if idx is not None:
                 beta[idx] = final[idx]
+            normalise(beta)
     return loglike, post

@@ -222,23 +222,29 @@ class Fst:
 
         Arcs come in canonical order (start state first), finals last, in
         increasing state order.  ``Fst.from_openfst_text(f.to_openfst_text())``
-        equals ``f``.
+        equals ``f``: a start state without arcs is named by a first final
+        line (``Infinity`` if it is not final), and trailing isolated states
+        by an ``Infinity`` final line for the last state.
         """
+
+        def final_line(s):
+            cost = _format_cost(self.final[s])
+            return f"{s}" + ("" if cost == "0" else f"\t{cost}")
+
         lines = []
+        start_has_arcs = self.num_arcs > 0 and self.src[0] == self.start
+        if not start_has_arcs:
+            lines.append(final_line(self.start))
         for s, d, p, lp in zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()):
             cost = _format_cost(lp)
             lines.append(f"{s}\t{d}\t{p + 1}" + ("" if cost == "0" else f"\t{cost}"))
-        for s in np.flatnonzero(self.final > -np.inf).tolist():
-            cost = _format_cost(self.final[s])
-            lines.append(f"{s}" + ("" if cost == "0" else f"\t{cost}"))
-        if self.num_arcs == 0 and self.final[self.start] == -np.inf:
-            # the start state must appear first; an arc-less graph whose start
-            # is not final cannot be written faithfully
-            raise ValueError("an FST with no arcs and a non-final start state has no text form")
-        if self.num_arcs == 0:
-            # put the start state's final line first
-            first = [ln for ln in lines if ln.split("\t")[0] == str(self.start)]
-            lines = first + [ln for ln in lines if ln not in first]
+        finals = [s for s in np.flatnonzero(self.final > -np.inf).tolist() if start_has_arcs or s != self.start]
+        lines += [final_line(s) for s in finals]
+        used = [self.start, *finals]
+        if self.num_arcs:
+            used += [int(self.src.max()), int(self.dst.max())]
+        if max(used) < self.num_states - 1:
+            lines.append(f"{self.num_states - 1}\tInfinity")
         return "\n".join(lines) + "\n"
 
     def write(self, path: str | os.PathLike) -> None:

@@ -57,6 +57,8 @@ class Lattice:
     """
 
     def __init__(self, batch: FstBatch):
+        self.batch = batch
+        self._parts = {}
         g = batch.seq_to_graph
         N = len(g)
         so, ao = batch.state_offsets, batch.arc_offsets
@@ -104,6 +106,26 @@ class Lattice:
         arc, seq, src, dst = side(batch.bwd_order, batch.out_ptr)
         self.bwd = _Side(src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, src)
         self.num_arcs = int(self.fwd.src.shape[0])
+
+    def split(self, parts: int):
+        """Sub-lattices over contiguous ranges of sequences with about equal
+        numbers of arcs: a list of ``(seq_slice, state_slice, col_slice, Lattice)``.
+        Their columns, states and sequences are exactly those slices of this
+        lattice's (cached per ``parts``)."""
+        if parts not in self._parts:
+            N = self.num_sequences
+            arcs = np.bincount(self.fwd.seq, minlength=N).astype(np.float64)
+            cum = np.concatenate([[0.0], np.cumsum(arcs + 1.0)])
+            cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
+            bounds = np.unique(np.clip(np.concatenate([[0], cuts, [N]]), 0, N))
+            out = []
+            for s0, s1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                sub = Lattice(FstBatch(self.batch.fsts, self.batch.seq_to_graph[s0:s1]))
+                c0, c1 = np.searchsorted(self.col_seq, [s0, s1])
+                st = slice(int(self.state_offsets[s0]), int(self.state_offsets[s1]))
+                out.append((slice(s0, s1), st, slice(int(c0), int(c1)), sub))
+            self._parts[parts] = out
+        return self._parts[parts]
 
     @classmethod
     def of(cls, batch: FstBatch) -> "Lattice":

@@ -319,3 +319,66 @@ def test_normalization_fst_and_intersection():
         assert pd.keys() <= pn.keys() and pd
         for k, v in pd.items():
             assert 0 < v <= pn[k] + 1e-12
+
+
+# ---------------------------------------------------------------- archives and tools
+def _same_graph(a, b, tol):
+    assert (a.num_states, a.num_arcs, a.start) == (b.num_states, b.num_arcs, b.start)
+    ka = sorted(zip(a.src.tolist(), a.dst.tolist(), a.pdf.tolist()))
+    kb = sorted(zip(b.src.tolist(), b.dst.tolist(), b.pdf.tolist()))
+    assert ka == kb
+    oa = np.lexsort((a.pdf, a.dst, a.src))
+    ob = np.lexsort((b.pdf, b.dst, b.src))
+    np.testing.assert_allclose(a.log_prob[oa], b.log_prob[ob], atol=tol)
+    np.testing.assert_allclose(a.final, b.final, atol=tol)
+
+
+def test_fst_archives(tmp_path):
+    from chainfb.chain import have_kaldifst, read_fst_archive, read_kaldi_fst_archive, write_fst_archive
+    from chainfb.chain import write_kaldi_fst_archive
+
+    lex = read_lexicon(LEX)
+    graphs = [(f"u{i}", numerator_graph(w, lex, Topology.chain(), PHONES))
+              for i, w in enumerate((["a", "b"], ["c"]))]
+    write_fst_archive(tmp_path / "g.txt", graphs)
+    back = read_fst_archive(tmp_path / "g.txt")
+    assert list(back) == ["u0", "u1"] and all(back[k] == g for k, g in graphs)
+    with pytest.raises(ValueError, match="key"):
+        write_fst_archive(tmp_path / "bad.txt", [("a b", graphs[0][1])])
+    if not have_kaldifst():
+        pytest.skip("kaldifst not installed (optional extra 'kaldi')")
+    write_kaldi_fst_archive(tmp_path / "g.ark", graphs)
+    kb = read_kaldi_fst_archive(tmp_path / "g.ark")
+    for k, g in graphs:
+        _same_graph(kb[k], g, 1e-6)  # Kaldi stores float32 costs
+
+
+def test_tools_end_to_end(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "lexicon.txt").write_text("a A B\na A C\nb B\nc C A\nSIL SIL\n")
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nA 2\nB 3\nC 4\n#0 5\n")
+    (tmp_path / "text").write_text("u1 a b\nu2 c a\nu3 a oov\nu4 c a b\n")
+    (tmp_path / "utt2num_frames").write_text("u1 30\nu2 30\nu3 30\nu4 9\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    tools = os.path.join(ROOT, "tools")
+    r = subprocess.run([sys.executable, os.path.join(tools, "make_den_graph.py"), "--phones", str(tmp_path / "phones.txt"),
+                        "--text", str(tmp_path / "text"), "--lexicon", str(tmp_path / "lexicon.txt"),
+                        "--order", "3", "--out", str(tmp_path / "den.fst")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    den = DenominatorGraph.read(tmp_path / "den.fst")
+    assert den.num_pdfs <= 10
+    r = subprocess.run([sys.executable, os.path.join(tools, "make_numerator_graphs.py"),
+                        "--lexicon", str(tmp_path / "lexicon.txt"), "--phones", str(tmp_path / "phones.txt"),
+                        "--text", str(tmp_path / "text"), "--utt2num-frames", str(tmp_path / "utt2num_frames"),
+                        "--frame-subsampling-factor", "3", "--den-graph", str(tmp_path / "den.fst"),
+                        "--out", str(tmp_path / "num.txt"), "--rejected", str(tmp_path / "rej")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    from chainfb.chain import read_fst_archive
+
+    got = read_fst_archive(tmp_path / "num.txt")
+    assert set(got) == {"u1", "u2"}
+    rej = (tmp_path / "rej").read_text()
+    assert "u3" in rej and "OOV" in rej and "u4" in rej and "at least" in rej

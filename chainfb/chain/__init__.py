@@ -23,3 +23,9 @@ __all__ += ["DenominatorGraph", "initial_probs", "ChainLoss", "chain_objective",
 from .normalization import add_normalization, intersect, normalization_fst
 
 __all__ += ["add_normalization", "intersect", "normalization_fst"]
+
+from .archive import have_kaldifst, read_fst_archive, read_kaldi_fst_archive, write_fst_archive, write_kaldi_fst_archive
+from .phone_lm import transcript_phones
+
+__all__ += ["read_fst_archive", "write_fst_archive", "read_kaldi_fst_archive", "write_kaldi_fst_archive",
+            "have_kaldifst", "transcript_phones"]

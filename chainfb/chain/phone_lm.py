@@ -39,7 +39,7 @@ from .minimize import merge_equivalent_states
 from .phone_graph import PhoneGraph
 from .topology import Topology
 
-__all__ = ["PhoneLM", "estimate_phone_lm", "den_graph"]
+__all__ = ["PhoneLM", "estimate_phone_lm", "den_graph", "transcript_phones"]
 
 BOS = -1
 EOS = -2
@@ -185,6 +185,39 @@ def estimate_phone_lm(
                 arcs.append((idx[h], idx[nxt], x, lp))
     start = idx[longest_kept((BOS,))] if order > 1 else idx[()]
     return PhoneLM(order, hist, start, arcs, final)
+
+
+def transcript_phones(words, lexicon, phone_ids, optional_silence="SIL", sil_prob=0.5, rng=None,
+                      pron="first") -> list[int]:
+    """One phone-id sequence for a transcript, for phone-LM estimation (as
+    Kaldi's e2e recipe does from the text): the first pronunciation of each
+    word (``pron="first"``) or one drawn by probability (``"sample"``), and
+    ``optional_silence`` inserted between words with probability
+    ``sil_prob`` (drawn with ``rng``, a ``numpy.random.Generator``; with
+    ``rng=None`` silence is never inserted)."""
+    from .graph_compiler import phone_index
+
+    ids = phone_index(phone_ids)
+    if pron not in ("first", "sample"):
+        raise ValueError(f"pron: expected 'first' or 'sample', got {pron!r}")
+    out: list[int] = []
+    for i, w in enumerate(words):
+        if w not in lexicon:
+            raise ValueError(f"words: word {w!r} is not in the lexicon (OOV)")
+        alts = lexicon.prons[w]
+        if pron == "sample" and rng is not None and len(alts) > 1:
+            p = np.array([a[1] for a in alts])
+            phones = alts[int(rng.choice(len(alts), p=p / p.sum()))][0]
+        else:
+            phones = alts[0][0]
+        for ph in phones:
+            if ph not in ids:
+                raise ValueError(f"lexicon: phone {ph!r} of word {w!r} is not in phone_ids")
+            out.append(ids[ph])
+        if (i + 1 < len(words) and optional_silence is not None and rng is not None
+                and rng.random() < sil_prob):
+            out.append(ids[optional_silence])
+    return out
 
 
 def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True) -> Fst:

@@ -1,0 +1,243 @@
+"""The engine through its public entry points, against path enumeration and
+an independent loop reference.  One implementation of each test; thin
+subclasses run it per device (CUDA ones skip without a GPU)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import chainfb
+from chainfb import Fst, FstBatch, forward_backward, fst_loglike
+from chainfb.testing import brute_force, random_fst
+
+from reference import reference_forward_backward
+
+
+class EngineTests:
+    device = "cpu"
+
+    def tensor(self, x):
+        return torch.as_tensor(np.asarray(x)).to(self.device)
+
+    def run(self, fsts, scores, lengths=None):
+        ll, post = forward_backward(fsts, self.tensor(scores), lengths)
+        return ll.cpu().numpy(), post.cpu().numpy()
+
+    # -- exhaustive path enumeration -------------------------------------
+    @pytest.mark.parametrize("seed", range(12))
+    def test_against_path_enumeration(self, seed):
+        rng = np.random.default_rng(seed)
+        fsts = [
+            random_fst(rng, num_states=int(rng.integers(2, 6)), num_arcs=int(rng.integers(3, 10)),
+                       num_pdfs=4, num_finals=int(rng.integers(1, 3)))
+            for _ in range(4)
+        ]
+        T = 5
+        scores = rng.normal(scale=2.0, size=(4, T, 4))
+        lengths = np.array([5, 3, 1, 4])
+        ll, post = self.run(fsts, scores, lengths)
+        for n, f in enumerate(fsts):
+            Z, g = brute_force(f, scores[n], lengths[n])
+            if Z == -math.inf:
+                assert ll[n] == -math.inf
+                assert not post[n].any()
+            else:
+                assert abs(ll[n] - Z) < 1e-9
+                np.testing.assert_allclose(post[n], g, atol=1e-9)
+
+    def test_features_of_real_graphs(self):
+        # self-loops, two finals, an unreachable state (4), a dead end (3),
+        # one pdf on many arcs, start state 2
+        arcs = [(2, 2, 0, -0.1), (2, 0, 1, -1.0), (0, 0, 1, -0.3), (0, 1, 0, -0.2),
+                (1, 1, 1, -0.4), (0, 3, 2, 0.0), (4, 1, 0, 0.0), (1, 0, 0, -2.0)]
+        f = Fst.from_arcs(arcs, {1: 0.0, 0: -1.0}, start=2)
+        rng = np.random.default_rng(0)
+        scores = rng.normal(size=(1, 6, 3))
+        ll, post = self.run(f, scores)
+        Z, g = brute_force(f, scores[0])
+        assert abs(ll[0] - Z) < 1e-9
+        np.testing.assert_allclose(post[0], g, atol=1e-9)
+
+    # -- independent reference on larger graphs ---------------------------
+    def test_against_loop_reference(self):
+        rng = np.random.default_rng(7)
+        fsts = [random_fst(rng, num_states=12, num_arcs=40, num_pdfs=10, num_finals=3) for _ in range(3)]
+        T = 30
+        scores = rng.normal(size=(3, T, 10))
+        lengths = np.array([30, 17, 25])
+        ll, post = self.run(fsts, scores, lengths)
+        for n, f in enumerate(fsts):
+            Z, g = reference_forward_backward(f, scores[n], lengths[n])
+            assert ll[n] == pytest.approx(Z, abs=1e-9) if Z > -math.inf else ll[n] == -math.inf
+            np.testing.assert_allclose(post[n], g, atol=1e-9)
+
+    def test_shared_graph_and_batch(self):
+        rng = np.random.default_rng(3)
+        f = random_fst(rng, num_states=6, num_arcs=15, num_pdfs=5)
+        g = random_fst(rng, num_states=6, num_arcs=15, num_pdfs=5)
+        scores = rng.normal(size=(5, 8, 5))
+        ll_shared, post_shared = self.run(f, scores)
+        ll_list, post_list = self.run([f] * 5, scores)
+        np.testing.assert_allclose(ll_shared, ll_list, atol=1e-12)
+        np.testing.assert_allclose(post_shared, post_list, atol=1e-12)
+        b = FstBatch([f, g], seq_to_graph=[1, 0, 1, 1, 0])
+        ll_b, post_b = self.run(b, scores)
+        ll_l, post_l = self.run([g, f, g, g, f], scores)
+        np.testing.assert_allclose(ll_b, ll_l, atol=1e-12)
+        np.testing.assert_allclose(post_b, post_l, atol=1e-12)
+
+    def test_posteriors_sum_to_one_per_frame(self):
+        rng = np.random.default_rng(4)
+        f = random_fst(rng, num_states=8, num_arcs=30, num_pdfs=6)
+        f = Fst.from_arcs(f.arcs() + [(s, s, 0, 0.0) for s in range(8)], {s: 0.0 for s in range(8)})
+        scores = rng.normal(size=(3, 12, 6))
+        lengths = np.array([12, 5, 1])
+        ll, post = self.run(f, scores, lengths)
+        sums = post.sum(-1)
+        for n, L in enumerate(lengths):
+            np.testing.assert_allclose(sums[n, :L], 1.0, atol=1e-10)
+            assert not sums[n, L:].any()
+
+    # -- edge cases ----------------------------------------------------------
+    def test_length_zero_and_one(self):
+        f = Fst.from_arcs([(0, 1, 0, -0.5), (1, 1, 1, 0.0)], {0: -2.0, 1: 0.0})
+        scores = np.array([[[1.0, 2.0], [3.0, 4.0]]] * 2)
+        ll, post = self.run(f, scores, [0, 1])
+        assert ll[0] == pytest.approx(-2.0)
+        assert not post[0].any()
+        assert ll[1] == pytest.approx(-0.5 + 1.0)
+        np.testing.assert_allclose(post[1], [[1, 0], [0, 0]])
+
+    def test_impossible_sequences_are_minus_inf_with_zero_posteriors(self):
+        # needs at least 3 frames; a dead-end graph; an all-(-inf) graph
+        chain = Fst.from_arcs([(0, 1, 0, 0.0), (1, 2, 1, 0.0), (2, 3, 0, 0.0)], {3: 0.0})
+        dead = Fst.from_arcs([(0, 1, 0, 0.0), (1, 1, 0, 0.0)], {2: 0.0}, num_states=3)
+        never = Fst.from_openfst_text("0 1 1 Infinity\n1\n")
+        scores = np.random.default_rng(0).normal(size=(3, 2, 2))
+        ll, post = self.run([chain, dead, never], scores)
+        assert np.all(ll == -np.inf)
+        assert not post.any() and not np.isnan(post).any()
+        s = self.tensor(scores).requires_grad_()
+        out = fst_loglike(s, [chain, dead, never])
+        out.sum().backward()
+        assert torch.all(s.grad == 0)
+
+    def test_long_input_extreme_scores(self):
+        rng = np.random.default_rng(5)
+        f = Fst.from_arcs([(0, 0, 0, -0.1), (0, 1, 1, -2.0), (1, 1, 2, -0.05), (1, 0, 0, -3.0)], {1: 0.0})
+        T = 20000
+        scores = rng.uniform(-1e4, 1e4, size=(1, T, 3))
+        ll, post = self.run(f, scores)
+        assert np.isfinite(ll).all()
+        np.testing.assert_allclose(post[0].sum(-1), 1.0, atol=1e-10)
+        Z, g = reference_forward_backward(f, scores[0])
+        assert ll[0] == pytest.approx(Z, rel=1e-12)
+        # the plain reference divides by a total of magnitude 1e8, so its
+        # posteriors carry a common relative error ~1e-5 per frame; compare
+        # shapes per frame (the engine's own per-frame sums are checked above)
+        np.testing.assert_allclose(post[0], g / g.sum(-1, keepdims=True), atol=1e-9)
+
+    def test_dtypes_and_array_types(self):
+        rng = np.random.default_rng(6)
+        f = random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4)
+        s64 = rng.normal(size=(2, 7, 4))
+        ll64, p64 = forward_backward(f, self.tensor(s64))
+        ll32, p32 = forward_backward(f, self.tensor(s64.astype(np.float32)))
+        assert ll64.dtype == torch.float64 and p64.dtype == torch.float64
+        assert ll32.dtype == torch.float32 and p32.dtype == torch.float32
+        np.testing.assert_allclose(ll32.cpu().numpy(), ll64.cpu().numpy(), rtol=1e-5)
+        np.testing.assert_allclose(p32.cpu().numpy(), p64.cpu().numpy(), atol=1e-5)
+
+    def test_strided_scores(self):
+        rng = np.random.default_rng(8)
+        f = random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4)
+        big = rng.normal(size=(9, 3, 6))  # [T, N, wide]; view as [N, T, 4]
+        view = self.tensor(big)[:, :, 1:5].transpose(0, 1)
+        ll, post = forward_backward(f, view)
+        ll2, post2 = forward_backward(f, view.contiguous())
+        torch.testing.assert_close(ll, ll2)
+        torch.testing.assert_close(post, post2)
+
+    def test_gradcheck(self):
+        rng = np.random.default_rng(9)
+        fsts = [random_fst(rng, num_states=4, num_arcs=9, num_pdfs=3) for _ in range(2)]
+        fsts.append(Fst.from_arcs([(0, 1, 0, 0.0)], {1: 0.0}))  # possible only with length 1
+        s = self.tensor(rng.normal(size=(3, 4, 3))).requires_grad_()
+        lengths = torch.tensor([4, 3, 1])
+        assert torch.autograd.gradcheck(lambda x: fst_loglike(x, fsts, lengths), (s,))
+        loss = chainfb.NumeratorLoss(reduction="frame")
+        assert torch.autograd.gradcheck(lambda x: loss(x, fsts, lengths), (s,))
+
+    # -- bad input -------------------------------------------------------------
+    def test_bad_inputs(self):
+        f = Fst.from_arcs([(0, 1, 2, 0.0)], {1: 0.0})
+        good = self.tensor(np.zeros((2, 3, 4)))
+        with pytest.raises(ValueError, match="scores: expected a 3-D"):
+            forward_backward(f, good[0])
+        with pytest.raises(ValueError, match="only P=2 columns"):
+            forward_backward(f, good[..., :2])
+        with pytest.raises(TypeError, match="scores: expected dtype"):
+            forward_backward(f, good.to(torch.int32))
+        with pytest.raises(TypeError, match="scores"):
+            forward_backward(f, [[[0.0]]])
+        with pytest.raises(ValueError, match="lengths: every length must lie in"):
+            forward_backward(f, good, [1, 4])
+        with pytest.raises(ValueError, match="lengths: every length must lie in"):
+            forward_backward(f, good, [-1, 2])
+        with pytest.raises(ValueError, match=r"lengths: expected shape \(2,\)"):
+            forward_backward(f, good, [1, 2, 3])
+        with pytest.raises(TypeError, match="lengths: expected integer"):
+            forward_backward(f, good, [1.0, 2.0])
+        with pytest.raises(ValueError, match="fsts: the batch has 3 sequences"):
+            forward_backward([f, f, f], good)
+        with pytest.raises(TypeError, match="fsts: expected an Fst"):
+            forward_backward("graph", good)
+        with pytest.raises(TypeError, match="scores: expected a torch.Tensor"):
+            fst_loglike(np.zeros((2, 3, 4)), f)
+        with pytest.raises(ValueError, match="reduction"):
+            chainfb.NumeratorLoss(reduction="avg")
+
+
+class TestEngineCPU(EngineTests):
+    device = "cpu"
+
+
+def test_numpy_input_gives_numpy_output():
+    f = Fst.from_arcs([(0, 0, 0, 0.0), (0, 1, 1, 0.0), (1, 1, 1, 0.0)], {1: 0.0})
+    ll, post = forward_backward(f, np.zeros((1, 3, 2), dtype=np.float32))
+    assert isinstance(ll, np.ndarray) and isinstance(post, np.ndarray)
+    assert ll.dtype == np.float32 and post.dtype == np.float32
+    assert ll[0] == pytest.approx(math.log(3))
+
+
+def test_forward_only():
+    f = Fst.from_arcs([(0, 0, 0, 0.0), (0, 1, 1, 0.0), (1, 1, 1, 0.0)], {1: 0.0})
+    ll, post = forward_backward(f, np.zeros((1, 3, 2)), need_posteriors=False)
+    assert post is None and ll[0] == pytest.approx(math.log(3))
+
+
+def test_threaded_split_matches_serial(monkeypatch):
+    from chainfb import engine
+    from chainfb.lattice import Lattice
+    from chainfb.score_map import PdfScoreMap
+
+    rng = np.random.default_rng(11)
+    fsts = [random_fst(rng, num_states=6, num_arcs=15, num_pdfs=5) for _ in range(3)]
+    batch = FstBatch(fsts, seq_to_graph=[0, 1, 2, 2, 1, 0, 0])
+    lat = Lattice.of(batch)
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, rng.normal(size=(7, 9, 5)))
+    lengths = np.array([9, 3, 0, 9, 5, 1, 8])
+    log_init = np.log(rng.dirichlet(np.ones(lat.num_states)))
+    for leaky in (None, (0.1, log_init)):
+        serial = engine._forward_backward_serial(lat, X.copy(), lengths, True, leaky)
+        monkeypatch.setattr(engine, "_MIN_PARALLEL_WORK", 0)
+        monkeypatch.setattr(engine, "_num_threads", 3)
+        threaded = engine.forward_backward_lattice(lat, X.copy(), lengths, True, leaky)
+        assert len(lat.split(3)) == 3
+        # equal up to the last bit NumPy's vectorised exp may flip at a different array position
+        np.testing.assert_allclose(serial[0], threaded[0], rtol=1e-14)
+        np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
+    with pytest.raises(ValueError, match="n: expected a positive"):
+        engine.set_num_threads(0)

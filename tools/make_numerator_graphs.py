@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Compile numerator (supervision) graphs for every utterance of a Kaldi
+``text`` file.
+
+Each transcript becomes an epsilon-free pdf acceptor (alternative
+pronunciations, optional silence between words, topology expansion, exact
+state merging).  Utterances whose graph cannot fit their frame count
+(``--utt2num-frames``, divided by ``--frame-subsampling-factor``, rounded
+up) or that contain OOV words are reported on stderr (and in
+``--rejected``) and left out.  Output: a text archive of OpenFst graphs
+(``key`` line, graph, empty line); ``--kaldi-ark`` also writes a Kaldi
+binary archive through ``kaldifst`` when it is installed.
+
+    python tools/make_numerator_graphs.py --lexicon data/lang/lexicon.txt \\
+        --phones data/lang/phones.txt --text data/train/text --topology chain \\
+        --utt2num-frames data/train/utt2num_frames --frame-subsampling-factor 3 \\
+        --out exp/chain/num_graphs.txt
+"""
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _progress import progress  # noqa: E402
+
+from chainfb.chain import (  # noqa: E402
+    DenominatorGraph, Topology, add_normalization, fits, normalization_fst, numerator_graph,
+    read_lexicon, read_phones, read_text, write_fst_archive,
+
+)
+from chainfb.chain.archive import have_kaldifst, write_kaldi_fst_archive  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lexicon", required=True, help="lexicon.txt or lexiconp.txt")
+    ap.add_argument("--phones", required=True, help="phones.txt or one phone per line (pdf numbering order)")
+    ap.add_argument("--text", required=True, help="Kaldi text file: utt_id word ...")
+    ap.add_argument("--topology", default="chain", help="chain, ctc, hmm3, or a .topo file")
+    ap.add_argument("--optional-silence", default="SIL", help="optional silence phone ('' to disable)")
+    ap.add_argument("--sil-prob", type=float, default=0.5)
+    ap.add_argument("--utt2num-frames", help="utt_id num_frames (input frames) for the fit check")
+    ap.add_argument("--frame-subsampling-factor", type=int, default=1)
+    ap.add_argument("--den-graph", help="compose Kaldi's normalization FST of this den graph into each graph")
+    ap.add_argument("--out", required=True, help="output text archive")
+    ap.add_argument("--kaldi-ark", help="also write a Kaldi binary archive (needs kaldifst)")
+    ap.add_argument("--rejected", help="write rejected utterance ids and reasons here")
+    args = ap.parse_args(argv)
+
+    lex = read_lexicon(args.lexicon)
+    phones = read_phones(args.phones)
+    topo = Topology.read(args.topology)
+    sil = args.optional_silence or None
+    frames = {}
+    if args.utt2num_frames:
+        with open(args.utt2num_frames) as f:
+            for ln in f:
+                if ln.strip():
+                    k, v = ln.split()
+                    frames[k] = math.ceil(int(v) / args.frame_subsampling_factor)
+    norm = normalization_fst(DenominatorGraph.read(args.den_graph)) if args.den_graph else None
+    if args.kaldi_ark and not have_kaldifst():
+        ap.error("--kaldi-ark needs the optional 'kaldifst' package (pip install kaldifst)")
+    utts = read_text(args.text)
+    good, rejected = [], []
+    for utt, words in progress(utts, desc="numerator graphs", unit="utt"):
+        try:
+            fst = numerator_graph(words, lex, topo, phones, sil, args.sil_prob)
+        except ValueError as e:
+            rejected.append((utt, str(e)))
+            continue
+        if norm is not None:
+            fst = add_normalization(fst, norm)
+        if utt in frames:
+            ok, msg = fits(fst, frames[utt])
+            if not ok:
+                rejected.append((utt, msg))
+                continue
+        elif frames:
+            rejected.append((utt, "no entry in --utt2num-frames"))
+            continue
+        good.append((utt, fst))
+    n = write_fst_archive(args.out, good)
+    if args.kaldi_ark:
+        write_kaldi_fst_archive(args.kaldi_ark, good)
+    for utt, why in rejected:
+        print(f"rejected {utt}: {why}", file=sys.stderr)
+    if args.rejected:
+        with open(args.rejected, "w") as f:
+            for utt, why in rejected:
+                f.write(f"{utt}\t{why}\n")
+    print(f"wrote {n} graphs to {args.out}; rejected {len(rejected)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
