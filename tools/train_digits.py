@@ -31,8 +31,12 @@ def main(argv=None):
     g.add_argument("--epochs", type=int, default=dt.epochs)
     g.add_argument("--batch-size", type=int, default=dt.batch_size)
     g.add_argument("--lr", type=float, default=dt.lr)
+    g.add_argument("--model", default=dt.model, choices=["tdnn", "tdnn-lstm"], help="acoustic model")
+    g.add_argument("--dropout", type=float, default=dt.dropout)
+    g.add_argument("--final-lr", type=float, default=None, help="learning rate at the end (default: lr / 10)")
     g.add_argument("--hidden", type=int, default=dt.hidden, help="TDNN width")
-    g.add_argument("--layers", type=int, default=dt.num_layers, help="TDNN layers after subsampling")
+    g.add_argument("--layers", type=int, default=dt.num_layers,
+                   help="tdnn: context layers after subsampling; tdnn-lstm: BLSTM layers")
     g.add_argument("--leaky-hmm", type=float, default=dt.leaky_hmm_coefficient)
     g.add_argument("--phone-lm-order", type=int, default=dt.phone_lm_order, help="n-gram order of the phone LM")
     g.add_argument("--l2", type=float, default=dt.l2_regularize, help="l2 regularization of the output")
@@ -54,7 +58,8 @@ def main(argv=None):
     data = load_or_create(ccfg, a.cache_dir, progress=not a.no_progress)
     t1 = time.time()
     print(f"corpus ready in {t1 - t0:.1f} s ({os.path.join(a.cache_dir, ccfg.key())})")
-    tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.lr / 10, hidden=a.hidden,
+    tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10, hidden=a.hidden,
+                       model=a.model, dropout=a.dropout,
                        num_layers=a.layers, leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2,
                        phone_lm_order=a.phone_lm_order, seed=a.seed,
                        device=a.device, max_steps=a.max_steps, progress=not a.no_progress)

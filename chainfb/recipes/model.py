@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["TdnnModel", "subsampled_lengths"]
+__all__ = ["TdnnModel", "TdnnLstmModel", "build_model", "subsampled_lengths"]
 
 
 def subsampled_lengths(lengths: torch.Tensor, factor: int = 3) -> torch.Tensor:
@@ -53,3 +53,41 @@ class TdnnModel(nn.Module):
             x = x + layer(x)
         y = self.out(x).transpose(1, 2)  # [N, T', P]
         return y, subsampled_lengths(lengths, self.subsampling)
+
+
+class TdnnLstmModel(nn.Module):
+    """TDNN-LSTM: the :class:`TdnnModel` front end (stride-3 input layer, ``num_tdnn`` residual context layers at
+    the low frame rate) followed by a ``num_lstm``-layer bidirectional LSTM (``hidden // 2`` units per direction,
+    padded frames packed away) and a linear layer to ``num_pdfs`` outputs.
+
+    ``forward(feats [N, T, F], lengths [N]) -> (scores [N, ceil(T/3), num_pdfs], out_lengths [N])``.
+    """
+
+    def __init__(self, feat_dim: int, num_pdfs: int, hidden: int = 256, num_tdnn: int = 2, num_lstm: int = 2,
+                 dropout: float = 0.1, subsampling: int = 3):
+        super().__init__()
+        if num_lstm < 1 or hidden < 2:
+            raise ValueError("num_lstm must be >= 1 and hidden >= 2")
+        self.front = TdnnModel(feat_dim, 1, hidden, num_tdnn, dropout, subsampling)
+        self.front.out = nn.Identity()
+        self.lstm = nn.LSTM(hidden, hidden // 2, num_layers=num_lstm, batch_first=True, bidirectional=True,
+                            dropout=dropout if num_lstm > 1 else 0.0)
+        self.out = nn.Linear(2 * (hidden // 2), num_pdfs)
+
+    def forward(self, feats: torch.Tensor, lengths: torch.Tensor):
+        h, olens = self.front(feats, lengths)  # [N, T', hidden]
+        packed = nn.utils.rnn.pack_padded_sequence(h, olens.cpu().clamp(min=1), batch_first=True,
+                                                   enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=h.shape[1])
+        return self.out(out), olens
+
+
+def build_model(kind: str, feat_dim: int, num_pdfs: int, hidden: int, num_layers: int, dropout: float) -> nn.Module:
+    """``kind`` = ``"tdnn"`` (:class:`TdnnModel` with ``num_layers`` context layers) or ``"tdnn-lstm"``
+    (:class:`TdnnLstmModel` with 2 TDNN layers and ``num_layers`` BLSTM layers)."""
+    if kind == "tdnn":
+        return TdnnModel(feat_dim, num_pdfs, hidden, num_layers, dropout)
+    if kind == "tdnn-lstm":
+        return TdnnLstmModel(feat_dim, num_pdfs, hidden, 2, num_layers, dropout)
+    raise ValueError(f"kind: expected 'tdnn' or 'tdnn-lstm', got {kind!r}")

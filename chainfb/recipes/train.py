@@ -18,7 +18,7 @@ from ..chain.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import viterbi, wer
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
-from .model import TdnnModel, subsampled_lengths
+from .model import build_model, subsampled_lengths
 
 __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
 
@@ -31,6 +31,7 @@ class TrainConfig:
     batch_size: int = 32
     lr: float = 2e-3
     final_lr: float = 2e-4
+    model: str = "tdnn"
     hidden: int = 256
     num_layers: int = 4
     dropout: float = 0.1
@@ -130,7 +131,7 @@ def _tqdm(it, **kw):
 
 
 @torch.no_grad()
-def evaluate(model: TdnnModel, recipe: Recipe, corpus: Corpus, batch_size: int = 64, device="cpu",
+def evaluate(model: torch.nn.Module, recipe: Recipe, corpus: Corpus, batch_size: int = 64, device="cpu",
              progress: bool = False):
     """Decode ``corpus`` with Viterbi over the recipe's word loop. Returns (WER %, hypotheses as word lists)."""
     model.eval()
@@ -181,7 +182,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     recipe = Recipe(train_set, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
                     normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
     recipe.write(out_dir)
-    model = TdnnModel(train_set.feats.shape[1], recipe.num_pdfs, cfg.hidden, cfg.num_layers, cfg.dropout).to(device)
+    model = build_model(cfg.model, train_set.feats.shape[1], recipe.num_pdfs, cfg.hidden, cfg.num_layers,
+                        cfg.dropout).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
     if cfg.max_steps > 0:
@@ -275,4 +277,4 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
 
 
 def _model_key(cfg: TrainConfig) -> dict:
-    return dict(hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed)
+    return dict(model=cfg.model, hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed)
