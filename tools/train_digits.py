@@ -23,6 +23,8 @@ def main(argv=None):
     g.add_argument("--cache-dir", default=default_cache_dir(), help="where the synthesized corpus is kept")
     g.add_argument("--num-train", type=int, default=dc.num_train, help="training utterances")
     g.add_argument("--num-test", type=int, default=dc.num_test, help="test utterances (held-out voices)")
+    g.add_argument("--words", default=",".join(dc.words),
+                   help="comma-separated vocabulary (words CMUdict knows), e.g. add yes,no,stop,go for short commands")
     g.add_argument("--max-words", type=int, default=dc.max_words, help="longest digit string")
     g.add_argument("--min-snr", type=float, default=dc.snr_db[0], help="lowest SNR in dB")
     g.add_argument("--corpus-seed", type=int, default=dc.seed)
@@ -53,7 +55,7 @@ def main(argv=None):
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     t0 = time.time()
-    ccfg = CorpusConfig(num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
+    ccfg = CorpusConfig(words=tuple(w.strip() for w in a.words.split(",") if w.strip()), num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
                         snr_db=(a.min_snr, max(a.min_snr, dc.snr_db[1])), seed=a.corpus_seed)
     data = load_or_create(ccfg, a.cache_dir, progress=not a.no_progress)
     t1 = time.time()

@@ -27,14 +27,14 @@ __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
 class TrainConfig:
     """Training hyper-parameters (see ``tools/train_digits.py --help``)."""
 
-    epochs: int = 5
-    batch_size: int = 32
-    lr: float = 2e-3
-    final_lr: float = 2e-4
-    model: str = "tdnn"
+    epochs: int = 4
+    batch_size: int = 16
+    lr: float = 3e-3
+    final_lr: float = 3e-4
+    model: str = "tdnn-lstm"
     hidden: int = 256
-    num_layers: int = 4
-    dropout: float = 0.1
+    num_layers: int = 1
+    dropout: float = 0.0
     leaky_hmm_coefficient: float = 0.1
     l2_regularize: float = 5e-4
     out_of_range_regularize: float = 0.01
@@ -173,13 +173,16 @@ def plot_history(history: List[dict], path: str) -> bool:
 
 def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, resume: bool = True,
           log=print) -> dict:
-    """Train, evaluating on ``test_set`` after every epoch; checkpoint to ``out_dir/checkpoint.pt`` after every
+    """Train, evaluating on ``test_set`` after every epoch (the decoding vocabulary is the training vocabulary); checkpoint to ``out_dir/checkpoint.pt`` after every
     epoch and resume from it when ``resume``. Writes ``results.json``, ``history.json``, ``test_hyps.txt``,
     ``training.png`` and the graphs into ``out_dir``; returns the results dict."""
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
-    recipe = Recipe(train_set, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
+    vocab = sorted({w for t in train_set.texts for w in t})
+    if set(vocab) <= set(DIGIT_WORDS):
+        vocab = [w for w in DIGIT_WORDS if w in vocab]
+    recipe = Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
                     normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
     recipe.write(out_dir)
     model = build_model(cfg.model, train_set.feats.shape[1], recipe.num_pdfs, cfg.hidden, cfg.num_layers,
