@@ -18,7 +18,7 @@ from chainfb.recipes.espeak import EspeakSynth, english_voices, voice_variants  
 from chainfb.recipes.features import fbank, resample  # noqa: E402
 from chainfb.recipes.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
                                      to_chain_lexicon)
-from chainfb.recipes.model import TdnnModel  # noqa: E402
+from chainfb.recipes.model import TdnnModel, build_model  # noqa: E402
 from chainfb.recipes.train import TrainConfig, evaluate, train, Recipe  # noqa: E402
 
 TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
@@ -182,6 +182,21 @@ def test_viterbi_matches_brute_force_and_wer(lex):
     assert wer([["a", "b"]], [["a", "b"]]) == 0.0
     with pytest.raises(ValueError, match="labels"):
         viterbi(g, lab[:-1], x)
+
+
+def test_tdnn_lstm_shapes_and_padding_invariance():
+    torch.manual_seed(0)
+    m = build_model("tdnn-lstm", 40, 12, hidden=16, num_layers=1, dropout=0.0).eval()
+    x = torch.randn(2, 10, 40)
+    y, ol = m(x, torch.tensor([10, 7]))
+    assert y.shape == (2, 4, 12) and ol.tolist() == [4, 3]
+    # the second utterance's outputs do not depend on what is in its padding (the BLSTM packs it away)
+    x2 = x.clone()
+    x2[1, 7:] = 100.0
+    y2, _ = m(x2, torch.tensor([10, 7]))
+    torch.testing.assert_close(y[1, :2], y2[1, :2])
+    with pytest.raises(ValueError, match="kind"):
+        build_model("transformer", 40, 12, 16, 1, 0.0)
 
 
 def test_model_shapes():

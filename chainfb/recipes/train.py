@@ -164,7 +164,10 @@ def plot_history(history: List[dict], path: str) -> bool:
     ax[1].plot(ep, [h["test_wer"] for h in history], "o-", color="C3")
     ax[1].set_xlabel("epoch")
     ax[1].set_ylabel("WER % (held-out voices)")
-    ax[1].set_yscale("log")
+    ax[1].set_ylim(bottom=0)
+    for a in ax:
+        a.xaxis.get_major_locator().set_params(integer=True)
+        a.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -258,7 +261,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
                  elapsed_s=elapsed_before + time.time() - t0)
         history.append(h)
         log(f"epoch {epoch + 1}: train objf/frame {h['train_objf_per_frame']:.4f}  test WER {test_wer:.2f}%  "
-            f"({h['elapsed_s']:.0f} s)")
+            f"({h['elapsed_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more frames "
+                                           f"than they have" if skipped else ""))
         torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                         history=history, epoch=epoch + 1, config=dataclasses.asdict(cfg),
                         config_model=_model_key(cfg), elapsed=h["elapsed_s"]), ckpt + ".tmp")
