@@ -24,6 +24,6 @@ __all__ = [
 
 # chain (LF-MMI), issue 5
 from . import chain  # noqa: E402
-from .chain import ChainLoss, DenominatorGraph  # noqa: E402
+from .chain import ChainLoss, DenominatorComputation, DenominatorGraph  # noqa: E402
 
-__all__ += ["chain", "ChainLoss", "DenominatorGraph"]
+__all__ += ["chain", "ChainLoss", "DenominatorGraph", "DenominatorComputation"]

@@ -14,8 +14,11 @@ group ``g`` leaving ``src``, so one frame is::
 with ``e_t = exp(x_t - max_k x_t)`` and the log of the scales accumulated
 (Kaldi's denominator recursion, generalised).  The backward pass is the
 transpose.  Exact up to float64 underflow of path-weight *ratios* below
-~1e-300 within one frame; impossible sequences give ``-inf`` and zero
-posteriors.  Knows nothing about what the graph means.
+~1e-300 within one frame: with scores spread over more than ~700 nats in
+one frame (never the case for Kaldi's clamped [-30, 30] denominator
+scores) a live sequence could be reported as impossible -- use the
+log-domain engine for such scores.  Impossible sequences give ``-inf``
+and zero posteriors.  Knows nothing about what the graph means.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class SharedGraphEngine:
         The shared graph.  Its distinct pdfs (sorted) are the engine's
         columns: ``self.pdfs`` ``[K]``.
     """
+
+    min_parallel_work = 2e7  # sequences x arcs x frames below which one thread is used
 
     def __init__(self, fst: Fst):
         if not isinstance(fst, Fst):
@@ -66,6 +71,30 @@ class SharedGraphEngine:
         self.final = np.exp(fst.final)
 
     def forward_backward(self, X, lengths, need_posteriors: bool = True, leaky=None):
+        """Log-likelihoods and column posteriors; large calls are split by
+        sequence over ``chainfb.engine.get_num_threads()`` threads (SciPy's
+        sparse products and NumPy release the GIL).  See :meth:`_run`."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .engine import get_num_threads
+
+        X = np.asarray(X)
+        N = X.shape[0] if X.ndim == 3 else 0
+        threads = min(get_num_threads(), N // 8)
+        if threads < 2 or X.ndim != 3 or N * self.fst.num_arcs * X.shape[1] < self.min_parallel_work:
+            return self._run(X, lengths, need_posteriors, leaky)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != (N,):
+            raise ValueError(f"lengths: expected [{N}] ints in [0, {X.shape[1]}]")
+        bounds = np.linspace(0, N, threads + 1).astype(int)
+        parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        with ThreadPoolExecutor(threads) as ex:
+            res = list(ex.map(lambda sl: self._run(X[sl], lengths[sl], need_posteriors, leaky), parts))
+        loglike = np.concatenate([r[0] for r in res])
+        post = np.concatenate([r[1] for r in res]) if need_posteriors else None
+        return loglike, post
+
+    def _run(self, X, lengths, need_posteriors: bool = True, leaky=None):
         """Log-likelihoods and column posteriors.
 
         Parameters
@@ -110,6 +139,9 @@ class SharedGraphEngine:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             m = X.max(axis=2) if K else np.zeros((N, T))
             m = np.where(np.isfinite(m) & valid, m, 0.0)
+            # E[t] = exp(x_t - max) as [K, N] (1 past a sequence's length)
+            E = np.exp(X[:, :Tmax, :] - m[:, :Tmax, None]).transpose(1, 2, 0).copy()
+            E[~valid[:, :Tmax].T[:, None, :].repeat(K, axis=1)] = 1.0
             alphas = np.zeros((Tmax + 1, S, N))
             log_scale = np.zeros(N)
             dead = np.zeros(N, bool)
@@ -130,8 +162,7 @@ class SharedGraphEngine:
                     loglike[ending] = np.log(tot) + log_scale[ending]
                 if t == Tmax:
                     break
-                e = np.exp(X[:, t, :] - m[:, t:t + 1]).T  # [K, N]
-                e[:, ~valid[:, t]] = 1.0
+                e = E[t]  # [K, N]
                 pre = self.WT @ a
                 pre *= e[self.group_col]
                 a = self.D @ pre
@@ -162,8 +193,7 @@ class SharedGraphEngine:
                 starting = np.flatnonzero((lengths == t + 1) & ok)
                 if starting.size:
                     b[:, starting] = fin_b
-                e = np.exp(X[:, t, :] - m[:, t:t + 1]).T
-                e[:, ~valid[:, t]] = 0.0
+                e = E[t]  # frames past a length: b is 0 there, so e's value does not matter
                 bd = self.DT @ b  # [G, N]: b'_{t+1}(dst g)
                 bd *= e[self.group_col]
                 pre = self.WT @ alphas[t]

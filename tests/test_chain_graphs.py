@@ -145,8 +145,10 @@ def test_numerator_graph_accepts_exactly_the_alignments(topo, words):
     lex = read_lexicon(["a 1.0 A B", "a 0.5 A C", "b 1.0 B", "c 1.0 C A", "SIL 1.0 SIL"])
     sil_prob = 0.3
     fst = numerator_graph(words, lex, getattr(Topology, topo)(), PHONES, "SIL", sil_prob)
-    raw = numerator_graph(words, lex, getattr(Topology, topo)(), PHONES, "SIL", sil_prob, minimize=False)
-    assert fst.num_states <= raw.num_states
+    raw = numerator_graph(words, lex, getattr(Topology, topo)(), PHONES, "SIL", sil_prob, minimize=False,
+                          determinize=False)
+    keys = [(s, p) for s, _, p, _ in fst.arcs()]
+    assert len(keys) == len(set(keys))  # deterministic
     alts = phone_alternatives(words, lex, sil_prob)
     lengths = [5, 6] if topo != "hmm3" else [9, 10]
     if topo == "ctc":
@@ -174,6 +176,10 @@ def test_numerator_graph_errors_and_fit_check():
         numerator_graph(["a"], lex, topo, PHONES, sil_prob=1.0)
     with pytest.raises(TypeError):
         numerator_graph("a b", lex, topo, PHONES)
+    no_ends = numerator_graph(["b"], lex, topo, PHONES, sil_at_ends=False)
+    assert pdf_sequences(no_ends, 2) == {(4, 5): 1.0}  # B entered, B self-loop; no silence at the ends
+    two = pdf_sequences(numerator_graph(["b", "b"], lex, topo, PHONES, sil_prob=0.25, sil_at_ends=False), 3)
+    assert two == {(4, 0, 4): pytest.approx(0.25), (4, 5, 4): pytest.approx(0.75), (4, 4, 5): pytest.approx(0.75)}
     fst = numerator_graph(["a", "b", "c"], lex, topo, PHONES)
     assert min_frames(fst) == 5  # A B  B  C A
     assert min_frames(numerator_graph(["a", "b", "c"], lex, Topology.hmm3(), PHONES)) == 15
@@ -190,15 +196,31 @@ def test_numerator_graph_errors_and_fit_check():
     assert fits(g, 3)[0] is False and "exactly 3" in fits(g, 3)[1]
 
 
-def test_merge_preserves_totals_random():
+def test_merge_and_determinize_preserve_totals_random():
+    from chainfb.chain import determinize
+
     rng = np.random.default_rng(5)
+    ndet = 0
     for _ in range(20):
         f = random_fst(rng, num_states=6, num_arcs=14, num_pdfs=3)
         m, _ = merge_equivalent_states(f)
         x = rng.normal(size=(2, 6, 3))
-        a, _ = chainfb.forward_backward(f, x)
-        b, _ = chainfb.forward_backward(m, x)
+        a, pa = chainfb.forward_backward(f, x)
+        b, pb = chainfb.forward_backward(m, x)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        d = determinize(f)
+        if d is None:
+            continue
+        ndet += 1
+        keys = [(s, p) for s, _, p, _ in d.arcs()]
+        assert len(keys) == len(set(keys))
+        c, pc = chainfb.forward_backward(d, x)
+        np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(pa, pc, atol=1e-9)
+    assert ndet >= 5
+    # a graph without the twins property: determinization gives up
+    nt = Fst.from_arcs([(0, 1, 0, 0.0), (0, 2, 0, 0.0), (1, 1, 1, -1.0), (2, 2, 1, -2.0)], {1: 0.0, 2: 0.0})
+    assert determinize(nt, max_states=50) is None
 
 
 def test_word_loop_graph_labels_words():
@@ -264,7 +286,10 @@ def test_den_graph_matches_phone_lm():
     seqs = [[0, 1, 2], [0, 1, 1, 2], [2, 0], [1, 2, 0, 1]]
     lm = estimate_phone_lm(seqs, 3, 2, 3)
     topo = Topology.chain()
-    fst = den_graph(lm, topo)
+    raw = den_graph(lm, topo)
+    # finals are the LM's end-of-sequence probabilities; the denominator treats all states as final
+    assert np.isclose(np.exp(raw.final).max(), np.exp(lm.final).max())
+    fst = DenominatorGraph(raw).fst
     assert (fst.final == 0).all()
     arcs = {}
     for s, d, p, lp in lm.arcs:

@@ -32,6 +32,7 @@ def leaky_reference(fst, scores, L, c):
     A = np.zeros((S, S))
     for s, d, p, lp in fst.arcs():
         A[s, d] += math.exp(lp)
+    A = A / (A.sum(axis=1) + np.exp(fst.final))[:, None]  # Kaldi: out-mass incl. final sums to 1
     v = np.zeros(S)
     v[fst.start] = 1
     acc = np.zeros(S)
@@ -106,13 +107,13 @@ def test_denominator_without_leak_is_path_enumeration(engine):
 
 
 def test_initial_probs_is_average_occupancy():
+    # state 0: arc prob 1 + final prob 1 -> normalised to 1/2 (Kaldi includes finals)
     f = Fst.from_arcs([(0, 1, 0, 0.0), (1, 1, 1, math.log(0.5)), (1, 0, 0, math.log(0.5))], {0: 0.0})
     p = initial_probs(f)
-    # iterations: [1,0], [0,1], [1/3,2/3], ... the average converges toward the stationary [1/3, 2/3]
     assert p.sum() == pytest.approx(1.0)
     assert 0.3 < p[0] < 0.4
     cur, avg = np.array([1.0, 0.0]), np.zeros(2)
-    A = np.array([[0, 1.0], [0.5, 0.5]])
+    A = np.array([[0, 0.5], [0.5, 0.5]])
     for _ in range(100):
         avg += cur / 100
         cur = cur @ A
@@ -224,14 +225,14 @@ def test_chain_loss_value_and_derivative_are_kaldis():
     mask = (np.arange(8)[None, :] < np.array(lengths)[:, None])[:, :, None]
     ym = y * mask
     ex = (y - np.clip(y, -30, 30)) * mask
-    objf = (num_ll - den_ll).sum() - 0.5 * 0.02 * (ym ** 2).sum() - 0.01 * (ex ** 2).sum()
+    objf = (num_ll - den_ll).sum() - 0.5 * 0.02 * (ym ** 2).sum() - 0.5 * 0.01 * (ex ** 2).sum()
     assert out.item() == pytest.approx(-objf, rel=1e-12)
-    deriv = num_post - den_post - 0.02 * ym - 2 * 0.01 * ex
+    deriv = num_post - den_post - 0.02 * ym - 0.01 * ex
     np.testing.assert_allclose(yt.grad.numpy(), -deriv, atol=1e-12)
     info = loss.info
     assert info["num"] == pytest.approx(num_ll.sum()) and info["den"] == pytest.approx(den_ll.sum())
     assert info["objf"] == pytest.approx(objf) and info["frames"] == 21 and info["num_fallback"] == 0
-    assert info["oor"] == pytest.approx(-0.01 * 100.0)
+    assert info["oor"] == pytest.approx(-0.5 * 0.01 * 100.0)
 
 
 def test_kaldi_finite_difference_on_full_objective():
@@ -305,3 +306,40 @@ def test_chain_loss_bad_inputs():
         loss.den_graph.forward_backward(np.zeros((1, 2, 10)), engine="gpu")
     with pytest.raises(TypeError, match="fst"):
         DenominatorGraph("x")
+
+
+def test_kaldi_layout_denominator_computation():
+    from chainfb.chain import DenominatorComputation
+
+    den = den_from_lm()
+    rng = np.random.default_rng(8)
+    N, T = 3, 6
+    y = rng.normal(size=(N, T, den.num_pdfs))
+    kaldi = np.ascontiguousarray(y.transpose(1, 0, 2).reshape(T * N, -1))  # row t*N + n
+    comp = DenominatorComputation(den, N, kaldi, leaky_hmm_coefficient=0.1)
+    total = comp.forward()
+    ll, post = den.forward_backward(y, None, 0.1)
+    assert total == pytest.approx(ll.sum(), rel=1e-12)
+    deriv = np.zeros_like(kaldi)
+    assert comp.backward(-1.0, deriv)
+    np.testing.assert_allclose(deriv.reshape(T, N, -1).transpose(1, 0, 2), -post, atol=1e-12)
+    with pytest.raises(ValueError, match="nnet_output"):
+        DenominatorComputation(den, 4, kaldi)
+
+
+def test_shared_engine_threads_match_single_thread(monkeypatch):
+    from chainfb import engine
+
+    den = den_from_lm(5, seed=6)
+    eng = den.shared_engine()
+    rng = np.random.default_rng(4)
+    N, T = 20, 9
+    X = rng.normal(scale=3, size=(N, T, eng.num_columns))
+    lengths = rng.integers(0, T + 1, N)
+    leaky = (0.1, den.log_init)
+    single = eng._run(X, lengths, True, leaky)
+    monkeypatch.setattr(eng, "min_parallel_work", 0)
+    monkeypatch.setattr(engine, "_num_threads", 2)
+    multi = eng.forward_backward(X, lengths, True, leaky)
+    np.testing.assert_array_equal(single[0], multi[0])
+    np.testing.assert_array_equal(single[1], multi[1])

@@ -91,6 +91,24 @@ def run_den(args):
         once()  # warm-up (builds the lattice / sparse matrices)
         best = min(once() for _ in range(args.repeat))
         print(f"{eng:10s} {N:5d} {T:6d} {best:8.3f} {den.num_arcs * N * T / best / 1e6:15.1f}")
+    if args.device == "cpu":
+        # the whole LF-MMI loss: numerators (the one engine) + denominator (shared path) + backward
+        import torch
+
+        from chainfb.chain import ChainLoss
+
+        nums = chainfb.FstBatch([numerator_like_fst(rng, num_phones=30, num_pdfs=den.num_pdfs) for _ in range(N)])
+        loss_fn = ChainLoss(den, leaky_hmm_coefficient=0.1)
+        y = torch.from_numpy(scores).requires_grad_()
+
+        def step():
+            t = time.perf_counter()
+            loss_fn(y, nums, lengths).backward()
+            return time.perf_counter() - t
+
+        step()
+        best = min(step() for _ in range(args.repeat))
+        print(f"ChainLoss forward+backward ({N} numerator graphs of ~{nums.num_arcs // N} arcs + den): {best:.3f} s")
 
 
 def main(argv=None):

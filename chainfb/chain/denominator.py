@@ -34,28 +34,35 @@ from ..lattice import Lattice
 from ..score_map import PdfScoreMap
 from ..shared_engine import SharedGraphEngine
 
-__all__ = ["DenominatorGraph", "initial_probs"]
+__all__ = ["DenominatorGraph", "DenominatorComputation", "initial_probs"]
 
 CLAMP = 30.0
 
 
 def initial_probs(fst: Fst, num_iters: int = 100) -> np.ndarray:
-    """Kaldi's initial distribution ``[S]``: average over ``num_iters``
-    iterations of the state distribution, starting from the start state,
-    propagated through the arc probabilities (pdfs ignored) and renormalised
-    each iteration."""
+    """Kaldi's initial distribution ``[S]`` (``DenominatorGraph::SetInitialProbs``).
+
+    Each state's outgoing mass is first normalised to sum to one *including
+    its final probability* (the graph's own finals, before the denominator
+    treats every state as final); starting with all mass on the start
+    state, the distribution is propagated through the arcs (pdfs ignored)
+    and renormalised ``num_iters`` times, and the distributions before each
+    propagation are averaged.
+    """
     S = fst.num_states
     p = np.exp(fst.log_prob)
+    tot = np.exp(fst.final) + np.bincount(fst.src, weights=p, minlength=S)
+    norm = np.where(tot > 0, 1.0 / np.where(tot > 0, tot, 1.0), 0.0)
     cur = np.zeros(S)
     cur[fst.start] = 1.0
     avg = np.zeros(S)
     for _ in range(num_iters):
         avg += cur / num_iters
-        nxt = np.bincount(fst.dst, weights=cur[fst.src] * p, minlength=S)
-        tot = nxt.sum()
-        if not tot > 0:
+        nxt = np.bincount(fst.dst, weights=(cur * norm)[fst.src] * p, minlength=S)
+        total = nxt.sum()
+        if not total > 0:
             break  # no mass can move: keep the average so far
-        cur = nxt / tot
+        cur = nxt / total
     return avg / avg.sum()
 
 
@@ -67,13 +74,14 @@ class DenominatorGraph:
     fst : Fst
         Epsilon-free pdf acceptor (e.g. from
         :func:`chainfb.chain.phone_lm.den_graph`).  Its final probabilities
-        are ignored: every state is final with probability 1.
+        only enter the initial probabilities (as in Kaldi); the computation
+        treats every state as final with probability 1.
     num_pdfs : int, optional — the network output dimension ``P``
         (default: one more than the largest pdf in ``fst``).
 
     Attributes
     ----------
-    fst : Fst (with all finals set to 0)
+    fst : Fst (the graph with all finals set to 0)
     init_probs : float64 ``[S]``; ``log_init`` its log.
     """
 
@@ -82,12 +90,12 @@ class DenominatorGraph:
             fst = fst.fst
         if not isinstance(fst, Fst):
             raise TypeError(f"fst: expected chainfb.Fst, got {type(fst).__name__}")
+        self.init_probs = initial_probs(fst)  # Kaldi: from the graph as given (its finals included)
         self.fst = Fst(fst.num_states, fst.start, fst.src, fst.dst, fst.pdf, fst.log_prob,
                        np.zeros(fst.num_states))
         self.num_pdfs = self.fst.num_pdfs if num_pdfs is None else int(num_pdfs)
         if self.num_pdfs < self.fst.num_pdfs:
             raise ValueError(f"num_pdfs: the graph uses pdf {self.fst.num_pdfs - 1} but num_pdfs={num_pdfs}")
-        self.init_probs = initial_probs(self.fst)
         with np.errstate(divide="ignore"):
             self.log_init = np.log(self.init_probs)
         self._shared = None
@@ -180,3 +188,63 @@ class DenominatorGraph:
             smap.scatter_add(xp, posteriors, post)
             posteriors = wrap_like(posteriors, scores)
         return wrap_like(xp.asarray(loglike, dtype=xp.float64), scores), posteriors
+
+
+class DenominatorComputation:
+    """Kaldi's ``chain::DenominatorComputation`` API over a Kaldi-layout output.
+
+    Parameters
+    ----------
+    den_graph : DenominatorGraph
+    num_sequences : int ``N``
+    nnet_output : ``[T * N, >= num_pdfs]`` NumPy array or CPU torch tensor,
+        row ``t * N + seq`` (Kaldi's layout).
+    leaky_hmm_coefficient : float — Kaldi's option default ``1e-5`` (recipes use 0.1).
+    lengths : ``[N]`` optional (chainfb extension; Kaldi has fixed lengths).
+    engine : see :meth:`DenominatorGraph.forward_backward`.
+
+    ``forward()`` returns the total log-likelihood (sum over sequences);
+    ``backward(deriv_weight, nnet_output_deriv)`` adds ``deriv_weight *
+    posteriors`` into ``nnet_output_deriv`` (same layout) and returns ``ok``:
+    False when the total is not finite or the posteriors of some frame do
+    not sum to the number of sequences within 1% (Kaldi's check).
+    """
+
+    def __init__(self, den_graph: DenominatorGraph, num_sequences: int, nnet_output,
+                 leaky_hmm_coefficient: float = 1e-5, lengths=None, engine: str = "auto"):
+        from ..kaldi import _kaldi_view
+
+        if not isinstance(den_graph, DenominatorGraph):
+            raise TypeError(f"den_graph: expected DenominatorGraph, got {type(den_graph).__name__}")
+        arr, xp = as_array(nnet_output, "nnet_output")
+        N = int(num_sequences)
+        if N <= 0 or arr.ndim != 2 or arr.shape[0] % N:
+            raise ValueError(f"nnet_output: expected [T * {N}, P] rows, got shape {tuple(arr.shape)}")
+        self.den_graph, self.N, self.T = den_graph, N, arr.shape[0] // N
+        self._xp = xp
+        self._view = _kaldi_view(xp, arr, N, self.T, "nnet_output")
+        self.lengths = check_lengths(lengths, N, self.T)
+        self.leaky = float(leaky_hmm_coefficient)
+        self.engine = engine
+        self._post = None
+
+    def forward(self) -> float:
+        """Total denominator log-likelihood over the sequences."""
+        ll, self._post = self.den_graph.forward_backward(self._view, self.lengths, self.leaky, True, self.engine)
+        self._total = float(np.asarray(ll).sum())
+        return self._total
+
+    def backward(self, deriv_weight: float, nnet_output_deriv) -> bool:
+        """Add ``deriv_weight * posteriors`` into ``nnet_output_deriv``; returns ok."""
+        from ..kaldi import _kaldi_view
+
+        if self._post is None:
+            self.forward()
+        deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")
+        dview = _kaldi_view(self._xp, deriv, self.N, self.T, "nnet_output_deriv")
+        post = np.asarray(self._post)
+        dview += (deriv_weight * post).astype(deriv.dtype, copy=False)
+        sums = post.sum(axis=(0, 2))
+        expected = (np.arange(self.T)[:, None] < self.lengths[None, :]).sum(axis=1)
+        ok = bool(np.isfinite(self._total)) and bool(np.all(np.abs(sums - expected) <= 0.01 * np.maximum(expected, 1)))
+        return ok

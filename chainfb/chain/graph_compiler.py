@@ -27,6 +27,7 @@ import numpy as np
 from ..fst import Fst
 from .lexicon import Lexicon
 from .minimize import _build, merge_equivalent_states, trim
+from .minimize import determinize as determinize_fst
 from .phone_graph import EPS, PhoneGraph
 from .topology import ENTER, Topology
 
@@ -154,6 +155,7 @@ def numerator_graph(
     sil_prob: float = 0.5,
     sil_at_ends: bool = True,
     minimize: bool = True,
+    determinize: bool = True,
 ) -> Fst:
     """The numerator (supervision) graph of one transcript.
 
@@ -168,6 +170,9 @@ def numerator_graph(
         (and, with ``sil_at_ends``, before the first and after the last word)
         with probability ``sil_prob``; ``None`` disables it.
     minimize : bool — exact state merging (:mod:`chainfb.chain.minimize`).
+    determinize : bool — weighted determinization first
+        (:func:`chainfb.chain.minimize.determinize`; skipped when it would
+        blow up), so that no state has two arcs with the same pdf.
 
     Returns
     -------
@@ -207,6 +212,10 @@ def numerator_graph(
         c = boundary(nb, i == len(prons) - 1)
     pg.final[c] = 0.0
     fst, _ = expand(pg.remove_epsilons(), topology)
+    if determinize:
+        det = determinize_fst(fst)
+        if det is not None:
+            fst = det
     if minimize:
         fst, _ = merge_equivalent_states(fst)
     return fst
@@ -269,7 +278,6 @@ def min_frames(fst: Fst) -> float:
     Kaldi rejects training examples whose numerator graph's shortest path is
     longer than the number of frames; see :func:`fits`.
     """
-    S = fst.num_states
     ok = fst.log_prob > -np.inf
     out: dict[int, list] = {}
     for s, d in zip(fst.src[ok].tolist(), fst.dst[ok].tolist()):

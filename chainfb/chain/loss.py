@@ -7,15 +7,18 @@ For sequence ``n`` with weight ``w_n`` and ``L_n`` frames (network output
     num_n  = w_n * log sum over numerator paths      (chainfb.forward_backward)
     den_n  = w_n * log sum over denominator paths    (leaky HMM, clamp(y, -30, 30))
     l2_n   = -0.5 * l2_regularize * w_n * sum_{t < L_n} ||y[n, t]||^2
-    oor_n  = -out_of_range_regularize * w_n * sum_{t < L_n} ||y[n, t] - clamp(y[n, t], -30, 30)||^2
+    oor_n  = -0.5 * out_of_range_regularize * w_n * sum_{t < L_n} ||y[n, t] - clamp(y[n, t], -30, 30)||^2
     objf_n = num_n - den_n + l2_n + oor_n
 
 The loss returned is ``-objf`` (to MINIMISE), summed over sequences
 (``reduction="sum"``, Kaldi's scale), divided by the weighted frame count
 ``sum_n w_n L_n`` (``"frame"``), or per sequence (``"none"``).  Its
 derivative w.r.t. ``y`` is ``-(w_n (num_post - den_post) - l2 w_n y -
-2 oor w_n (y - clamp(y)))`` (the den posterior is not masked by the clamp,
-as in Kaldi).
+oor w_n (y - clamp(y)))`` (the den posterior is not masked by the clamp,
+as in Kaldi).  Kaldi's ``PenalizeOutOfRange`` adds only a derivative,
+``-2 oor (y - clamp(y))`` on a random half of the minibatches; chainfb adds
+its expectation on every call and reports the objective term it is the
+gradient of.
 
 Fallback (Kaldi): a sequence whose ``num_n - den_n`` is not finite (e.g.
 its transcript does not fit its frames) gets ``-10 * w_n * L_n`` as its
@@ -97,8 +100,8 @@ def chain_objective(nnet_output, num_graphs, den_graph: DenominatorGraph, length
     oor = np.zeros(N)
     if out_of_range_regularize:
         excess = np.where(mask, y - np.clip(y, -CLAMP, CLAMP), 0.0)
-        oor = -out_of_range_regularize * w * (excess ** 2).sum(axis=(1, 2))
-        deriv -= 2.0 * out_of_range_regularize * w[:, None, None] * excess
+        oor = -0.5 * out_of_range_regularize * w * (excess ** 2).sum(axis=(1, 2))
+        deriv -= out_of_range_regularize * w[:, None, None] * excess
     total = objf + l2 + oor
     good = ~bad
     info = {

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..fst import Fst
 
-__all__ = ["merge_equivalent_states", "trim"]
+__all__ = ["merge_equivalent_states", "trim", "determinize"]
 
 SELF = -2
 
@@ -161,3 +161,63 @@ def merge_equivalent_states(fst: Fst, word_of_arc=None, max_passes: int = 50):
                         [a[3] for a in arcs], np.array(final, np.float64), [a[4] for a in arcs])
     out, words = trim(out, words)
     return out, words
+
+
+def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10):
+    """Weighted determinization in the log semiring (subset construction with
+    residual weights), so that no state has two arcs with the same pdf.
+
+    Every pdf sequence keeps its total weight (up to ``delta``: residual
+    weights are matched after rounding to ``delta``, as OpenFst/Kaldi
+    quantize).  Graphs without the twins property may not have a finite
+    deterministic equivalent: the construction gives up after
+    ``max_states`` states (default ``20 * num_states + 100``) and returns
+    ``None``.
+
+    Returns
+    -------
+    Fst or None — deterministic, trimmed, start state 0.
+    """
+    if max_states is None:
+        max_states = 20 * fst.num_states + 100
+    out_arcs: list[list] = [[] for _ in range(fst.num_states)]
+    for s, d, p, lp in zip(fst.src.tolist(), fst.dst.tolist(), fst.pdf.tolist(), fst.log_prob.tolist()):
+        if lp > -np.inf:
+            out_arcs[s].append((p, d, lp))
+    final = fst.final
+
+    def key(subset):
+        return tuple(sorted((q, round(r / delta)) for q, r in subset.items()))
+
+    start = {fst.start: 0.0}
+    ids = {key(start): 0}
+    subsets = [start]
+    src, dst, pdf, lps, finals = [], [], [], [], []
+    i = 0
+    while i < len(subsets):
+        sub = subsets[i]
+        f = -np.inf
+        for q, r in sub.items():
+            if final[q] > -np.inf:
+                f = np.logaddexp(f, r + final[q])
+        finals.append(float(f))
+        by_pdf: dict = {}
+        for q, r in sub.items():
+            for p, d, lp in out_arcs[q]:
+                t = by_pdf.setdefault(p, {})
+                t[d] = np.logaddexp(t[d], r + lp) if d in t else r + lp
+        for p in sorted(by_pdf):
+            t = by_pdf[p]
+            w = float(np.logaddexp.reduce(np.array(list(t.values()))))
+            nxt = {d: float(v - w) for d, v in t.items()}
+            k = key(nxt)
+            j = ids.get(k)
+            if j is None:
+                if len(subsets) >= max_states:
+                    return None
+                j = ids[k] = len(subsets)
+                subsets.append(nxt)
+            src.append(i); dst.append(j); pdf.append(p); lps.append(w)
+        i += 1
+    out, _ = _build(len(subsets), 0, src, dst, pdf, lps, np.array(finals), None)
+    return trim(out)[0]

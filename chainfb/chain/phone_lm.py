@@ -223,8 +223,10 @@ def transcript_phones(words, lexicon, phone_ids, optional_silence="SIL", sil_pro
 def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True) -> Fst:
     """The denominator graph: ``phone_lm`` expanded by ``topology``.
 
-    Every state is final with probability 1 (Kaldi's denominator ignores
-    final probabilities).  ``minimize`` merges equivalent states exactly.
+    Final probabilities are the LM's end-of-sequence probabilities (as in
+    Kaldi's den.fst); :class:`~chainfb.chain.denominator.DenominatorGraph`
+    uses them only for the initial probabilities and treats every state as
+    final with probability 1.  ``minimize`` merges equivalent states exactly.
 
     Returns
     -------
@@ -232,7 +234,7 @@ def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True) -> F
     """
     if not isinstance(phone_lm, PhoneLM):
         raise TypeError(f"phone_lm: expected a PhoneLM, got {type(phone_lm).__name__}")
-    fst, _ = expand(phone_lm.to_phone_graph(), topology, all_final=True)
+    fst, _ = expand(phone_lm.to_phone_graph(), topology)
     if minimize:
         fst, _ = merge_equivalent_states(fst)
     return fst
