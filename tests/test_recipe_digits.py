@@ -227,3 +227,13 @@ def test_tiny_training_runs_improves_and_resumes(tiny, tmp_path):
     assert any("resumed" in line for line in logs)
     assert [h["epoch"] for h in res3["history"]] == [1, 2, 3]
     assert res3["history"][:2] == res["history"]
+
+
+def test_other_vocabulary_short_word_sequences(tmp_path):
+    cfg = C.CorpusConfig(num_train=4, num_test=2, max_words=2, words=("yes", "no", "stop"), seed=1)
+    data = C.load_or_create(cfg, str(tmp_path), progress=False)
+    assert all(set(t) <= {"yes", "no", "stop"} for t in data["train"].texts + data["test"].texts)
+    r = Recipe(data["train"], words=["no", "stop", "yes"], phone_lm_order=2)
+    assert {"Y", "EH", "S", "N", "OW", "T", "AA", "P"} <= set(r.phones)
+    for t in data["train"].texts:
+        assert r.numerator(t)[1] >= 1
