@@ -176,9 +176,12 @@ def plot_history(history: List[dict], path: str) -> bool:
 
 def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, resume: bool = True,
           log=print) -> dict:
-    """Train, evaluating on ``test_set`` after every epoch (the decoding vocabulary is the training vocabulary); checkpoint to ``out_dir/checkpoint.pt`` after every
-    epoch and resume from it when ``resume``. Writes ``results.json``, ``history.json``, ``test_hyps.txt``,
-    ``training.png`` and the graphs into ``out_dir``; returns the results dict."""
+    """Train with :class:`chainfb.ChainLoss`, decoding ``test_set`` after every epoch (the decoding vocabulary is
+    the training vocabulary); checkpoint to ``out_dir/checkpoint.pt`` after every epoch and resume from it when
+    ``resume`` (also when only ``epochs`` changed: the run is extended, the learning-rate decay of the checkpoint
+    continues). Writes ``results.json``, ``history.json``, ``test_hyps.txt``, ``training.png`` and the graphs
+    (lexicon.txt, phones.txt, den.fst, decode.fst) into ``out_dir``; returns the results dict. Utterances whose
+    transcript needs more frames than they have after subsampling are skipped and counted in the log."""
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
