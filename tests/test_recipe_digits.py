@@ -19,7 +19,7 @@ from chainfb.recipes.features import fbank, resample  # noqa: E402
 from chainfb.recipes.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
                                      to_chain_lexicon)
 from chainfb.recipes.model import TdnnModel, build_model  # noqa: E402
-from chainfb.recipes.train import TrainConfig, evaluate, train, Recipe  # noqa: E402
+from chainfb.recipes.train import Recipe, TrainConfig, train  # noqa: E402
 
 TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
 
@@ -150,8 +150,8 @@ def test_recipe_graphs(tiny):
 
 def test_viterbi_matches_brute_force_and_wer(lex):
     lexicon, ids = lex
-    g, lab = chainfb.chain.word_loop_graph(["one", "oh", "two"], to_chain_lexicon(lexicon), chainfb.chain.Topology.chain(),
-                                           list(ids))
+    g, lab = chainfb.chain.word_loop_graph(["one", "oh", "two"], to_chain_lexicon(lexicon),
+                                           chainfb.chain.Topology.chain(), list(ids))
     assert (lab >= 0).sum() > 0 and lab.shape == (g.num_arcs,)
     rng = np.random.default_rng(1)
     P = 2 * len(ids)

@@ -55,16 +55,16 @@ def main(argv=None):
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     t0 = time.time()
-    ccfg = CorpusConfig(words=tuple(w.strip() for w in a.words.split(",") if w.strip()), num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
+    words = tuple(w.strip() for w in a.words.split(",") if w.strip())
+    ccfg = CorpusConfig(words=words, num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
                         snr_db=(a.min_snr, max(a.min_snr, dc.snr_db[1])), seed=a.corpus_seed)
     data = load_or_create(ccfg, a.cache_dir, progress=not a.no_progress)
     t1 = time.time()
     print(f"corpus ready in {t1 - t0:.1f} s ({os.path.join(a.cache_dir, ccfg.key())})")
-    tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10, hidden=a.hidden,
-                       model=a.model, dropout=a.dropout,
-                       num_layers=a.layers, leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2,
-                       phone_lm_order=a.phone_lm_order, seed=a.seed,
-                       device=a.device, max_steps=a.max_steps, progress=not a.no_progress)
+    tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10,
+                       model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
+                       leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
+                       seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress)
     res = train(data["train"], data["test"], tcfg, a.out, resume=not a.no_resume)
     t2 = time.time()
     print(f"WER on held-out voices: {res['test_wer']:.2f}% ({res['test_words']} words, {res['test_utts']} "

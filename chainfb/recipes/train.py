@@ -287,4 +287,5 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
 
 
 def _model_key(cfg: TrainConfig) -> dict:
-    return dict(model=cfg.model, hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed)
+    return dict(model=cfg.model, hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size,
+                seed=cfg.seed)
