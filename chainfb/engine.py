@@ -40,8 +40,9 @@ from .lattice import Lattice
 __all__ = ["forward_backward_lattice", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
 
 _num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
-# below this many arc-frames a call is too small to be worth splitting
-_MIN_PARALLEL_WORK = 1_000_000
+# below this many arcs per frame the array operations are too short for
+# threads to overlap (the Python overhead holds the GIL): one thread
+_MIN_PARALLEL_WORK = 100_000
 
 
 def set_num_threads(n: int) -> None:
@@ -146,8 +147,7 @@ def forward_backward_lattice(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     threads = min(_num_threads, lat.num_sequences)
-    work = lat.num_arcs * (int(lengths.max()) if lengths.size else 0)
-    if threads < 2 or work < _MIN_PARALLEL_WORK:
+    if threads < 2 or lat.num_arcs < _MIN_PARALLEL_WORK or not lengths.size or lengths.max() == 0:
         return _forward_backward_serial(lat, X, lengths, need_posteriors, leaky)
     parts = lat.split(threads)
 

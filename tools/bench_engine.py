@@ -5,6 +5,9 @@ Cases: (a) 64 numerator-like graphs of ~300 arcs, T=150; (b) one
 denominator-sized graph (3,000 states, 50,000 arcs) shared by 32 sequences,
 T=150; (c) N=128 numerator-like graphs, T=150 (the GPU speed-up target:
 >= 50x the NumPy path).  ``arc-frames`` = arcs of all sequences x frames.
+``seconds`` times the public call ``chainfb.forward_backward`` (gather of
+the used pdf columns, engine, scatter into a new dense ``[N, T, P]``
+posterior array); on the CPU ``engine s`` times the engine alone.
 
     python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--cases abc]
                                  [--numpy-baseline] [--peak-gbps 3350]
@@ -56,6 +59,20 @@ def run(batch, scores, lengths, device):
         return time.perf_counter() - t0
     t0 = time.perf_counter()
     chainfb.forward_backward(batch, scores, lengths)
+    return time.perf_counter() - t0
+
+
+def run_engine(batch, scores, lengths):
+    """Time of the engine alone (CPU): forward+backward on the compact scores,
+    without the gather from and the scatter into the ``[N, T, P]`` arrays."""
+    from chainfb.engine import forward_backward_lattice
+    from chainfb.lattice import Lattice
+    from chainfb.score_map import PdfScoreMap
+
+    lat = Lattice.of(batch)
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, scores)
+    t0 = time.perf_counter()
+    forward_backward_lattice(lat, X, lengths)
     return time.perf_counter() - t0
 
 
@@ -145,6 +162,8 @@ def main(argv=None):
         return run_den(args)
     rng = np.random.default_rng(0)
     head = f"{'case':28s} {'arcs':>9s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}"
+    if args.device == "cpu":
+        head += f" {'engine s':>8s} {'engine M arc-frames/s':>21s}"
     if args.device == "cuda":
         head += f" {'GB/s (est)':>10s}" + (f" {'roofline':>8s}" if args.peak_gbps else "")
         head += f" {'numpy s':>8s} {'speed-up':>8s}" if args.numpy_baseline else ""
@@ -162,6 +181,9 @@ def main(argv=None):
         best = min(run(batch, scores, lengths, args.device) for _ in range(args.repeat))
         arcs = sum(batch.fsts[g].num_arcs for g in batch.seq_to_graph)
         line = f"{name:28s} {arcs:9d} {T:6d} {best:8.3f} {arcs * T / best / 1e6:15.1f}"
+        if args.device == "cpu":
+            eng = min(run_engine(batch, scores, lengths) for _ in range(args.repeat))
+            line += f" {eng:8.3f} {arcs * T / eng / 1e6:21.1f}"
         if args.device == "cuda":
             gbps = bytes_moved(arcs, T) / best / 1e9
             line += f" {gbps:10.1f}"
