@@ -128,15 +128,11 @@ class GenericNumeratorComputation:
         total = sup.weight * float(loglike.sum())
         ok = bool(np.isfinite(total))
         # Kaldi's CheckValues: per sequence and frame, the posteriors sum to 1
-        sums = self._xp.zeros((N, post.shape[0]))
-        sums_t = post.T  # [C, T]
-        if post.size:
-            idx = self._xp.asarray(self.lattice.col_seq)
-            if self._xp is np:
-                np.add.at(sums, idx, sums_t)
-            else:
-                self._xp.add.at(sums, idx, sums_t)
-        sums = sums.get() if self._xp is not np else sums
+        # (ok and the total are host values, so the posteriors come to the host)
+        post_host = post if self._xp is np else post.get()
+        sums = np.zeros((N, post_host.shape[0]))
+        if post_host.size:
+            np.add.at(sums, self.lattice.col_seq, post_host.T)
         valid = np.arange(sums.shape[1])[None, :] < sup.lengths[:, None]
         err = np.abs(sums - 1.0)[valid]
         if err.size:
