@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._arrays import is_torch
 from .kernels import cupy_backend
 
 __all__ = [
@@ -49,18 +50,10 @@ _IN = {"f32": "float, float", "f64": "double, double", "f16": "chainfb::F16, flo
 _MAX_J = 16
 
 
-def _is_torch(x):
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(x, torch.Tensor)
-
-
 def logits_storage(xp, logits):
     """``(array, tag)``: the logits as an ``xp`` array of their storage (an
     int16 bit view for bfloat16) and their type tag f16/bf16/f32/f64."""
-    if _is_torch(logits):
+    if is_torch(logits):
         import torch
 
         t = logits.detach()
@@ -102,7 +95,7 @@ def compute_dtype(tag):
 
 
 def _ints(xp, x, name, shape=None, ndim=None):
-    if _is_torch(x):
+    if is_torch(x):
         x = x.detach()
         if xp is np:
             x = x.cpu().numpy()
@@ -165,6 +158,22 @@ def _launch_shape(rows, tpr, block):
     return (rows + per - 1) // per
 
 
+def _launch_rows(backend, kernel, tag, arr, dims, targets, colidx, blank, big, Tl, Ul, fused_log_softmax,
+                 threads_per_row, block_size, extra_args):
+    """Launch a transducer row kernel (``threads_per_row`` threads per
+    ``(b, t, u)`` row): the row arguments both kernels share, then its own."""
+    B, T, U1, V, M2 = dims
+    i32 = np.int32
+    rows = B * T * U1
+    backend.launch(
+        f"chainfb::{kernel}<{_IN[tag]}>",
+        _launch_shape(rows, threads_per_row, block_size) if rows else 0,
+        block_size,
+        [arr, i32(B), i32(T), i32(U1), i32(V), targets, colidx, i32(M2), i32(blank), big, Tl, Ul,
+         i32(bool(fused_log_softmax)), i32(threads_per_row)] + list(extra_args),
+    )
+
+
 def transducer_gather_on(backend, logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns,
                          blank, big_blank_idx=(), zero_col=None, fused_log_softmax=True, threads_per_row=32,
                          block_size=128):
@@ -178,14 +187,8 @@ def transducer_gather_on(backend, logits, targets, logit_lengths, target_lengths
     X = xp.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
     lse = xp.zeros((B, T, U1), dtype=R)
     i32 = np.int32
-    rows = B * T * U1
-    backend.launch(
-        f"chainfb::rnnt_gather<{_IN[tag]}>",
-        _launch_shape(rows, threads_per_row, block_size) if rows else 0,
-        block_size,
-        [arr, i32(B), i32(T), i32(U1), i32(V), targets, colidx, i32(M2), i32(blank), big, Tl, Ul,
-         i32(bool(fused_log_softmax)), i32(threads_per_row), X, i32(num_rows), i32(num_columns), lse],
-    )
+    _launch_rows(backend, "rnnt_gather", tag, arr, (B, T, U1, V, M2), targets, colidx, blank, big, Tl, Ul,
+                 fused_log_softmax, threads_per_row, block_size, [X, i32(num_rows), i32(num_columns), lse])
     if zero_col is not None:
         zc = _ints(xp, zero_col, "zero_col", shape=(B,))
         total = B * int(num_rows)
@@ -218,7 +221,7 @@ def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, 
         raise ValueError(f"lse: expected shape {(B, T, U1)}, got {tuple(lse.shape)}")
     scale = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(scale, dtype=R), (B,)))
     out = None
-    if _is_torch(logits) and xp is not np:
+    if is_torch(logits) and xp is not np:
         # the gradient (as big as the logits) comes from torch's caching allocator, not CuPy's pool
         import torch
 
@@ -229,21 +232,16 @@ def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, 
     else:
         grad = xp.empty(arr.shape, dtype=arr.dtype)
     i32 = np.int32
-    rows = B * T * U1
-    backend.launch(
-        f"chainfb::rnnt_grad<{_IN[tag]}>",
-        _launch_shape(rows, threads_per_row, block_size) if rows else 0,
-        block_size,
-        [arr, i32(B), i32(T), i32(U1), i32(V), targets, colidx, i32(M2), i32(blank), big, Tl, Ul,
-         i32(bool(fused_log_softmax)), i32(threads_per_row), post, i32(post.shape[0]), i32(post.shape[1]), lse,
-         scale, R.type(fastemit_lambda), R.type(clamp), grad],
-    )
+    _launch_rows(backend, "rnnt_grad", tag, arr, (B, T, U1, V, M2), targets, colidx, blank, big, Tl, Ul,
+                 fused_log_softmax, threads_per_row, block_size,
+                 [post, i32(post.shape[0]), i32(post.shape[1]), lse, scale, R.type(fastemit_lambda),
+                  R.type(clamp), grad])
     return out if out is not None else wrap_grad(grad, tag, logits)
 
 
 def wrap_grad(grad, tag, like):
     """The gradient as the same kind of object and dtype as ``like``."""
-    if not _is_torch(like):
+    if not is_torch(like):
         return grad
     import torch
 
