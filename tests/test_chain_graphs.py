@@ -407,3 +407,12 @@ def test_tools_end_to_end(tmp_path):
     assert set(got) == {"u1", "u2"}
     rej = (tmp_path / "rej").read_text()
     assert "u3" in rej and "OOV" in rej and "u4" in rej and "at least" in rej
+
+
+def test_useful_states():
+    from chainfb.chain.connect import useful_states
+
+    # 0 -> 1 -> 2(final); 1 -> 3 (dead end); 4 -> 2 (unreachable); 5 isolated
+    keep = useful_states(6, [0, 1, 1, 4, 2], [1, 2, 3, 2, 2], 0, [2])
+    assert keep.tolist() == [True, True, True, False, False, False]
+    assert not useful_states(3, [0], [1], 0, [2]).any()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..fst import Fst
+from .connect import useful_states
 
 __all__ = ["merge_equivalent_states", "trim", "determinize"]
 
@@ -39,23 +40,7 @@ def trim(fst: Fst, word_of_arc=None):
     """
     S = fst.num_states
     ok = fst.log_prob > -np.inf
-    src, dst = fst.src[ok], fst.dst[ok]
-
-    def reach(seeds, a, b):
-        seen = np.zeros(S, bool)
-        seen[seeds] = True
-        frontier = np.flatnonzero(seen)
-        order = np.argsort(a, kind="stable")
-        ptr = np.searchsorted(a[order], np.arange(S + 1))
-        while frontier.size:
-            nxt = np.concatenate([b[order[ptr[u]:ptr[u + 1]]] for u in frontier]) if frontier.size else []
-            nxt = np.unique(np.asarray(nxt, dtype=np.int64))
-            nxt = nxt[~seen[nxt]]
-            seen[nxt] = True
-            frontier = nxt
-        return seen
-
-    keep = reach([fst.start], src, dst) & reach(np.flatnonzero(fst.final > -np.inf), dst, src)
+    keep = useful_states(S, fst.src[ok], fst.dst[ok], fst.start, np.flatnonzero(fst.final > -np.inf))
     if not keep[fst.start]:
         return Fst(1, 0, [], [], [], [], [-np.inf]), (None if word_of_arc is None else np.zeros(0, np.int64))
     new = np.full(S, -1, dtype=np.int64)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .connect import useful_states
+
 __all__ = ["PhoneGraph"]
 
 EPS = -1
@@ -85,25 +87,10 @@ class PhoneGraph:
 
     def trim(self) -> "PhoneGraph":
         """Keep only nodes on some start-to-final path, renumbered (start first)."""
-        fwd: dict[int, list] = {}
-        bwd: dict[int, list] = {}
-        for a in self.arcs:
-            if a[3] > -np.inf:
-                fwd.setdefault(a[0], []).append(a[1])
-                bwd.setdefault(a[1], []).append(a[0])
-
-        def reach(seeds, adj):
-            seen, todo = set(seeds), list(seeds)
-            while todo:
-                for y in adj.get(todo.pop(), []):
-                    if y not in seen:
-                        seen.add(y)
-                        todo.append(y)
-            return seen
-
-        acc = reach([self.start], fwd)
-        coacc = reach([s for s, w in self.final.items() if w > -np.inf], bwd)
-        keep = acc & coacc
+        live = [a for a in self.arcs if a[3] > -np.inf]
+        mask = useful_states(self.num_nodes, [a[0] for a in live], [a[1] for a in live], self.start,
+                             [s for s, w in self.final.items() if w > -np.inf])
+        keep = set(np.flatnonzero(mask).tolist())
         if self.start not in keep:
             raise ValueError("the phone graph has no path from the start to a final node")
         order = [self.start] + sorted(keep - {self.start})
