@@ -10,7 +10,7 @@ from .chain import ChainLoss, DenominatorComputation, DenominatorGraph
 from .fst import Fst
 from .kaldi import GenericNumeratorComputation, Supervision
 from .lattice import Lattice
-from .numerator import forward_backward
+from .numerator import best_path, forward_backward
 from .transducer import multiblank_rnnt_loss, rnnt_loss
 
 __version__ = "0.1.0"
@@ -20,6 +20,7 @@ __all__ = [
     "FstBatch",
     "Lattice",
     "forward_backward",
+    "best_path",
     "fst_loglike",
     "NumeratorLoss",
     "Supervision",

@@ -37,7 +37,7 @@ import numpy as np
 
 from .lattice import Lattice
 
-__all__ = ["forward_backward_lattice", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
+__all__ = ["forward_backward_lattice", "best_path_lattice", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
 
 _num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
 # below this many arcs per frame the array operations are too short for
@@ -100,6 +100,21 @@ def _arc_scores(X, t0, t1, side):
     wx = X[t0:t1].take(side.col, axis=1)
     wx += side.log_prob
     return wx
+
+
+def _mask_past_lengths(lat: Lattice, X: np.ndarray, lengths: np.ndarray) -> int:
+    """Set ``X[t, c] = -inf`` for frames past the length of column ``c``'s
+    sequence (they never contribute); returns the longest length."""
+    Tmax = int(lengths.max()) if lengths.size else 0
+    if X.shape[1] and Tmax:
+        col_len = lengths[lat.col_seq]
+        X[:Tmax][np.arange(Tmax)[:, None] >= col_len[None, :]] = -np.inf
+    return Tmax
+
+
+def _chunk_frames(lat: Lattice, Tmax: int) -> int:
+    """Frames whose arc scores are gathered at once (about 32 MB)."""
+    return max(1, min(max(Tmax, 1), 4_000_000 // max(1, lat.num_arcs)))
 
 
 class _Plan:
@@ -175,17 +190,12 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     plan = _plan(lat)
     if N == 0:
         return np.zeros(0), (np.zeros((T, C)) if need_posteriors else None)
-    Tmax = int(lengths.max()) if N else 0
-    # frames past a sequence's end never contribute
-    if C and Tmax:
-        col_len = lengths[lat.col_seq]
-        X[:Tmax][np.arange(Tmax)[:, None] >= col_len[None, :]] = -np.inf
+    Tmax = _mask_past_lengths(lat, X, lengths)
     f, b = lat.fwd, lat.bwd
     state_len = lengths[lat.seq_of_state]
 
     sos = lat.seq_of_state
-    # arc weights + scores are gathered for `chunk` frames at a time (~32 MB)
-    chunk = max(1, min(max(Tmax, 1), 4_000_000 // max(1, lat.num_arcs)))
+    chunk = _chunk_frames(lat, Tmax)
     if leaky is not None:
         log_c = float(np.log(leaky[0]))
         log_init = np.asarray(leaky[1], dtype=np.float64)
@@ -261,3 +271,64 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
                 beta[idx] = final[idx]
             normalise(beta)
     return loglike, post
+
+
+def best_path_lattice(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
+    """The best path of each sequence: the same recursion as the forward pass
+    of :func:`forward_backward_lattice` with max in place of log-sum (the
+    tropical semiring), and back-pointers.
+
+    Parameters
+    ----------
+    lat : Lattice
+    X : float64 ``[T, C]`` compact scores (frames past a length set to -inf in place).
+    lengths : int64 ``[N]``, each in ``[0, T]``.
+
+    Returns
+    -------
+    score : float64 ``[N]``
+        ``max`` over complete paths of exactly ``lengths[n]`` arcs of the arc
+        log-probs + scores + final log-prob; ``-inf`` if there is none.
+    arcs : int64 ``[N, max(lengths)]``
+        The best path's arcs, as indices into the FstBatch's flat arc arrays;
+        ``-1`` past each length and for sequences without a path.
+    """
+    N, S = lat.num_sequences, lat.num_states
+    lengths = np.asarray(lengths, dtype=np.int64)
+    Tmax = _mask_past_lengths(lat, X, lengths)
+    plan = _plan(lat)
+    f = lat.fwd
+    chunk = _chunk_frames(lat, Tmax)
+    delta = np.full((Tmax + 1, S), -np.inf)
+    if N:
+        delta[0, lat.start] = 0.0
+    back = np.full((Tmax, S), -1, dtype=np.int64)  # the winning arc (position in lat.fwd) into each state
+    for t in range(Tmax):
+        if t % chunk == 0:
+            wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
+        v = delta[t].take(f.src)
+        v += wx[t % chunk]
+        m = plan.fwd.max(v)
+        win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
+        seg = plan.fwd.seg_of[win]
+        first = np.ones(len(win), dtype=bool)
+        first[1:] = seg[1:] != seg[:-1]  # arcs are sorted by segment: keep one winner each
+        delta[t + 1, f.key_states] = m
+        back[t, f.key_states[seg[first]]] = win[first]
+    end = delta[lengths[lat.seq_of_state], np.arange(S)] + lat.final if N else np.zeros(0)
+    score = plan.seqs.max(end.copy()) if N else np.zeros(0)
+    # the best final state of each sequence (first one on ties)
+    state = np.full(N, -1, dtype=np.int64)
+    hit = np.flatnonzero((end == score.take(plan.seqs.seg_of)) & (end > -np.inf))
+    seq = lat.seq_of_state[hit]
+    first = np.ones(len(hit), dtype=bool)
+    first[1:] = seq[1:] != seq[:-1]
+    state[seq[first]] = hit[first]
+    arcs = np.full((N, Tmax), -1, dtype=np.int64)
+    alive = state >= 0
+    for t in range(Tmax - 1, -1, -1):
+        on = np.flatnonzero(alive & (t < lengths))
+        pos = back[t, state[on]]
+        arcs[on, t] = f.arc[pos]
+        state[on] = f.src[pos]
+    return score, arcs

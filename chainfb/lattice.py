@@ -30,12 +30,13 @@ def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 class _Side:
     """Arcs of all instances sorted by one end (``dst`` for forward, ``src``
-    for backward), with the reduceat segments of that end."""
+    for backward), with the reduceat segments of that end; ``arc`` is each
+    arc's index in the FstBatch's flat arc arrays."""
 
-    __slots__ = ("src", "dst", "log_prob", "col", "seq", "key_states", "seg_starts")
+    __slots__ = ("arc", "src", "dst", "log_prob", "col", "seq", "key_states", "seg_starts")
 
-    def __init__(self, src, dst, log_prob, col, seq, key):
-        self.src, self.dst, self.log_prob, self.col, self.seq = src, dst, log_prob, col, seq
+    def __init__(self, arc, src, dst, log_prob, col, seq, key):
+        self.arc, self.src, self.dst, self.log_prob, self.col, self.seq = arc, src, dst, log_prob, col, seq
         if key.size:
             change = np.flatnonzero(np.diff(key)) + 1
             self.seg_starts = np.concatenate([[0], change]).astype(np.int64)
@@ -102,9 +103,9 @@ class Lattice:
             return arc, seq, batch.src[arc] + shift, batch.dst[arc] + shift
 
         arc, seq, src, dst = side(batch.fwd_order, batch.in_ptr)
-        self.fwd = _Side(src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, dst)
+        self.fwd = _Side(arc, src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, dst)
         arc, seq, src, dst = side(batch.bwd_order, batch.out_ptr)
-        self.bwd = _Side(src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, src)
+        self.bwd = _Side(arc, src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, src)
         self.num_arcs = int(self.fwd.src.shape[0])
 
     def split(self, parts: int):

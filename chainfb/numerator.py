@@ -3,12 +3,14 @@ given frame-level pdf scores (the e2e chain numerator)."""
 
 from __future__ import annotations
 
-from ._arrays import as_array, check_lengths, engine_for, wrap_like
+import numpy as np
+
+from ._arrays import as_array, check_lengths, engine_for, is_cuda, is_torch, wrap_like
 from .batch import FstBatch
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
-__all__ = ["forward_backward", "prepare"]
+__all__ = ["forward_backward", "best_path", "prepare"]
 
 
 def prepare(fsts, shape, lengths):
@@ -62,3 +64,36 @@ def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
         smap.scatter_add(xp, posteriors, post, accumulate=False)
         posteriors = wrap_like(posteriors, scores)
     return wrap_like(loglike.astype(arr.dtype), scores), posteriors
+
+
+def best_path(fsts, scores, lengths=None):
+    """The best (Viterbi) path of each sequence through its graph, by the
+    engine's max-plus pass (CPU; CUDA inputs are copied to the host).
+
+    Parameters
+    ----------
+    fsts : Fst, list of Fst or FstBatch (as for :func:`forward_backward`).
+    scores : ``[N, T, P]`` NumPy array or torch tensor of pdf log-likelihoods.
+    lengths : ``[N]`` ints in ``[0, T]``, optional.
+
+    Returns
+    -------
+    score : float64 NumPy ``[N]``
+        Max over paths of exactly ``lengths[n]`` arcs of arc log-probs +
+        scores + final log-prob (``-inf`` when there is no path).
+    paths : list of N int64 arrays
+        The arcs of each best path (``lengths[n]`` of them, empty when there
+        is no path), as indices into that sequence's own Fst.
+    """
+    from .engine import best_path_lattice
+
+    if is_cuda(scores):
+        scores = scores.detach().cpu() if is_torch(scores) else scores.get()
+    arr, xp = as_array(scores, "scores")
+    lat, smap, lengths = prepare(fsts, arr.shape, lengths)
+    score, arcs = best_path_lattice(lat, smap.gather(np, arr), lengths)
+    batch = lat.batch
+    first_arc = batch.arc_offsets[batch.seq_to_graph]
+    paths = [arcs[n, : lengths[n]] - first_arc[n] if score[n] > -np.inf else np.zeros(0, np.int64)
+             for n in range(len(score))]
+    return score, paths

@@ -241,3 +241,58 @@ def test_threaded_split_matches_serial(monkeypatch):
         np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="n: expected a positive"):
         engine.set_num_threads(0)
+
+
+def brute_force_best(fst, scores, length):
+    """Max over paths of exactly ``length`` arcs, and one best path, by enumeration."""
+    import itertools
+
+    best, arg = -math.inf, None
+    for path in itertools.product(range(fst.num_arcs), repeat=length):
+        s, v = fst.start, 0.0
+        for t, a in enumerate(path):
+            if fst.src[a] != s:
+                break
+            v += fst.log_prob[a] + scores[t, fst.pdf[a]]
+            s = fst.dst[a]
+        else:
+            v += fst.final[s]
+            if v > best:
+                best, arg = v, path
+    return best, arg
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_best_path_against_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    fsts = [random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, num_finals=2) for _ in range(3)]
+    scores = rng.normal(scale=2.0, size=(3, 4, 3))
+    lengths = np.array([4, 2, 0])
+    score, paths = chainfb.best_path(fsts, torch.from_numpy(scores), lengths)
+    for n, f in enumerate(fsts):
+        best, _ = brute_force_best(f, scores[n], lengths[n])
+        if best == -math.inf:
+            assert score[n] == -math.inf and len(paths[n]) == 0
+            continue
+        assert score[n] == pytest.approx(best, abs=1e-12)
+        # the returned path is a real path of that score
+        p = paths[n]
+        assert len(p) == lengths[n]
+        s, v = f.start, 0.0
+        for t, a in enumerate(p):
+            assert f.src[a] == s
+            v += f.log_prob[a] + scores[n, t, f.pdf[a]]
+            s = f.dst[a]
+        assert v + f.final[s] == pytest.approx(best, abs=1e-12)
+
+
+def test_best_path_shared_graph_matches_single():
+    rng = np.random.default_rng(3)
+    f = random_fst(rng, num_states=6, num_arcs=18, num_pdfs=4)
+    scores = rng.normal(size=(5, 7, 4))
+    lengths = np.array([7, 3, 5, 1, 6])
+    score, paths = chainfb.best_path(f, scores, lengths)
+    for n in range(5):
+        s1, p1 = chainfb.best_path(f, scores[n:n + 1], lengths[n:n + 1])
+        assert score[n] == s1[0]
+        np.testing.assert_array_equal(paths[n], p1[0])

@@ -6,51 +6,49 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from ..fst import Fst
+from ..numerator import best_path
 
-__all__ = ["viterbi", "word_errors", "wer"]
+__all__ = ["viterbi", "viterbi_batch", "word_errors", "wer"]
+
+
+def viterbi_batch(fst: Fst, labels: np.ndarray, scores: np.ndarray, lengths: Sequence[int],
+                  acoustic_scale: float = 1.0) -> Tuple[List[List[int]], np.ndarray]:
+    """Best paths of ``N`` sequences through one graph (the engine's max-plus
+    pass, :func:`chainfb.best_path`): the ``labels [A]`` >= 0 along each, and
+    the best scores ``[N]`` (max over paths of arc log-probs +
+    ``acoustic_scale`` * ``scores[n, t, pdf]`` + final log-prob).
+
+    ``scores [N, T, P]`` float array; ``lengths [N]``. No path -> ``([], -inf)``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 3:
+        raise ValueError(f"scores: expected [N, T, P], got shape {scores.shape}")
+    labels = np.asarray(labels)
+    if labels.shape != (fst.num_arcs,):
+        raise ValueError(f"labels: expected shape [{fst.num_arcs}] (one per arc), got {labels.shape}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.shape != (scores.shape[0],) or (lengths.size and (lengths.min() < 0 or lengths.max() > scores.shape[1])):
+        raise ValueError(f"length: expected {scores.shape[0]} lengths in 0..{scores.shape[1]}, got {lengths.tolist()}")
+    if fst.num_arcs and fst.pdf.max() >= scores.shape[2]:
+        raise ValueError(f"scores: graph uses pdf {int(fst.pdf.max())} but scores has {scores.shape[2]} columns")
+    best, paths = best_path(fst, acoustic_scale * scores, lengths)
+    words = [[int(w) for w in labels[p] if w >= 0] for p in paths]
+    return words, best
 
 
 def viterbi(fst: Fst, labels: np.ndarray, scores: np.ndarray, length: int | None = None,
             acoustic_scale: float = 1.0) -> Tuple[List[int], float]:
-    """Best path of exactly ``length`` arcs through ``fst`` (max over paths of arc log-probs + ``acoustic_scale`` *
-    ``scores[t, pdf]`` + final log-prob), returning (the ``labels [A]`` >= 0 along it, its score).
+    """Best path of exactly ``length`` arcs through ``fst``: the ``labels [A]``
+    >= 0 along it and its score (see :func:`viterbi_batch`).
 
     ``scores [T, P]`` float array; ``length`` defaults to ``T``. No path -> ``([], -inf)``.
     """
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2:
         raise ValueError(f"scores: expected [T, P], got shape {scores.shape}")
-    labels = np.asarray(labels)
-    if labels.shape != (fst.num_arcs,):
-        raise ValueError(f"labels: expected shape [{fst.num_arcs}] (one per arc), got {labels.shape}")
     T = scores.shape[0] if length is None else int(length)
-    if not 0 <= T <= scores.shape[0]:
-        raise ValueError(f"length: expected 0..{scores.shape[0]}, got {length}")
-    if fst.num_arcs and fst.pdf.max() >= scores.shape[1]:
-        raise ValueError(f"scores: graph uses pdf {int(fst.pdf.max())} but scores has {scores.shape[1]} columns")
-    S = fst.num_states
-    alpha = np.full(S, -np.inf)
-    alpha[fst.start] = 0.0
-    bp = np.full((T, S), -1, dtype=np.int64)
-    arc_ids = np.arange(fst.num_arcs)
-    for t in range(T):
-        cand = alpha[fst.src] + fst.log_prob + acoustic_scale * scores[t, fst.pdf]
-        best = np.full(S, -np.inf)
-        np.maximum.at(best, fst.dst, cand)
-        hit = np.isfinite(cand) & (cand >= best[fst.dst])
-        bp[t, fst.dst[hit]] = arc_ids[hit]
-        alpha = best
-    tot = alpha + fst.final
-    s = int(np.argmax(tot))
-    if not np.isfinite(tot[s]):
-        return [], float("-inf")
-    out = []
-    for t in range(T - 1, -1, -1):
-        a = bp[t, s]
-        if labels[a] >= 0:
-            out.append(int(labels[a]))
-        s = int(fst.src[a])
-    return out[::-1], float(tot.max())
+    words, best = viterbi_batch(fst, labels, scores[None], [T], acoustic_scale)
+    return words[0], float(best[0])
 
 
 def word_errors(ref: Sequence, hyp: Sequence) -> int:

@@ -16,7 +16,7 @@ from ..chain import ChainLoss, DenominatorGraph, Topology, min_frames, numerator
 from ..chain.normalization import add_normalization, normalization_fst
 from ..chain.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
-from .decode import viterbi, wer
+from .decode import viterbi_batch, wer
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import build_model, subsampled_lengths
 
@@ -141,9 +141,9 @@ def evaluate(model: torch.nn.Module, recipe: Recipe, corpus: Corpus, batch_size:
         x, lens = _pad(corpus, idx)
         y, olens = model(x.to(device), lens.to(device))
         y = y.double().cpu().numpy()
+        labs, _ = viterbi_batch(recipe.decode_graph, recipe.decode_labels, y, olens.cpu().numpy())
         for k, i in enumerate(idx):
-            lab, _ = viterbi(recipe.decode_graph, recipe.decode_labels, y[k], int(olens[k]))
-            hyps[i] = [recipe.words[j] for j in lab]
+            hyps[i] = [recipe.words[j] for j in labs[k]]
     return wer(corpus.texts, hyps), hyps
 
 
