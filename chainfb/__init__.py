@@ -1,16 +1,20 @@
 """chainfb: one generic FST forward-backward engine (Kaldi's e2e chain
-numerator) with NumPy and CuPy backends, and compilers that turn training
-criteria (chain numerators and denominators, transducer losses) into graphs
-for it."""
+numerator) with NumPy, SciPy and CuPy implementations, and compilers that
+turn training criteria (chain numerators and denominators, transducer
+losses) into graphs for it.
+
+Layers: :class:`Fst` -> :class:`FstBatch` -> :class:`Lattice` ->
+:mod:`chainfb.engines` (the engine seam) and :mod:`chainfb.criterion` (the
+criterion seam: a graph compiler plus a score map, run by one autograd
+Function)."""
 
 from . import chain
-from .autograd import NumeratorLoss, fst_loglike
+from .api import NumeratorLoss, PdfCriterion, best_path, forward_backward, fst_loglike
 from .batch import FstBatch
-from .chain import ChainLoss, DenominatorComputation, DenominatorGraph
+from .chain import ChainLoss, DenominatorGraph
 from .fst import Fst
-from .kaldi import GenericNumeratorComputation, Supervision
+from .kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
 from .lattice import Lattice
-from .numerator import best_path, forward_backward
 from .transducer import multiblank_rnnt_loss, rnnt_loss
 
 __version__ = "0.1.0"
@@ -23,12 +27,13 @@ __all__ = [
     "best_path",
     "fst_loglike",
     "NumeratorLoss",
+    "PdfCriterion",
     "Supervision",
     "GenericNumeratorComputation",
+    "DenominatorComputation",
     "rnnt_loss",
     "multiblank_rnnt_loss",
     "chain",
     "ChainLoss",
     "DenominatorGraph",
-    "DenominatorComputation",
 ]

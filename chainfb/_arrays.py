@@ -1,21 +1,18 @@
 """Array plumbing shared by the public entry points: which library an input
-belongs to, zero-copy views between torch and NumPy/CuPy, the engine for an
-array's device, and argument checks with clear messages."""
+belongs to, zero-copy views between torch and NumPy/CuPy, and argument
+checks with clear messages.  (Which engine runs is decided in
+:mod:`chainfb.engines` alone.)"""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-try:  # torch is a dependency, but keep the NumPy API importable without it
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
-
-__all__ = ["is_torch", "is_cuda", "as_array", "wrap_like", "engine_for", "check_lengths"]
+__all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "check_lengths"]
 
 
 def is_torch(x) -> bool:
-    return torch is not None and isinstance(x, torch.Tensor)
+    return isinstance(x, torch.Tensor)
 
 
 def is_cupy(x) -> bool:
@@ -35,7 +32,7 @@ def as_array(x, name: str, float_dtypes=(np.float32, np.float64)):
         if x.dtype == torch.bfloat16:
             x = x.float()
         if x.is_cuda:
-            from .cuda import cupy_view
+            from .cuda.interop import cupy_view
 
             x = cupy_view(x)
         else:
@@ -59,17 +56,6 @@ def wrap_like(arr, like):
     if isinstance(arr, np.ndarray):
         return torch.from_numpy(arr)
     return torch.from_dlpack(arr)
-
-
-def engine_for(xp):
-    """The ``forward_backward_lattice`` implementation for an array module."""
-    if xp is np:
-        from .engine import forward_backward_lattice
-
-        return forward_backward_lattice
-    from .cuda import forward_backward_lattice_cuda
-
-    return forward_backward_lattice_cuda
 
 
 def check_lengths(lengths, N: int, T: int, name: str = "lengths") -> np.ndarray:

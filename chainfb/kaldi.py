@@ -1,4 +1,6 @@
-"""Kaldi's ``GenericNumeratorComputation`` API (chain-generic-numerator.h).
+"""Kaldi's chain API in one place: ``Supervision`` and
+``GenericNumeratorComputation`` (chain-generic-numerator.h) and
+``DenominatorComputation`` (chain-denominator.h).
 
 The network output is 2-D, ``[frames_per_sequence * num_sequences,
 num_pdfs]`` with row ``t * num_sequences + seq`` (its row stride may be wider
@@ -18,13 +20,15 @@ import warnings
 
 import numpy as np
 
-from ._arrays import as_array, check_lengths, engine_for, is_torch
+from . import engines
+from ._arrays import as_array, check_lengths, is_torch
 from .batch import FstBatch
+from .chain.denominator import DenominatorGraph
 from .fst import Fst
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
-__all__ = ["Supervision", "GenericNumeratorComputation"]
+__all__ = ["Supervision", "GenericNumeratorComputation", "DenominatorComputation"]
 
 
 class Supervision:
@@ -97,7 +101,7 @@ class GenericNumeratorComputation:
 
     def _run(self, need_posteriors: bool):
         X = self.score_map.gather(self._xp, self._view)
-        return engine_for(self._xp)(self.lattice, X, self.supervision.lengths, need_posteriors)
+        return engines.forward_backward(self.lattice, X, self.supervision.lengths, need_posteriors=need_posteriors)
 
     def compute_objf(self) -> float:
         """Weighted total log-likelihood (forward pass only)."""
@@ -142,3 +146,59 @@ class GenericNumeratorComputation:
             elif worst > 1e-3:
                 warnings.warn(f"GenericNumeratorComputation: posterior sums deviate from 1 by {worst:.3g}")
         return ok, total
+
+
+class DenominatorComputation:
+    """Kaldi's ``chain::DenominatorComputation`` API over a Kaldi-layout output.
+
+    Parameters
+    ----------
+    den_graph : DenominatorGraph
+    num_sequences : int ``N``
+    nnet_output : ``[T * N, >= num_pdfs]`` NumPy array or CPU torch tensor,
+        row ``t * N + seq`` (Kaldi's layout).
+    leaky_hmm_coefficient : float — Kaldi's option default ``1e-5`` (recipes use 0.1).
+    lengths : ``[N]`` optional (chainfb extension; Kaldi has fixed lengths).
+    engine : see :meth:`chainfb.chain.DenominatorGraph.forward_backward`.
+
+    ``forward()`` returns the total log-likelihood (sum over sequences);
+    ``backward(deriv_weight, nnet_output_deriv)`` adds ``deriv_weight *
+    posteriors`` into ``nnet_output_deriv`` (same layout) and returns ``ok``:
+    False when the total is not finite or the posteriors of some frame do
+    not sum to the number of sequences within 1% (Kaldi's check).
+    """
+
+    def __init__(self, den_graph: DenominatorGraph, num_sequences: int, nnet_output,
+                 leaky_hmm_coefficient: float = 1e-5, lengths=None, engine: str = "auto"):
+        if not isinstance(den_graph, DenominatorGraph):
+            raise TypeError(f"den_graph: expected DenominatorGraph, got {type(den_graph).__name__}")
+        arr, xp = as_array(nnet_output, "nnet_output")
+        N = int(num_sequences)
+        if N <= 0 or arr.ndim != 2 or arr.shape[0] % N:
+            raise ValueError(f"nnet_output: expected [T * {N}, P] rows, got shape {tuple(arr.shape)}")
+        self.den_graph, self.N, self.T = den_graph, N, arr.shape[0] // N
+        self._xp = xp
+        self._view = _kaldi_view(xp, arr, N, self.T, "nnet_output")
+        self.lengths = check_lengths(lengths, N, self.T)
+        self.leaky = float(leaky_hmm_coefficient)
+        self.engine = engine
+        self._post = None
+
+    def forward(self) -> float:
+        """Total denominator log-likelihood over the sequences."""
+        ll, self._post = self.den_graph.forward_backward(self._view, self.lengths, self.leaky, True, self.engine)
+        self._total = float(np.asarray(ll).sum())
+        return self._total
+
+    def backward(self, deriv_weight: float, nnet_output_deriv) -> bool:
+        """Add ``deriv_weight * posteriors`` into ``nnet_output_deriv``; returns ok."""
+        if self._post is None:
+            self.forward()
+        deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")
+        dview = _kaldi_view(self._xp, deriv, self.N, self.T, "nnet_output_deriv")
+        post = np.asarray(self._post)
+        dview += (deriv_weight * post).astype(deriv.dtype, copy=False)
+        sums = post.sum(axis=(0, 2))
+        expected = (np.arange(self.T)[:, None] < self.lengths[None, :]).sum(axis=1)
+        ok = bool(np.isfinite(self._total)) and bool(np.all(np.abs(sums - expected) <= 0.01 * np.maximum(expected, 1)))
+        return ok

@@ -1,9 +1,11 @@
-"""Random graphs and brute-force references for tests and benchmarks.
+"""Graph generators for tests and benchmarks (the test oracles themselves
+live with the tests, under ``tests/oracles``).
 
-``brute_force`` enumerates every path and is the ground truth for tiny
-cases; ``random_fst`` makes graphs with the awkward features real graphs
-have (self-loops, several finals, shared pdfs, dead ends, unreachable
-states, a start state other than 0).
+- :func:`random_fst`: small random acceptors with the awkward features real
+  graphs have (self-loops, several finals, shared pdfs, dead ends,
+  unreachable states, a start state other than 0);
+- :func:`numerator_like_fst`, :func:`denominator_like_fst`: graphs with the
+  size and shape of chain numerator and denominator graphs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 
 from .fst import Fst
 
-__all__ = ["random_fst", "numerator_like_fst", "denominator_like_fst", "brute_force"]
+__all__ = ["random_fst", "numerator_like_fst", "denominator_like_fst"]
 
 
 def random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, start=None, num_finals=2, self_loops=True) -> Fst:
@@ -52,43 +54,3 @@ def denominator_like_fst(rng, num_states=3000, num_arcs=50000, num_pdfs=2000) ->
     lp = np.log(rng.uniform(0.05, 1.0, num_arcs))
     f = Fst(num_states, 0, src, dst, pdf, lp, np.zeros(num_states))
     return f
-
-
-def brute_force(fst: Fst, scores: np.ndarray, length: int | None = None):
-    """``(loglike, posteriors [T, P])`` of one sequence by path enumeration."""
-    T, P = scores.shape
-    L = T if length is None else length
-    paths = []
-    arcs_from = {}
-    for a in range(fst.num_arcs):
-        arcs_from.setdefault(int(fst.src[a]), []).append(a)
-
-    def walk(state, t, acc, path):
-        if t == L:
-            if fst.final[state] > -np.inf:
-                paths.append((acc + fst.final[state], tuple(path)))
-            return
-        for a in arcs_from.get(state, []):
-            w = fst.log_prob[a] + scores[t, fst.pdf[a]]
-            if w == -np.inf:
-                continue
-            path.append(a)
-            walk(int(fst.dst[a]), t + 1, acc + w, path)
-            path.pop()
-
-    walk(fst.start, 0, 0.0, [])
-    post = np.zeros((T, P))
-    if not paths:
-        return -np.inf, post
-    ws = np.array([w for w, _ in paths])
-    m = ws.max()
-    if m == -np.inf:
-        return -np.inf, post
-    Z = m + np.log(np.exp(ws - m).sum())
-    for w, path in paths:
-        pr = np.exp(w - Z)
-        for t, a in enumerate(path):
-            post[t, fst.pdf[a]] += pr
-    return float(Z), post
-
-

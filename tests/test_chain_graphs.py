@@ -410,7 +410,7 @@ def test_tools_end_to_end(tmp_path):
 
 
 def test_useful_states():
-    from chainfb.chain.connect import useful_states
+    from chainfb.chain.graphs.connect import useful_states
 
     # 0 -> 1 -> 2(final); 1 -> 3 (dead end); 4 -> 2 (unreachable); 5 isolated
     keep = useful_states(6, [0, 1, 1, 4, 2], [1, 2, 3, 2, 2], 0, [2])

@@ -15,10 +15,13 @@ from chainfb import ChainLoss, DenominatorGraph, Fst
 from chainfb.chain import (
     Topology, den_graph, estimate_phone_lm, initial_probs, numerator_graph, read_lexicon,
 )
-from chainfb.shared_engine import SharedGraphEngine
-from chainfb.testing import brute_force, random_fst
+from chainfb.api import PdfCriterion
+from chainfb.engines import numpy_log, scipy_shared
+from chainfb.testing import random_fst
 
-ENGINES = ["lattice", "shared"]
+from oracles.fst import brute_force
+
+ENGINES = ["numpy", "shared"]
 
 
 def leaky_reference(fst, scores, L, c):
@@ -95,13 +98,23 @@ def test_denominator_against_matrix_products(engine, c):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_denominator_without_leak_is_path_enumeration(engine):
+    """Coefficient 0: no leak, but (as in Kaldi) paths start from the initial
+    distribution, not the start state: enumerate from every state."""
     rng = np.random.default_rng(11)
     f = small_den(rng)
     den = DenominatorGraph(f, num_pdfs=3)
     y = rng.normal(size=(2, 4, 3))
     ll, post = den.forward_backward(y, [4, 2], 0.0, engine=engine)
+    g0 = den.fst
     for n, L in enumerate([4, 2]):
-        Z, g = brute_force(den.fst, y[n], L)
+        Zs, gs = [], []
+        for s in range(g0.num_states):
+            fs = Fst(g0.num_states, s, g0.src, g0.dst, g0.pdf, g0.log_prob, g0.final)
+            Z, g = brute_force(fs, y[n], L)
+            Zs.append(Z + den.log_init[s])
+            gs.append(g)
+        Z = np.logaddexp.reduce(Zs)
+        g = sum(np.exp(z - Z) * gi for z, gi in zip(Zs, gs) if z > -np.inf)
         assert ll[n] == pytest.approx(Z, abs=1e-10)
         np.testing.assert_allclose(post[n], g, atol=1e-10)
 
@@ -148,7 +161,7 @@ def test_engines_agree_on_real_den_graph():
     den = den_from_lm(6, seed=3, order=4)
     rng = np.random.default_rng(2)
     y = rng.normal(scale=5, size=(4, 30, den.num_pdfs)).astype(np.float32)
-    a = den.forward_backward(y, [30, 25, 30, 1], 0.1, engine="lattice")
+    a = den.forward_backward(y, [30, 25, 30, 1], 0.1, engine="numpy")
     b = den.forward_backward(y, [30, 25, 30, 1], 0.1, engine="shared")
     np.testing.assert_allclose(a[0], b[0], rtol=1e-11)
     np.testing.assert_allclose(a[1], b[1], atol=1e-10)
@@ -161,29 +174,31 @@ def test_shared_engine_against_path_enumeration(seed):
     rng = np.random.default_rng(seed)
     f = random_fst(rng, num_states=int(rng.integers(2, 6)), num_arcs=int(rng.integers(3, 10)), num_pdfs=4,
                    num_finals=int(rng.integers(1, 3)))
-    eng = SharedGraphEngine(f)
     x = rng.normal(scale=2.0, size=(4, 5, 4))
     x[1, 2, 1] = -np.inf
     lengths = np.array([5, 3, 1, 0])
-    ll, post = eng.forward_backward(x[:, :, eng.pdfs], lengths)
+    ll, post = PdfCriterion(f, x.shape, lengths, engine="shared").run(x)
     for n in range(4):
         Z, g = brute_force(f, x[n], lengths[n])
         if Z == -math.inf:
             assert ll[n] == -math.inf and not post[n].any()
         else:
             assert ll[n] == pytest.approx(Z, abs=1e-9)
-            np.testing.assert_allclose(post[n], g[:, eng.pdfs], atol=1e-9)
+            np.testing.assert_allclose(post[n], g, atol=1e-9)
 
 
 def test_shared_engine_bad_inputs():
     f = random_fst(np.random.default_rng(0))
-    eng = SharedGraphEngine(f)
+    g = random_fst(np.random.default_rng(1))
+    lat = chainfb.Lattice.of(chainfb.FstBatch([f], np.zeros(2, dtype=np.int64)))
     with pytest.raises(ValueError, match="X"):
-        eng.forward_backward(np.zeros((2, 3, 99)), [3, 3])
+        scipy_shared.forward_backward(lat, np.zeros((3, 99)), [3, 3])
     with pytest.raises(ValueError, match="lengths"):
-        eng.forward_backward(np.zeros((2, 3, eng.num_columns)), [4, 3])
-    with pytest.raises(TypeError):
-        SharedGraphEngine("not an fst")
+        scipy_shared.forward_backward(lat, np.zeros((3, lat.num_columns)), [4, 3])
+    with pytest.raises(ValueError, match="one graph"):
+        scipy_shared.forward_backward(chainfb.Lattice.of(chainfb.FstBatch([f, g])), np.zeros((3, 9)), [3, 3])
+    with pytest.raises(ValueError, match="engine: 'shared' needs"):
+        PdfCriterion([f, g], (2, 3, 4), engine="shared").run(np.zeros((2, 3, 4)))
 
 
 # ---------------------------------------------------------------- ChainLoss
@@ -309,7 +324,7 @@ def test_chain_loss_bad_inputs():
 
 
 def test_kaldi_layout_denominator_computation():
-    from chainfb.chain import DenominatorComputation
+    from chainfb import DenominatorComputation
 
     den = den_from_lm()
     rng = np.random.default_rng(8)
@@ -328,18 +343,18 @@ def test_kaldi_layout_denominator_computation():
 
 
 def test_shared_engine_threads_match_single_thread(monkeypatch):
-    from chainfb import engine
-
     den = den_from_lm(5, seed=6)
-    eng = den.shared_engine()
     rng = np.random.default_rng(4)
     N, T = 20, 9
-    X = rng.normal(scale=3, size=(N, T, eng.num_columns))
+    lat, log_init = den._lattice(N)
+    X = rng.normal(scale=3, size=(T, lat.num_columns))
     lengths = rng.integers(0, T + 1, N)
-    leaky = (0.1, den.log_init)
-    single = eng._run(X, lengths, True, leaky)
+    leaky = (0.1, log_init)
+    eng = scipy_shared._matrices(lat, den.fst)
+    monkeypatch.setattr(eng, "min_parallel_work", 1e30)
+    single = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     monkeypatch.setattr(eng, "min_parallel_work", 0)
-    monkeypatch.setattr(engine, "_num_threads", 2)
-    multi = eng.forward_backward(X, lengths, True, leaky)
+    monkeypatch.setattr(numpy_log, "_num_threads", 2)
+    multi = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     np.testing.assert_array_equal(single[0], multi[0])
     np.testing.assert_array_equal(single[1], multi[1])

@@ -10,9 +10,9 @@ import torch
 
 import chainfb
 from chainfb import Fst, FstBatch, forward_backward, fst_loglike
-from chainfb.testing import brute_force, random_fst
+from chainfb.testing import random_fst
 
-from reference import reference_forward_backward
+from oracles.fst import brute_force, brute_force_best, reference_forward_backward
 
 
 class EngineTests:
@@ -219,7 +219,7 @@ def test_forward_only():
 
 
 def test_threaded_split_matches_serial(monkeypatch):
-    from chainfb import engine
+    from chainfb.engines import numpy_log as engine
     from chainfb.lattice import Lattice
     from chainfb.score_map import PdfScoreMap
 
@@ -234,32 +234,13 @@ def test_threaded_split_matches_serial(monkeypatch):
         serial = engine._forward_backward_serial(lat, X.copy(), lengths, True, leaky)
         monkeypatch.setattr(engine, "_MIN_PARALLEL_WORK", 0)
         monkeypatch.setattr(engine, "_num_threads", 3)
-        threaded = engine.forward_backward_lattice(lat, X.copy(), lengths, True, leaky)
+        threaded = engine.forward_backward(lat, X.copy(), lengths, leaky, True)
         assert len(lat.split(3)) == 3
         # equal up to the last bit NumPy's vectorised exp may flip at a different array position
         np.testing.assert_allclose(serial[0], threaded[0], rtol=1e-14)
         np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="n: expected a positive"):
         engine.set_num_threads(0)
-
-
-def brute_force_best(fst, scores, length):
-    """Max over paths of exactly ``length`` arcs, and one best path, by enumeration."""
-    import itertools
-
-    best, arg = -math.inf, None
-    for path in itertools.product(range(fst.num_arcs), repeat=length):
-        s, v = fst.start, 0.0
-        for t, a in enumerate(path):
-            if fst.src[a] != s:
-                break
-            v += fst.log_prob[a] + scores[t, fst.pdf[a]]
-            s = fst.dst[a]
-        else:
-            v += fst.final[s]
-            if v > best:
-                best, arg = v, path
-    return best, arg
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import chainfb
-from chainfb.transducer import compile_layout, multiblank_graphs, rnnt_graphs, step_graph
+from chainfb.transducer import TransducerCriterion, compile_layout, multiblank_graphs, rnnt_graphs, step_graph
 
-from _transducer_ref import enumerate_loglike, enumerate_paths, grid_reference
+from oracles.transducer import enumerate_loglike, enumerate_paths, grid_reference
 
 
 def i32(x):
@@ -429,14 +429,14 @@ def test_draw_tool_writes_dot(tmp_path):
 
 
 def test_score_map_gather_layout():
-    from chainfb.transducer import score_map
-
     rng = np.random.default_rng(21)
     x, tg, Tb, Ub = random_batch(rng, B=3, T=5, U=3, V=7, reserved=3)
     durations = (2, 3)
     blank = 6
     lay = compile_layout(Ub.numpy(), Tb.numpy(), durations, 0.0, umax=3)
-    X, st = score_map.gather(x, tg, Tb.numpy(), lay, blank, [5, 4], True, need_gradient=False)
+    crit = TransducerCriterion(x.shape, tg, Tb.numpy(), Ub.numpy(), blank, durations)
+    assert crit.layout is lay
+    X = crit.gather(x, need_grad=False)
     lp = torch.log_softmax(x, -1).numpy()
     assert X.shape == (int((Tb + Ub).max()), lay.lat.num_columns)
     for b in range(3):

@@ -9,7 +9,7 @@ import chainfb
 from chainfb.compat import espnet, speechbrain
 from chainfb.compat import torchaudio as ta_compat
 
-from _transducer_ref import grid_reference
+from oracles.transducer import grid_reference
 
 
 def i32(x):

@@ -31,7 +31,7 @@ from chainfb.chain import (  # noqa: E402
     read_lexicon, read_phones, read_text, write_fst_archive,
 
 )
-from chainfb.chain.archive import have_kaldifst, write_kaldi_fst_archive  # noqa: E402
+from chainfb.chain.graphs.archive import have_kaldifst, write_kaldi_fst_archive  # noqa: E402
 
 
 def main(argv=None):

@@ -1,31 +1,25 @@
-"""End-to-end chain (LF-MMI): lexicon and transcripts, topologies, numerator
-graphs, phone LM and denominator graph, and the chain objective."""
+"""End-to-end chain (LF-MMI): graph building (:mod:`chainfb.chain.graphs`:
+lexicon and transcripts, topologies, numerator graphs, phone LM and
+denominator graph, normalization FST, archives), the denominator
+computation (:mod:`~chainfb.chain.denominator`) and the objective
+(:mod:`~chainfb.chain.loss`)."""
 
-from .graph_compiler import check_fits, expand, fits, min_frames, numerator_graph, phone_index, word_loop_graph
-from .lexicon import Lexicon, read_lexicon, read_phones, read_text
-from .minimize import determinize, merge_equivalent_states, trim
-from .phone_graph import PhoneGraph
-from .topology import Topology
+from .denominator import DenominatorGraph, initial_probs
+from .graphs import (
+    Lexicon, PhoneGraph, PhoneLM, Topology, add_normalization, check_fits, den_graph, determinize,
+    estimate_phone_lm, expand, fits, have_kaldifst, intersect, merge_equivalent_states, min_frames,
+    normalization_fst, numerator_graph, phone_index, read_fst_archive, read_kaldi_fst_archive, read_lexicon,
+    read_phones, read_text, transcript_phones, trim, word_loop_graph, write_fst_archive, write_kaldi_fst_archive,
+)
+from .loss import ChainLoss, chain_objective
 
 __all__ = [
+    # graph building
     "Lexicon", "read_lexicon", "read_text", "read_phones", "Topology", "PhoneGraph",
     "numerator_graph", "word_loop_graph", "expand", "min_frames", "fits", "check_fits", "phone_index",
-    "merge_equivalent_states", "trim", "determinize",
+    "merge_equivalent_states", "trim", "determinize", "PhoneLM", "den_graph", "estimate_phone_lm",
+    "transcript_phones", "add_normalization", "intersect", "normalization_fst",
+    "read_fst_archive", "write_fst_archive", "read_kaldi_fst_archive", "write_kaldi_fst_archive", "have_kaldifst",
+    # the denominator and the objective
+    "DenominatorGraph", "initial_probs", "ChainLoss", "chain_objective",
 ]
-
-from .denominator import DenominatorComputation, DenominatorGraph, initial_probs
-from .loss import ChainLoss, chain_objective
-from .phone_lm import PhoneLM, den_graph, estimate_phone_lm
-
-__all__ += ["DenominatorGraph", "DenominatorComputation", "initial_probs", "ChainLoss", "chain_objective", "PhoneLM", "den_graph",
-            "estimate_phone_lm"]
-
-from .normalization import add_normalization, intersect, normalization_fst
-
-__all__ += ["add_normalization", "intersect", "normalization_fst"]
-
-from .archive import have_kaldifst, read_fst_archive, read_kaldi_fst_archive, write_fst_archive, write_kaldi_fst_archive
-from .phone_lm import transcript_phones
-
-__all__ += ["read_fst_archive", "write_fst_archive", "read_kaldi_fst_archive", "write_kaldi_fst_archive",
-            "have_kaldifst", "transcript_phones"]

@@ -11,30 +11,28 @@ init(i)`` (and the betas the transpose).  The network output enters as
 the clamp (Kaldi's choice; the out-of-range regulariser of
 :class:`~chainfb.chain.loss.ChainLoss` pulls outputs back into range).
 
-Two engine paths compute the same numbers:
-
-* ``"lattice"``: the one generic engine
-  (:func:`chainfb.engine.forward_backward_lattice`, or its CUDA twin) on
-  ``FstBatch([fst], seq_to_graph=zeros(N))`` with ``leaky=(c, log_init)``;
-* ``"shared"``: :class:`chainfb.shared_engine.SharedGraphEngine`, the
-  sparse shared-graph path (CPU), much faster at Kaldi's scale.
-
-``"auto"`` picks ``"shared"`` for NumPy/CPU inputs and ``"lattice"``
-otherwise.
+The denominator is a :class:`~chainfb.api.PdfCriterion` on a lattice whose
+sequences all share the one graph, with the clip to ``[-30, 30]`` in its
+gather and ``leaky=(c, log_init)``; :func:`chainfb.engines.select` runs it on
+the SciPy shared-graph engine on the CPU (the log-domain engine when asked,
+``engine="numpy"``) and on the CUDA engine for CUDA tensors.  As in Kaldi,
+the computation always starts from the initial distribution, whatever the
+leaky coefficient (0 included).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from .._arrays import as_array, check_lengths, engine_for, wrap_like
+from .._arrays import as_array
+from ..api import PdfCriterion
 from ..batch import FstBatch
+from ..criterion import apply
 from ..fst import Fst
 from ..lattice import Lattice
-from ..score_map import PdfScoreMap
-from ..shared_engine import SharedGraphEngine
 
-__all__ = ["DenominatorGraph", "DenominatorComputation", "initial_probs"]
+__all__ = ["DenominatorGraph", "initial_probs", "CLAMP"]
 
 CLAMP = 30.0
 
@@ -73,7 +71,7 @@ class DenominatorGraph:
     ----------
     fst : Fst
         Epsilon-free pdf acceptor (e.g. from
-        :func:`chainfb.chain.phone_lm.den_graph`).  Its final probabilities
+        :func:`chainfb.chain.graphs.phone_lm.den_graph`).  Its final probabilities
         only enter the initial probabilities (as in Kaldi); the computation
         treats every state as final with probability 1.
     num_pdfs : int, optional — the network output dimension ``P``
@@ -98,7 +96,6 @@ class DenominatorGraph:
             raise ValueError(f"num_pdfs: the graph uses pdf {self.fst.num_pdfs - 1} but num_pdfs={num_pdfs}")
         with np.errstate(divide="ignore"):
             self.log_init = np.log(self.init_probs)
-        self._shared = None
         self._lattices: dict = {}
 
     @property
@@ -117,19 +114,36 @@ class DenominatorGraph:
     def __repr__(self) -> str:
         return f"DenominatorGraph(num_states={self.num_states}, num_arcs={self.num_arcs}, num_pdfs={self.num_pdfs})"
 
-    def shared_engine(self) -> SharedGraphEngine:
-        if self._shared is None:
-            self._shared = SharedGraphEngine(self.fst)
-        return self._shared
-
     def _lattice(self, N: int):
         got = self._lattices.get(N)
         if got is None:
-            batch = FstBatch([self.fst], np.zeros(N, dtype=np.int64))
-            lat = Lattice.of(batch)
-            got = (lat, PdfScoreMap(lat.col_seq, lat.col_pdf), np.tile(self.log_init, N))
+            lat = Lattice.of(FstBatch([self.fst], np.zeros(N, dtype=np.int64)))
+            got = (lat, np.tile(self.log_init, N))
             self._lattices = {N: got}  # keep one size cached (memory)
         return got
+
+    def criterion(self, shape, lengths=None, leaky_hmm_coefficient: float = 0.1, engine: str = "auto"):
+        """The denominator as a :class:`~chainfb.api.PdfCriterion` for scores
+        of ``shape`` ``[N, T, P]`` (value: float64 log-likelihood ``[N]``)."""
+        if len(shape) != 3:
+            raise ValueError(f"scores: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
+        N, T, P = shape
+        if P < self.fst.num_pdfs:
+            raise ValueError(f"scores: the denominator graph uses pdf {self.fst.num_pdfs - 1} but P={P}")
+        c = float(leaky_hmm_coefficient)
+        if not 0.0 <= c < 1.0:
+            raise ValueError(f"leaky_hmm_coefficient: expected a value in [0, 1), got {leaky_hmm_coefficient}")
+        lat, log_init = self._lattice(N)
+        return PdfCriterion(None, shape, lengths, clamp=(-CLAMP, CLAMP), leaky=(c, log_init), engine=engine,
+                            value_dtype=np.float64, lattice=lat)
+
+    def loglike(self, nnet_output: torch.Tensor, lengths=None, leaky_hmm_coefficient: float = 0.1,
+                engine: str = "auto") -> torch.Tensor:
+        """Differentiable denominator log-likelihood ``[N]`` (float64, on
+        ``nnet_output``'s device) of ``nnet_output [N, T, P]``; its gradient
+        is the posterior (Kaldi: not masked by the clamp)."""
+        crit = self.criterion(tuple(nnet_output.shape), lengths, leaky_hmm_coefficient, engine)
+        return apply(nnet_output, crit)
 
     def forward_backward(self, scores, lengths=None, leaky_hmm_coefficient: float = 0.1,
                          need_posteriors: bool = True, engine: str = "auto"):
@@ -137,114 +151,20 @@ class DenominatorGraph:
 
         Parameters
         ----------
-        scores : ``[N, T, P]`` NumPy array or torch tensor (float32/64) —
-            network output; clamped to ``[-30, 30]`` here.
+        scores : ``[N, T, P]`` NumPy/CuPy array or torch tensor (float32/64)
+            -- network output; clamped to ``[-30, 30]`` here.
         lengths : ``[N]`` ints in ``[0, T]``, optional (default ``T``).
-        leaky_hmm_coefficient : float in ``(0, 1)``; 0 disables the leak
-            (then the path starts in the start state).
-        engine : ``"auto"``, ``"lattice"`` or ``"shared"``.
+        leaky_hmm_coefficient : float in ``[0, 1)``; 0 disables the leak
+            (the path still starts from the initial distribution, as in Kaldi).
+        engine : ``"auto"``, ``"numpy"``, ``"shared"`` or ``"cuda"`` (see
+            :func:`chainfb.engines.select`).
 
         Returns
         -------
         loglike : ``[N]`` float64 (same array type as ``scores``).
-        posteriors : ``[N, T, P]`` float64 or None — ``d loglike / d y``
-            (Kaldi: not masked by the clamp).  Each valid frame's
-            posteriors sum to 1.
+        posteriors : ``[N, T, P]`` in the scores' dtype, or None --
+            ``d loglike / d y`` (Kaldi: not masked by the clamp).  Each valid
+            frame's posteriors sum to 1.
         """
-        arr, xp = as_array(scores, "scores")
-        if arr.ndim != 3:
-            raise ValueError(f"scores: expected a 3-D array [N, T, P], got shape {tuple(arr.shape)}")
-        N, T, P = arr.shape
-        if P < self.fst.num_pdfs:
-            raise ValueError(f"scores: the denominator graph uses pdf {self.fst.num_pdfs - 1} but P={P}")
-        c = float(leaky_hmm_coefficient)
-        if not 0.0 <= c < 1.0:
-            raise ValueError(f"leaky_hmm_coefficient: expected a value in [0, 1), got {leaky_hmm_coefficient}")
-        if engine not in ("auto", "lattice", "shared"):
-            raise ValueError(f"engine: expected 'auto', 'lattice' or 'shared', got {engine!r}")
-        lengths = check_lengths(lengths, N, T)
-        if engine == "auto":
-            engine = "shared" if xp is np else "lattice"
-        if engine == "shared":
-            if xp is not np:
-                raise ValueError("engine: 'shared' runs on the CPU only")
-            eng = self.shared_engine()
-            X = np.clip(arr[:, :, eng.pdfs].astype(np.float64), -CLAMP, CLAMP)
-            leaky = (c, self.log_init) if c > 0 else None
-            loglike, post = eng.forward_backward(X, lengths, need_posteriors, leaky)
-            posteriors = None
-            if need_posteriors:
-                posteriors = np.zeros((N, T, P))
-                posteriors[:, :, eng.pdfs] = post
-                posteriors = wrap_like(posteriors, scores)
-            return wrap_like(loglike, scores), posteriors
-        lat, smap, log_init = self._lattice(N)
-        X = xp.clip(smap.gather(xp, arr), -CLAMP, CLAMP)
-        leaky = (c, log_init if xp is np else xp.asarray(log_init)) if c > 0 else None
-        loglike, post = engine_for(xp)(lat, X, lengths, need_posteriors, leaky)
-        posteriors = None
-        if need_posteriors:
-            posteriors = xp.zeros((N, T, P), dtype=xp.float64)
-            smap.scatter_add(xp, posteriors, post)
-            posteriors = wrap_like(posteriors, scores)
-        return wrap_like(xp.asarray(loglike, dtype=xp.float64), scores), posteriors
-
-
-class DenominatorComputation:
-    """Kaldi's ``chain::DenominatorComputation`` API over a Kaldi-layout output.
-
-    Parameters
-    ----------
-    den_graph : DenominatorGraph
-    num_sequences : int ``N``
-    nnet_output : ``[T * N, >= num_pdfs]`` NumPy array or CPU torch tensor,
-        row ``t * N + seq`` (Kaldi's layout).
-    leaky_hmm_coefficient : float — Kaldi's option default ``1e-5`` (recipes use 0.1).
-    lengths : ``[N]`` optional (chainfb extension; Kaldi has fixed lengths).
-    engine : see :meth:`DenominatorGraph.forward_backward`.
-
-    ``forward()`` returns the total log-likelihood (sum over sequences);
-    ``backward(deriv_weight, nnet_output_deriv)`` adds ``deriv_weight *
-    posteriors`` into ``nnet_output_deriv`` (same layout) and returns ``ok``:
-    False when the total is not finite or the posteriors of some frame do
-    not sum to the number of sequences within 1% (Kaldi's check).
-    """
-
-    def __init__(self, den_graph: DenominatorGraph, num_sequences: int, nnet_output,
-                 leaky_hmm_coefficient: float = 1e-5, lengths=None, engine: str = "auto"):
-        from ..kaldi import _kaldi_view
-
-        if not isinstance(den_graph, DenominatorGraph):
-            raise TypeError(f"den_graph: expected DenominatorGraph, got {type(den_graph).__name__}")
-        arr, xp = as_array(nnet_output, "nnet_output")
-        N = int(num_sequences)
-        if N <= 0 or arr.ndim != 2 or arr.shape[0] % N:
-            raise ValueError(f"nnet_output: expected [T * {N}, P] rows, got shape {tuple(arr.shape)}")
-        self.den_graph, self.N, self.T = den_graph, N, arr.shape[0] // N
-        self._xp = xp
-        self._view = _kaldi_view(xp, arr, N, self.T, "nnet_output")
-        self.lengths = check_lengths(lengths, N, self.T)
-        self.leaky = float(leaky_hmm_coefficient)
-        self.engine = engine
-        self._post = None
-
-    def forward(self) -> float:
-        """Total denominator log-likelihood over the sequences."""
-        ll, self._post = self.den_graph.forward_backward(self._view, self.lengths, self.leaky, True, self.engine)
-        self._total = float(np.asarray(ll).sum())
-        return self._total
-
-    def backward(self, deriv_weight: float, nnet_output_deriv) -> bool:
-        """Add ``deriv_weight * posteriors`` into ``nnet_output_deriv``; returns ok."""
-        from ..kaldi import _kaldi_view
-
-        if self._post is None:
-            self.forward()
-        deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")
-        dview = _kaldi_view(self._xp, deriv, self.N, self.T, "nnet_output_deriv")
-        post = np.asarray(self._post)
-        dview += (deriv_weight * post).astype(deriv.dtype, copy=False)
-        sums = post.sum(axis=(0, 2))
-        expected = (np.arange(self.T)[:, None] < self.lengths[None, :]).sum(axis=1)
-        ok = bool(np.isfinite(self._total)) and bool(np.all(np.abs(sums - expected) <= 0.01 * np.maximum(expected, 1)))
-        return ok
+        arr, _ = as_array(scores, "scores")
+        return self.criterion(arr.shape, lengths, leaky_hmm_coefficient, engine).run(scores, need_posteriors)

@@ -23,7 +23,15 @@ gradient of.
 Fallback (Kaldi): a sequence whose ``num_n - den_n`` is not finite (e.g.
 its transcript does not fit its frames) gets ``-10 * w_n * L_n`` as its
 chain objective and zero chain derivative, and a ``warnings.warn``; the
-regularisers still apply.  Nothing is ever NaN.
+regularisers still apply.
+
+:class:`ChainLoss` is a composition on the input's device: the numerator
+(:func:`chainfb.fst_loglike`) and the leaky denominator
+(:meth:`DenominatorGraph.loglike`), each one criterion through the engine
+seam, and the regularisers as torch operations; CUDA outputs never leave
+the GPU (one host read per call fills ``info``).  :func:`chain_objective`
+is the same objective written with NumPy in float64, the reference it is
+tested against.
 
 After each call ``ChainLoss.info`` holds floats: ``num``, ``den``, ``l2``,
 ``oor`` (weighted sums of the objective pieces; the fallback sequences'
@@ -40,7 +48,8 @@ import numpy as np
 import torch
 
 from .._arrays import check_lengths
-from ..numerator import forward_backward as num_forward_backward
+from ..api import PdfCriterion, forward_backward as num_forward_backward
+from ..criterion import apply
 from .denominator import CLAMP, DenominatorGraph
 
 __all__ = ["ChainLoss", "chain_objective"]
@@ -51,7 +60,7 @@ DEFAULT_OBJF = -10.0
 def chain_objective(nnet_output, num_graphs, den_graph: DenominatorGraph, lengths=None, weights=None,
                     leaky_hmm_coefficient=0.1, l2_regularize=0.0, out_of_range_regularize=0.01,
                     den_engine="auto"):
-    """NumPy core of :class:`ChainLoss`.
+    """The objective of :class:`ChainLoss` in NumPy, float64 (the reference).
 
     Parameters
     ----------
@@ -117,24 +126,6 @@ def chain_objective(nnet_output, num_graphs, den_graph: DenominatorGraph, length
     return total, deriv, info
 
 
-class _ChainFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, nnet_output, module, num_graphs, lengths, weights):
-        y = nnet_output.detach().to("cpu", torch.float64).numpy()
-        objf, deriv, info = chain_objective(
-            y, num_graphs, module.den_graph, lengths, weights, module.leaky_hmm_coefficient,
-            module.l2_regularize, module.out_of_range_regularize, module.den_engine)
-        module.info = info
-        ctx.save_for_backward(torch.from_numpy(-deriv).to(nnet_output.device, nnet_output.dtype))
-        return torch.from_numpy(-objf).to(nnet_output.device, nnet_output.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (d,) = ctx.saved_tensors
-        g = torch.where(torch.isfinite(grad), grad, torch.zeros_like(grad))
-        return d * g[:, None, None], None, None, None, None
-
-
 class ChainLoss(torch.nn.Module):
     """LF-MMI loss (see the module docstring for the exact formula).
 
@@ -146,8 +137,8 @@ class ChainLoss(torch.nn.Module):
     out_of_range_regularize : float >= 0 — penalty on outputs outside [-30, 30].
     reduction : ``"sum"`` (default, Kaldi's scale), ``"frame"`` (divided by
         the weighted frame count) or ``"none"`` (``[N]``).
-    den_engine : ``"auto"``, ``"shared"`` or ``"lattice"`` (see
-        :mod:`chainfb.chain.denominator`).
+    den_engine : ``"auto"``, ``"numpy"``, ``"shared"`` or ``"cuda"`` (see
+        :func:`chainfb.engines.select`).
 
     ``forward(nnet_output [N, T, P], num_graphs, lengths=None, weights=None)``
     returns the loss (= minus the objective).  ``num_graphs``: list of N
@@ -179,10 +170,53 @@ class ChainLoss(torch.nn.Module):
         if nnet_output.shape[2] < self.den_graph.num_pdfs:
             raise ValueError(f"nnet_output: P={nnet_output.shape[2]} but the denominator uses "
                              f"{self.den_graph.num_pdfs} pdfs")
-        per_seq = _ChainFunction.apply(nnet_output, self, num_graphs, lengths, weights)
+        per_seq = (-self._objective(nnet_output, num_graphs, lengths, weights)).to(nnet_output.dtype)
         if self.reduction == "none":
             return per_seq
         total = per_seq.sum()
         if self.reduction == "frame":
             total = total / max(self.info["frames"], 1e-20)
+        return total
+
+    def _objective(self, y, num_graphs, lengths, weights):
+        """Per-sequence objective ``[N]`` (float64, on ``y``'s device); fills ``self.info``."""
+        N, T, P = y.shape
+        dev = y.device
+        L = check_lengths(lengths, N, T)
+        if weights is None:
+            w = torch.ones(N, dtype=torch.float64, device=dev)
+        else:
+            w = torch.as_tensor(weights, dtype=torch.float64).to(dev)
+            if w.shape != (N,) or not bool(torch.isfinite(w).all()):
+                raise ValueError(f"weights: expected {N} finite numbers, got shape {tuple(w.shape)}")
+        num = apply(y, PdfCriterion(num_graphs, y.shape, L, value_dtype=np.float64))
+        den = self.den_graph.loglike(y, L, self.leaky_hmm_coefficient, self.den_engine)
+        frames = w * torch.as_tensor(L, dtype=torch.float64, device=dev)
+        chain = w * (num - den)
+        bad = ~torch.isfinite(chain)
+        objf = torch.where(bad, DEFAULT_OBJF * frames, chain)
+        mask = (torch.arange(T, device=dev)[None, :] < torch.as_tensor(L, device=dev)[:, None])[:, :, None]
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        l2 = oor = torch.zeros(N, dtype=torch.float64, device=dev)
+        if self.l2_regularize:
+            ym = torch.where(mask, y, 0.0).double()
+            l2 = -0.5 * self.l2_regularize * w * (ym * ym).sum(dim=(1, 2))
+        if self.out_of_range_regularize:
+            excess = torch.where(mask, y - y.clamp(-CLAMP, CLAMP), 0.0).double()
+            oor = -0.5 * self.out_of_range_regularize * w * (excess * excess).sum(dim=(1, 2))
+        total = objf + l2 + oor
+        good = ~bad
+        summary = torch.stack([
+            torch.where(good, w * num, zero).sum(), torch.where(good, w * den, zero).sum(), l2.sum(), oor.sum(),
+            total.sum(), frames.sum(), bad.sum().double()]).detach().cpu().tolist()
+        info = dict(zip(("num", "den", "l2", "oor", "objf", "frames", "num_fallback"), summary))
+        info["num_fallback"] = int(info["num_fallback"])
+        info["objf_per_frame"] = info["objf"] / info["frames"] if info["frames"] else 0.0
+        self.info = info
+        if info["num_fallback"]:
+            idx = torch.nonzero(bad).flatten().tolist()
+            warnings.warn(
+                f"ChainLoss: {len(idx)} sequence(s) {idx} have a non-finite objective (numerator "
+                f"{num.detach()[bad].tolist()}, denominator {den.detach()[bad].tolist()}); using Kaldi's "
+                f"fallback ({DEFAULT_OBJF} per frame, zero derivative)", RuntimeWarning, stacklevel=3)
         return total

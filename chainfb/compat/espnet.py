@@ -1,5 +1,7 @@
 """NeMo / ESPnet numba RNN-T losses (``RNNTLossNumba``,
-``MultiblankRNNTLossNumba``) computed by chainfb's engine, on CPU for both.
+``MultiblankRNNTLossNumba``) computed by chainfb's engine through the
+public :func:`chainfb.rnnt_loss` / :func:`chainfb.multiblank_rnnt_loss`
+(CPU, or the GPU kernels for CUDA tensors).
 
 Quirks reproduced from the NeMo code (ESPnet vendors a copy):
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..transducer.loss import _TransducerCost, check_durations, check_inputs
+from ..transducer.loss import multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
 
 __all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba"]
 
@@ -65,17 +67,15 @@ class RNNTLossNumba(torch.nn.Module):
         self.fastemit_lambda = float(fastemit_lambda)
 
     def forward(self, acts, labels, act_lens, label_lens):
-        b, Tb, Ub = check_inputs(acts, labels, act_lens, label_lens, self.blank)
-        costs = _TransducerCost.apply(
-            acts, labels, Tb, Ub, b, (), 0.0, True, self.fastemit_lambda, self.clamp
-        )
+        costs = _rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank, clamp=self.clamp,
+                           reduction="none", fastemit_lambda=self.fastemit_lambda)
         return _nemo_reduce(costs, self.reduction)
 
 
 class MultiblankRNNTLossNumba(torch.nn.Module):
     """NeMo's ``MultiblankRNNTLossNumba(blank, big_blank_durations,
     reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0)``;
-    ``forward(acts, labels, act_lens, label_lens)``.  Runs on CPU (NeMo's
+    ``forward(acts, labels, act_lens, label_lens)``.  Runs on CPU too (NeMo's
     version needs CUDA)."""
 
     def __init__(self, blank, big_blank_durations, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0):
@@ -90,9 +90,7 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
     def forward(self, acts, labels, act_lens, label_lens):
         if not isinstance(acts, torch.Tensor):
             raise TypeError(f"acts: expected a torch.Tensor, got {type(acts).__name__}")
-        durations = check_durations(self.big_blank_durations, acts.shape[-1] if acts.dim() == 4 else 1)
-        b, Tb, Ub = check_inputs(acts, labels, act_lens, label_lens, self.blank, len(durations))
-        costs = _TransducerCost.apply(
-            acts, labels, Tb, Ub, b, tuple(durations), self.sigma, True, self.fastemit_lambda, self.clamp
-        )
+        costs = multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank,
+                                     big_blank_durations=self.big_blank_durations, sigma=self.sigma,
+                                     fastemit_lambda=self.fastemit_lambda, clamp=self.clamp, reduction="none")
         return _nemo_reduce(costs, self.reduction)

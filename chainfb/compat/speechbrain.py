@@ -19,27 +19,23 @@ from __future__ import annotations
 
 import torch
 
-from ..transducer.loss import _TransducerCost, check_inputs, transducer_costs
+from ..transducer.loss import reduce_costs, rnnt_loss
 
 __all__ = ["TransducerLoss"]
 
 
-class _SpeechBrainTransducer(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, labels, Tb, Ub, blank, reduction):
-        loglike, grad = transducer_costs(logits, labels, Tb, Ub, blank, need_gradient=ctx.needs_input_grad[0])
-        ctx.save_for_backward(grad if grad is not None else logits.new_zeros(0))
-        loss = (-loglike / torch.as_tensor(Tb, dtype=loglike.dtype).to(loglike.device)).to(logits.dtype)
-        if reduction == "mean":
-            return loss.mean()
-        if reduction == "sum":
-            return loss.sum()
-        return loss
+class _ShowValue(torch.autograd.Function):
+    """Returns ``shown``; backward hands the incoming gradient to ``through``
+    unchanged (broadcast to its shape) -- SpeechBrain's value/gradient pair."""
 
     @staticmethod
-    def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_out.to(grad.dtype).view(-1, 1, 1, 1), None, None, None, None, None
+    def forward(ctx, through, shown):
+        ctx.shape = through.shape
+        return shown.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.expand(ctx.shape), None
 
 
 class TransducerLoss(torch.nn.Module):
@@ -55,13 +51,9 @@ class TransducerLoss(torch.nn.Module):
         self.true_gradient = bool(true_gradient)
 
     def forward(self, logits, labels, T, U):
-        b, Tb, Ub = check_inputs(logits, labels, T, U, self.blank)
-        if not self.true_gradient:
-            return _SpeechBrainTransducer.apply(logits, labels, Tb, Ub, b, self.reduction)
-        costs = _TransducerCost.apply(logits, labels, Tb, Ub, b, (), 0.0, True, 0.0, -1.0)
-        loss = costs / torch.from_numpy(Tb).to(costs.dtype)
-        if self.reduction == "mean":
-            return loss.mean()
-        if self.reduction == "sum":
-            return loss.sum()
-        return loss
+        costs = rnnt_loss(logits, labels, T, U, blank=self.blank, reduction="none")
+        frames = T.detach().to(device=costs.device, dtype=costs.dtype)
+        per_frame = reduce_costs(costs / frames, self.reduction)
+        if self.true_gradient:
+            return per_frame
+        return _ShowValue.apply(costs, per_frame)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..transducer.loss import _TransducerCost, check_inputs, reduce_costs
+from ..transducer.loss import check_inputs, rnnt_loss as _rnnt_loss
 
 __all__ = ["rnnt_loss", "RNNTLoss"]
 
@@ -45,15 +45,13 @@ def rnnt_loss(
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if isinstance(x, torch.Tensor) and x.dtype != torch.int32:
             raise TypeError(f"{name}: torchaudio requires dtype int32, got {x.dtype}")
-    b, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank, exact_shapes=True)
+    check_inputs(logits, targets, logit_lengths, target_lengths, blank, exact_shapes=True)
     if targets.shape[1] != logits.shape[2] - 1:
         raise ValueError(
             f"targets: expected shape [B, {logits.shape[2] - 1}] (logits.shape[2] - 1), got {tuple(targets.shape)}"
         )
-    costs = _TransducerCost.apply(
-        logits, targets, Tb, Ub, b, (), 0.0, bool(fused_log_softmax), 0.0, float(clamp)
-    )
-    return reduce_costs(costs, reduction)
+    return _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=blank, clamp=clamp,
+                      reduction=reduction, fused_log_softmax=bool(fused_log_softmax))
 
 
 class RNNTLoss(torch.nn.Module):

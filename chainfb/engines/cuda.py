@@ -1,6 +1,6 @@
-"""The engine on the GPU: ``forward_backward_lattice`` through the kernels
-of ``engine.cu``, with exactly the contract of
-:func:`chainfb.engine.forward_backward_lattice` (CuPy arrays in and out).
+"""The CUDA engine: the engine protocol (see :mod:`chainfb.engines`) through
+the kernels of ``chainfb/cuda/engine.cu``, with exactly the contract of
+:func:`chainfb.engines.numpy_log.forward_backward` (CuPy arrays in and out).
 
 The lattice's index arrays are converted once (CSR pointers by destination,
 by source and by column, int32) and cached on the :class:`Lattice` per device
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cuda.kernels import cupy_backend
 from ..lattice import Lattice
-from .kernels import cupy_backend
 
-__all__ = ["forward_backward_lattice_cuda", "forward_backward_lattice_on", "lattice_arrays", "default_block_size"]
+__all__ = ["forward_backward", "best_path", "forward_backward_on", "lattice_arrays", "default_block_size"]
 
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
@@ -92,9 +92,9 @@ def default_block_size(max_width: int) -> int:
     return b
 
 
-def forward_backward_lattice_on(backend, lat: Lattice, X, lengths, need_posteriors=True, leaky=None, block_size=None):
-    """:func:`forward_backward_lattice_cuda` on any kernel backend (the GPU or
-    the host emulation); arrays belong to ``backend.xp``."""
+def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors=True, block_size=None):
+    """:func:`forward_backward` on any kernel backend (the GPU or the host
+    emulation); arrays belong to ``backend.xp``."""
     xp = backend.xp
     if X.ndim != 2 or X.shape[1] != lat.num_columns:
         raise ValueError(f"X: expected shape [T, {lat.num_columns}], got {tuple(X.shape)}")
@@ -160,10 +160,10 @@ def forward_backward_lattice_on(backend, lat: Lattice, X, lengths, need_posterio
     return loglike, post
 
 
-def forward_backward_lattice_cuda(lat: Lattice, X, lengths, need_posteriors: bool = True, leaky=None):
+def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
     """Forward-backward over a lattice on the GPU.
 
-    Same contract as :func:`chainfb.engine.forward_backward_lattice`.
+    Same contract as :func:`chainfb.engines.numpy_log.forward_backward`.
 
     Parameters
     ----------
@@ -174,10 +174,21 @@ def forward_backward_lattice_cuda(lat: Lattice, X, lengths, need_posteriors: boo
     lengths : ``[N]`` ints in ``[0, T]`` (NumPy or CuPy; a CuPy array avoids
         any host-device copy).
     leaky : ``(coefficient, log_init [S])`` or None
+    need_posteriors : bool
 
     Returns
     -------
     loglike : CuPy ``[N]`` (dtype of ``X``)
     posteriors : CuPy ``[T, C]`` or None
     """
-    return forward_backward_lattice_on(cupy_backend(), lat, X, lengths, need_posteriors, leaky)
+    return forward_backward_on(cupy_backend(), lat, X, lengths, leaky, need_posteriors)
+
+
+def best_path(lat: Lattice, X, lengths):
+    """Viterbi for CuPy scores: there is no max-semiring kernel, so ``X`` is
+    copied to the host and :func:`chainfb.engines.numpy_log.best_path` runs
+    (same return values, NumPy arrays)."""
+    from . import numpy_log
+
+    host = lengths.get() if hasattr(lengths, "get") else lengths
+    return numpy_log.best_path(lat, np.asarray(X.get(), dtype=np.float64), np.asarray(host, dtype=np.int64))

@@ -1,4 +1,5 @@
-"""The forward-backward engine (NumPy, log domain, float64).
+"""The NumPy engine: forward-backward and Viterbi over a lattice, log domain,
+float64.
 
 Runs on a :class:`~chainfb.lattice.Lattice` and a compact score matrix
 ``X[T, C]`` (one column per distinct ``(sequence, pdf)``; see
@@ -16,9 +17,19 @@ For sequence ``n`` with ``L = lengths[n]`` frames::
     post[t, c]     = sum over arcs with column c of
                      exp(alpha_t(i) + w + X[t, c] + beta_{t+1}(j) - loglike[n])
 
-Everything is exact in the log domain (no per-frame offsets are needed in
-float64); a sequence with no complete path gets ``-inf`` and zero
-posteriors.
+Alphas and betas are kept normalised per sequence and frame (each frame's
+maximum is divided out and its log accumulated in float64), and arc
+posteriors at frame ``t`` are normalised by that frame's own total
+``logsum_i alpha_t(i) + beta_t(i)`` rather than by ``loglike``: in exact
+arithmetic the two are equal, but the per-frame total carries no large
+offsets, so per-frame posterior sums stay at 1 to ~1e-9 even for
+``T = 20000`` and scores of magnitude ``1e4``.  A sequence with no complete
+path gets ``-inf`` and zero posteriors.
+
+Semirings: the forward recursion is written once (:func:`_forward`), with
+log-sum (``semiring="log"``, forward-backward) or max with back-pointers
+(``semiring="max"``, :func:`best_path`) as the per-destination reduction, as
+k2 does with its ``log_semiring`` flag.
 
 Leaky HMM (Kaldi's denominator, ``leaky=(c, log_init)``): the initial
 distribution is ``init`` instead of the start state, and every frame's
@@ -35,9 +46,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .lattice import Lattice
+from ..lattice import Lattice
 
-__all__ = ["forward_backward_lattice", "best_path_lattice", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
+__all__ = ["forward_backward", "best_path", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
 
 _num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
 # below this many arcs per frame the array operations are too short for
@@ -134,14 +145,8 @@ def _plan(lat: Lattice) -> _Plan:
     return p
 
 
-def forward_backward_lattice(
-    lat: Lattice,
-    X: np.ndarray,
-    lengths: np.ndarray,
-    need_posteriors: bool = True,
-    leaky=None,
-):
-    """Forward-backward over a lattice.
+def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
+    """Forward-backward over a lattice (the engine protocol, see :mod:`chainfb.engines`).
 
     Parameters
     ----------
@@ -154,6 +159,8 @@ def forward_backward_lattice(
         Leaky-HMM option: ``log_init`` float64 ``[S]`` is the log initial
         distribution over the lattice's states (per sequence), and
         ``coefficient`` in ``(0, 1)``.
+    need_posteriors : bool
+        False runs the forward pass only.
 
     Returns
     -------
@@ -182,6 +189,97 @@ def forward_backward_lattice(
     return loglike, post
 
 
+class _Leak:
+    """Kaldi's leaky-HMM maps for ``leaky = (c, log_init [S])``."""
+
+    def __init__(self, lat: Lattice, plan: _Plan, leaky):
+        with np.errstate(divide="ignore"):
+            self.log_c = float(np.log(leaky[0]))  # c = 0: no leak, but still the initial distribution
+        self.log_init = np.asarray(leaky[1], dtype=np.float64)
+        if self.log_init.shape != (lat.num_states,):
+            raise ValueError(f"leaky: log_init must have shape ({lat.num_states},), got {self.log_init.shape}")
+        self.sos, self.seqs = lat.seq_of_state, plan.seqs
+
+    def alpha(self, a):
+        tot = logsumexp_segments(a.copy(), self.seqs)
+        return np.logaddexp(a, self.log_c + tot[self.sos] + self.log_init)
+
+    def beta(self, b):
+        tot = logsumexp_segments(b + self.log_init, self.seqs)
+        return np.logaddexp(b, self.log_c + tot[self.sos])
+
+
+def _normalise(plan: _Plan, sos: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Subtract each sequence's maximum (kept finite) from ``a``; return the maxima."""
+    m = plan.seqs.max(a)
+    m[~np.isfinite(m)] = 0.0
+    a -= m[sos]
+    return m
+
+
+def _first_of_segments(seg: np.ndarray) -> np.ndarray:
+    """For a sorted segment id per element: True on the first element of each segment."""
+    first = np.ones(len(seg), dtype=bool)
+    first[1:] = seg[1:] != seg[:-1]
+    return first
+
+
+def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, leak: _Leak | None = None):
+    """The forward recursion, once for both semirings.
+
+    ``semiring="log"``: ``alpha[t]`` normalised per sequence, with the log of
+    what was divided out up to frame ``t`` in ``offset[t, n]``.
+    ``semiring="max"``: ``alpha`` is Viterbi's ``delta`` (not normalised,
+    ``offset`` stays 0) and ``back[t, s]`` is the winning arc into state
+    ``s`` at frame ``t`` (a position in ``lat.fwd``), ``-1`` if none.
+
+    Returns ``(alpha [Tmax + 1, S], offset [Tmax + 1, N], end [S], total [N],
+    back or None)`` where ``end`` is each state's (normalised) alpha at its
+    sequence's length plus its final log-prob and ``total`` the log-sum (or
+    max) of ``end`` over each sequence's states, offsets added back.
+    """
+    viterbi = semiring == "max"
+    N, S = lat.num_sequences, lat.num_states
+    Tmax = _mask_past_lengths(lat, X, lengths)
+    plan = _plan(lat)
+    f = lat.fwd
+    sos = lat.seq_of_state
+    chunk = _chunk_frames(lat, Tmax)
+    alpha = np.full((Tmax + 1, S), -np.inf)
+    offset = np.zeros((Tmax + 1, N))
+    back = np.full((Tmax, S), -1, dtype=np.int64) if viterbi else None
+    if leak is None:
+        alpha[0, lat.start] = 0.0
+    else:
+        alpha[0] = leak.alpha(leak.log_init)
+        offset[0] = _normalise(plan, sos, alpha[0])
+    for t in range(Tmax):
+        if t % chunk == 0:
+            wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
+        v = alpha[t].take(f.src)
+        v += wx[t % chunk]
+        a = np.full(S, -np.inf)
+        if viterbi:
+            m = plan.fwd.max(v)
+            win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
+            seg = plan.fwd.seg_of[win]
+            first = _first_of_segments(seg)  # arcs are sorted by destination: one winner each
+            a[f.key_states] = m
+            back[t, f.key_states[seg[first]]] = win[first]
+            alpha[t + 1] = a
+            continue
+        a[f.key_states] = logsumexp_segments(v, plan.fwd)
+        if leak is not None:
+            a = leak.alpha(a)
+        offset[t + 1] = offset[t] + _normalise(plan, sos, a)
+        alpha[t + 1] = a
+    if not N:
+        return alpha, offset, np.zeros(0), np.zeros(0), back
+    end = alpha[lengths[sos], np.arange(S)] + lat.final
+    total = plan.seqs.max(end.copy()) if viterbi else logsumexp_segments(end.copy(), plan.seqs)
+    return alpha, offset, end, total + offset[lengths, np.arange(N)], back
+
+
 def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     T, C = X.shape
     N = lat.num_sequences
@@ -190,64 +288,22 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     plan = _plan(lat)
     if N == 0:
         return np.zeros(0), (np.zeros((T, C)) if need_posteriors else None)
-    Tmax = _mask_past_lengths(lat, X, lengths)
-    f, b = lat.fwd, lat.bwd
-    state_len = lengths[lat.seq_of_state]
-
+    b = lat.bwd
     sos = lat.seq_of_state
-    chunk = _chunk_frames(lat, Tmax)
-    if leaky is not None:
-        log_c = float(np.log(leaky[0]))
-        log_init = np.asarray(leaky[1], dtype=np.float64)
-        if log_init.shape != (S,):
-            raise ValueError(f"leaky: log_init must have shape ({S},), got {log_init.shape}")
-
-        def leak_alpha(a):
-            tot = logsumexp_segments(a.copy(), plan.seqs)
-            return np.logaddexp(a, log_c + tot[sos] + log_init)
-
-        def leak_beta(b):
-            tot = logsumexp_segments(b + log_init, plan.seqs)
-            return np.logaddexp(b, log_c + tot[sos])
-
-    def normalise(a):
-        """Subtract each sequence's max (kept finite); return the offsets."""
-        m = plan.seqs.max(a)
-        m[~np.isfinite(m)] = 0.0
-        a -= m[sos]
-        return m
-
+    state_len = lengths[sos]
+    leak = None if leaky is None else _Leak(lat, plan, leaky)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        # alpha[t] is stored normalised per sequence; offset[t, n] is the
-        # float64 log of what was divided out up to frame t.
-        alpha = np.full((Tmax + 1, S), -np.inf)
-        offset = np.zeros((Tmax + 1, N))
-        if leaky is None:
-            alpha[0, lat.start] = 0.0
-        else:
-            alpha[0] = leak_alpha(log_init)
-            offset[0] = normalise(alpha[0])
-        for t in range(Tmax):
-            if t % chunk == 0:
-                wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
-            v = alpha[t].take(f.src)
-            v += wx[t % chunk]
-            a = np.full(S, -np.inf)
-            a[f.key_states] = logsumexp_segments(v, plan.fwd)
-            if leaky is not None:
-                a = leak_alpha(a)
-            offset[t + 1] = offset[t] + normalise(a)
-            alpha[t + 1] = a
-        end = alpha[state_len, np.arange(S)] + lat.final
-        loglike = logsumexp_segments(end, plan.seqs) + offset[lengths, np.arange(N)]
+        alpha, _, _, loglike, _ = _forward(lat, X, lengths, "log", leak)
         if not need_posteriors:
             return loglike, None
+        Tmax = alpha.shape[0] - 1
+        chunk = _chunk_frames(lat, Tmax)
 
         # Arc posteriors at frame t are normalised by that frame's own total
         # Z_t = logsum_i alpha_t(i) + beta_t(i) (before the leaky map), which
         # equals loglike in exact arithmetic but carries no large offsets.
         post = np.zeros((T, C))
-        final = lat.final if leaky is None else leak_beta(lat.final)
+        final = lat.final if leak is None else leak.beta(lat.final)
         beta = np.where(state_len == Tmax, final, -np.inf)
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
         for t in range(Tmax - 1, -1, -1):
@@ -264,19 +320,18 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
             g += (alpha[t] - z.take(sos)).take(b.src)
             np.exp(g, out=g)
             post[t] = np.bincount(b.col, weights=g, minlength=C)
-            if leaky is not None:
-                beta = leak_beta(beta)
+            if leak is not None:
+                beta = leak.beta(beta)
             idx = ends_at.get(t)
             if idx is not None:
                 beta[idx] = final[idx]
-            normalise(beta)
+            _normalise(plan, sos, beta)
     return loglike, post
 
 
-def best_path_lattice(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
-    """The best path of each sequence: the same recursion as the forward pass
-    of :func:`forward_backward_lattice` with max in place of log-sum (the
-    tropical semiring), and back-pointers.
+def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
+    """The best path of each sequence: :func:`_forward` in the max semiring,
+    then back-pointers (the engine protocol, see :mod:`chainfb.engines`).
 
     Parameters
     ----------
@@ -293,36 +348,17 @@ def best_path_lattice(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
         The best path's arcs, as indices into the FstBatch's flat arc arrays;
         ``-1`` past each length and for sequences without a path.
     """
-    N, S = lat.num_sequences, lat.num_states
+    N = lat.num_sequences
     lengths = np.asarray(lengths, dtype=np.int64)
-    Tmax = _mask_past_lengths(lat, X, lengths)
     plan = _plan(lat)
     f = lat.fwd
-    chunk = _chunk_frames(lat, Tmax)
-    delta = np.full((Tmax + 1, S), -np.inf)
-    if N:
-        delta[0, lat.start] = 0.0
-    back = np.full((Tmax, S), -1, dtype=np.int64)  # the winning arc (position in lat.fwd) into each state
-    for t in range(Tmax):
-        if t % chunk == 0:
-            wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
-        v = delta[t].take(f.src)
-        v += wx[t % chunk]
-        m = plan.fwd.max(v)
-        win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
-        seg = plan.fwd.seg_of[win]
-        first = np.ones(len(win), dtype=bool)
-        first[1:] = seg[1:] != seg[:-1]  # arcs are sorted by segment: keep one winner each
-        delta[t + 1, f.key_states] = m
-        back[t, f.key_states[seg[first]]] = win[first]
-    end = delta[lengths[lat.seq_of_state], np.arange(S)] + lat.final if N else np.zeros(0)
-    score = plan.seqs.max(end.copy()) if N else np.zeros(0)
+    _, _, end, score, back = _forward(lat, X, lengths, "max")
+    Tmax = back.shape[0]
     # the best final state of each sequence (first one on ties)
     state = np.full(N, -1, dtype=np.int64)
     hit = np.flatnonzero((end == score.take(plan.seqs.seg_of)) & (end > -np.inf))
     seq = lat.seq_of_state[hit]
-    first = np.ones(len(hit), dtype=bool)
-    first[1:] = seq[1:] != seq[:-1]
+    first = _first_of_segments(seq)
     state[seq[first]] = hit[first]
     arcs = np.full((N, Tmax), -1, dtype=np.int64)
     alive = state >= 0

@@ -1,9 +1,12 @@
-"""A second engine path for many sequences sharing ONE graph: scaled
-probability domain with sparse matrix products (SciPy), float64.
+"""The SciPy shared-graph engine: many sequences over ONE graph (the LF-MMI
+denominator), scaled probability domain with sparse matrix products,
+float64.
 
-Same quantities as :func:`chainfb.engine.forward_backward_lattice` (same
-definition of the log-likelihood, the posteriors and the leaky-HMM option),
-but the graph is not replicated per sequence: states x sequences arrays are
+The engine protocol (see :mod:`chainfb.engines`) on lattices whose
+sequences all map to one graph (:func:`shared_graph`): same quantities as
+:func:`chainfb.engines.numpy_log.forward_backward` (same definition of the
+log-likelihood, the posteriors and the leaky-HMM option), but the graph is
+not replicated per sequence: states x sequences arrays are
 multiplied by sparse matrices built once per graph.  Arcs are grouped by
 ``(destination, pdf)``; ``W[src, g]`` sums the probabilities of the arcs of
 group ``g`` leaving ``src``, so one frame is::
@@ -16,9 +19,15 @@ with ``e_t = exp(x_t - max_k x_t)`` and the log of the scales accumulated
 transpose.  Exact up to float64 underflow of path-weight *ratios* below
 ~1e-300 within one frame: with scores spread over more than ~700 nats in
 one frame (never the case for Kaldi's clamped [-30, 30] denominator
-scores) a live sequence could be reported as impossible -- use the
-log-domain engine for such scores.  Impossible sequences give ``-inf``
-and zero posteriors.  Knows nothing about what the graph means.
+scores) a live sequence could be reported as impossible -- the
+dispatcher (:func:`chainfb.engines.select`) only picks this engine when
+every frame's finite scores span less than :data:`MAX_SPREAD` nats.
+Impossible sequences give ``-inf`` and zero posteriors.  Knows nothing
+about what the graph means.
+
+The lattice's columns of sequence ``n`` are the graph's distinct pdfs in
+sorted order (see :class:`~chainfb.lattice.Lattice`), so ``X [T, C]`` is
+``[T, N, K]`` in memory.
 """
 
 from __future__ import annotations
@@ -26,19 +35,85 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .fst import Fst
+from ..fst import Fst
+from ..lattice import Lattice
 
-__all__ = ["SharedGraphEngine"]
+__all__ = ["forward_backward", "best_path", "shared_graph", "MAX_SPREAD"]
+
+#: per-frame span of finite scores (nats) above which the scaled domain could underflow
+MAX_SPREAD = 600.0
 
 
-class SharedGraphEngine:
-    """Forward-backward of ``N`` sequences over one shared :class:`Fst`.
+def shared_graph(lat: Lattice):
+    """The one :class:`Fst` all of ``lat``'s sequences run on, or None."""
+    g = lat.batch.seq_to_graph
+    if g.size == 0 or (g != g[0]).any():
+        return None
+    return lat.batch.fsts[int(g[0])]
+
+
+def _matrices(lat: Lattice, fst: Fst) -> "_SharedGraph":
+    """The shared graph's sparse matrices (built once, cached on the lattice)."""
+    m = getattr(lat, "_scipy_shared", None)
+    if m is None:
+        m = _SharedGraph(fst)
+        lat._scipy_shared = m
+    return m
+
+
+def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
+    """Forward-backward of a shared-graph lattice (protocol of
+    :func:`chainfb.engines.numpy_log.forward_backward`; ``leaky``'s
+    ``log_init [S]`` must be the same for every sequence's instance).
 
     Parameters
     ----------
-    fst : Fst
-        The shared graph.  Its distinct pdfs (sorted) are the engine's
-        columns: ``self.pdfs`` ``[K]``.
+    lat : Lattice whose sequences all use one graph.
+    X : float64 ``[T, C]`` compact scores.
+    lengths : int64 ``[N]`` in ``[0, T]``.
+
+    Returns
+    -------
+    loglike : float64 ``[N]``; posteriors : float64 ``[T, C]`` or None.
+    """
+    fst = shared_graph(lat)
+    if fst is None:
+        raise ValueError("lat: the shared-graph engine needs every sequence to use one graph")
+    N = lat.num_sequences
+    X = np.asarray(X)
+    T, C = X.shape
+    eng = _matrices(lat, fst)
+    K = eng.num_columns
+    if C != N * K:
+        raise ValueError(f"X: expected [T, {N * K}] columns for {N} sequences of {K} pdfs, got {tuple(X.shape)}")
+    if leaky is not None:
+        Sg = fst.num_states
+        log_init = np.asarray(leaky[1], dtype=np.float64)
+        if log_init.shape != (N * Sg,):
+            raise ValueError(f"leaky: log_init must have shape ({N * Sg},), got {log_init.shape}")
+        per_seq = log_init.reshape(N, Sg)
+        if N and not (per_seq == per_seq[:1]).all():
+            raise ValueError("leaky: the shared-graph engine needs the same log_init for every sequence")
+        leaky = (leaky[0], per_seq[0] if N else np.zeros(Sg))
+    Xs = X.reshape(T, N, K).transpose(1, 0, 2)
+    loglike, post = eng.forward_backward(Xs, lengths, need_posteriors, leaky)
+    if post is not None:
+        post = np.ascontiguousarray(post.transpose(1, 0, 2)).reshape(T, C)
+    return loglike, post
+
+
+def best_path(lat: Lattice, X, lengths):
+    """Viterbi: the NumPy engine's max-semiring pass (the scaled domain has
+    no advantage there)."""
+    from . import numpy_log
+
+    return numpy_log.best_path(lat, X, lengths)
+
+
+class _SharedGraph:
+    """Sparse matrices of one :class:`Fst` and the forward-backward of ``N``
+    sequences over it.  Its distinct pdfs (sorted, arcs of any weight) are
+    the columns: ``self.pdfs`` ``[K]``.
     """
 
     min_parallel_work = 2e7  # sequences x arcs x frames below which one thread is used
@@ -48,10 +123,10 @@ class SharedGraphEngine:
             raise TypeError(f"fst: expected chainfb.Fst, got {type(fst).__name__}")
         self.fst = fst
         S = fst.num_states
+        self.pdfs, all_col = np.unique(fst.pdf, return_inverse=True)
         ok = fst.log_prob > -np.inf
-        src, dst, pdf = fst.src[ok], fst.dst[ok], fst.pdf[ok]
+        src, dst, col = fst.src[ok], fst.dst[ok], all_col.reshape(-1)[ok]
         prob = np.exp(fst.log_prob[ok])
-        self.pdfs, col = np.unique(pdf, return_inverse=True) if pdf.size else (np.zeros(0, np.int64), pdf)
         K = len(self.pdfs)
         gkey = dst * max(K, 1) + col
         gu, gidx = np.unique(gkey, return_inverse=True)
@@ -72,11 +147,11 @@ class SharedGraphEngine:
 
     def forward_backward(self, X, lengths, need_posteriors: bool = True, leaky=None):
         """Log-likelihoods and column posteriors; large calls are split by
-        sequence over ``chainfb.engine.get_num_threads()`` threads (SciPy's
+        sequence over ``chainfb.engines.numpy_log.get_num_threads()`` threads (SciPy's
         sparse products and NumPy release the GIL).  See :meth:`_run`."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from .engine import get_num_threads
+        from .numpy_log import get_num_threads
 
         X = np.asarray(X)
         N = X.shape[0] if X.ndim == 3 else 0
@@ -103,7 +178,7 @@ class SharedGraphEngine:
             (``X[..., k]`` is the score of pdf ``self.pdfs[k]``).
         lengths : int ``[N]`` in ``[0, T]``.
         leaky : ``(coefficient, log_init [S])`` or None — Kaldi's leaky HMM
-            (see :mod:`chainfb.engine`); the initial distribution replaces
+            (see :mod:`chainfb.engines.numpy_log`); the initial distribution replaces
             the start state.
 
         Returns

@@ -6,7 +6,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from ..fst import Fst
-from ..numerator import best_path
+from ..api import best_path
 
 __all__ = ["viterbi", "viterbi_batch", "word_errors", "wer"]
 

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from ..chain import ChainLoss, DenominatorGraph, Topology, min_frames, numerator_graph, word_loop_graph
-from ..chain.normalization import add_normalization, normalization_fst
-from ..chain.phone_lm import den_graph, estimate_phone_lm
+from ..chain.graphs.normalization import add_normalization, normalization_fst
+from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import viterbi_batch, wer
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon

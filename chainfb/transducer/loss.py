@@ -1,11 +1,9 @@
-"""RNN-T and multi-blank RNN-T losses: compile the batch into step graphs,
-gather scores through the transducer score map, run the one engine, and
-form the gradient in one pass.
-
-The autograd Function computes the per-utterance costs and the gradient in
-its forward (like torchaudio) and saves the gradient; backward multiplies it
-by the incoming per-utterance gradient.  Reductions are plain torch ops on
-the cost vector, so every reduction gets the right gradient.
+"""RNN-T and multi-blank RNN-T losses: validate, compile the batch into a
+:class:`~chainfb.transducer.score_map.TransducerCriterion`, and run it
+through :func:`chainfb.criterion.apply` (per-utterance costs and their
+gradient in one pass; backward scales the saved gradient).  Reductions are
+plain torch ops on the cost vector, so every reduction gets the right
+gradient.
 """
 
 from __future__ import annotations
@@ -13,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..engine import forward_backward_lattice
-from . import score_map
-from .graphs import compile_layout
+from ..criterion import apply
+from .score_map import TransducerCriterion
 
-__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "transducer_costs", "check_inputs", "reduce_costs"]
+__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "check_inputs", "check_durations", "reduce_costs"]
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -109,74 +106,6 @@ def check_inputs(
     return b, Tb, Ub
 
 
-def transducer_costs(
-    logits,
-    targets,
-    Tb,
-    Ub,
-    blank,
-    durations=(),
-    sigma=0.0,
-    fused_log_softmax=True,
-    fastemit_lambda=0.0,
-    clamp=-1.0,
-    need_gradient=True,
-):
-    """``(loglike [B] tensor, grad [B, T, U, V] in logits' dtype or None)``
-    for validated inputs.  ``grad`` is the gradient of ``-loglike`` (FastEmit-
-    modified, clamped; zero for utterances with a non-finite cost).  CUDA
-    logits go through the GPU score-map and engine kernels (chainfb.cuda);
-    ``loglike`` is float64 on the CPU path and in the compute dtype on the GPU."""
-    B, T, U1, V = logits.shape
-    lay = compile_layout(Ub, Tb, durations, sigma, umax=U1 - 1)
-    big = [blank - 1 - i for i in range(len(durations))]
-    if logits.is_cuda:
-        from ..cuda import transducer_costs_cuda
-
-        return transducer_costs_cuda(logits, targets, lay, blank, big, fused_log_softmax, fastemit_lambda, clamp,
-                                     need_gradient)
-    X, st = score_map.gather(logits, targets, Tb, lay, blank, big, fused_log_softmax, need_gradient)
-    loglike, post = forward_backward_lattice(lay.lat, X, lay.steps, need_posteriors=need_gradient)
-    grad = None
-    if need_gradient:
-        bad = ~np.isfinite(loglike)
-        grad = score_map.gradient(st, post, fastemit_lambda, clamp, bad, out_dtype=logits.dtype)
-    return torch.from_numpy(loglike), grad
-
-
-class _TransducerCost(torch.autograd.Function):
-    """Per-utterance cost ``-(1 + lambda) * loglike`` ``[B]``; the gradient is
-    computed in forward and scaled per utterance in backward.
-
-    Memory: the first backward scales the saved gradient in place and hands
-    that very tensor to autograd (no second 4-D tensor); a repeated backward
-    through the same graph (``retain_graph``, gradcheck) recomputes it."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp):
-        need = ctx.needs_input_grad[0]
-        args = (Tb, Ub, blank, durations, sigma, fused, fastemit, clamp)
-        loglike, grad = transducer_costs(logits, targets, *args, need_gradient=need)
-        ctx.grad = grad
-        ctx.args = args
-        if need:
-            ctx.save_for_backward(logits, targets)
-        return (-(1.0 + fastemit) * loglike).to(logits.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        grad, ctx.grad = ctx.grad, None
-        if grad is None:  # second backward through this graph: recompute
-            logits, targets = ctx.saved_tensors
-            grad = transducer_costs(logits, targets, *ctx.args, need_gradient=True)[1]
-        go = grad_out.to(grad.dtype)
-        # an impossible utterance has zero gradient even for a non-finite incoming gradient
-        go = torch.where(torch.isfinite(go), go, torch.zeros_like(go))
-        if not bool((go == 1).all()):
-            grad.mul_(go.view(-1, 1, 1, 1))
-        return (grad,) + (None,) * 9
-
-
 def reduce_costs(costs: torch.Tensor, reduction: str) -> torch.Tensor:
     """``"none"`` ``[B]``, ``"sum"`` or ``"mean"`` (batch mean) of per-utterance costs."""
     if reduction == "none":
@@ -242,10 +171,9 @@ def rnnt_loss(
     """
     _check_common(reduction, clamp, fastemit_lambda)
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank)
-    costs = _TransducerCost.apply(
-        logits, targets, Tb, Ub, blank, (), 0.0, bool(fused_log_softmax), float(fastemit_lambda), float(clamp)
-    )
-    return reduce_costs(costs, reduction)
+    crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, fused_log_softmax=bool(fused_log_softmax),
+                               fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
+    return reduce_costs(apply(logits, crit), reduction)
 
 
 def check_durations(big_blank_durations, V):
@@ -276,8 +204,8 @@ def multiblank_rnnt_loss(
     clamp: float = -1,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Multi-blank RNN-T loss (Xu et al., arXiv 2211.03541; NeMo's layout),
-    on CPU.
+    """Multi-blank RNN-T loss (Xu et al., arXiv 2211.03541; NeMo's layout);
+    CUDA logits run through the GPU kernels, like :func:`rnnt_loss`.
 
     Parameters
     ----------
@@ -305,7 +233,6 @@ def multiblank_rnnt_loss(
     if not isinstance(sigma, (int, float)) or not np.isfinite(sigma):
         raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank, len(durations))
-    costs = _TransducerCost.apply(
-        logits, targets, Tb, Ub, blank, tuple(durations), float(sigma), True, float(fastemit_lambda), float(clamp)
-    )
-    return reduce_costs(costs, reduction)
+    crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, tuple(durations), float(sigma),
+                               fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
+    return reduce_costs(apply(logits, crit), reduction)

@@ -1,24 +1,34 @@
-"""The transducer score map: fused log-softmax + skewed gather from the 4-D
-logits into the engine's compact score matrix, and the matching one-pass
-gradient.
+"""The transducer criterion: the step graphs of :mod:`.graphs` plus the
+transducer score map, with a torch backend (CPU) and a CUDA-kernel backend
+(GPU, or the kernels' CPU emulation) behind it.
 
-Column ``c = colidx[b, u, j]`` of the engine's ``X[n, c]`` holds
-``lp[b, t = n - u, u, sym_j]`` for ``t`` in ``[0, T_b)`` and ``-inf``
-elsewhere, where ``lp = logits - logsumexp_V(logits)`` (or the logits
-themselves when ``fused_log_softmax=False``), ``sym_0`` = blank,
-``sym_1 = targets[b, u]``, ``sym_{2+i}`` = big blank ``i``.  The zero pdf's
-column scores 0 at every step.
+Arc meanings live here and nowhere else.  Main state ``u`` of utterance
+``b`` has arc kinds ``j`` (see :mod:`.graphs`); :func:`symbol_table` gives
+the vocabulary index each kind reads, ``sym[b, u, j]`` (``j = 0`` the
+blank, ``j = 1`` the label ``targets[b, u]`` for ``u < U_b``, ``j = 2 + i``
+big blank ``i``; ``-1`` where unused), and ``kind_weight[j]`` scales the
+gradient terms of kind ``j`` (FastEmit: ``1 + lambda`` on the label kind).
+The score-map kernels only see these two tables.
 
-The gradient w.r.t. the logits, written into one new tensor the size of the
-logits (the buffer that held the softmax during the gather), is::
+Gather (fused log-softmax + skewed gather): column ``c = colidx[b, u, j]``
+of the engine's ``X[n, c]`` holds ``lp[b, t = n - u, u, sym[b, u, j]]`` for
+``t`` in ``[0, T_b)`` and ``-inf`` elsewhere, where ``lp = logits -
+logsumexp_V(logits)`` (or the logits themselves when
+``fused_log_softmax=False``).  The zero pdf's column scores 0 at every step.
 
-    grad[b,t,u,k] = softmax_k(b,t,u) * occ(t,u) - sum_j w_j(t,u) [k == sym_j]
-    w_j = post_j * (1 + lambda [j == label]),   occ = sum_j w_j
+Gradient of the cost ``-(1 + lambda) loglike`` w.r.t. the logits, written
+into one new tensor the size of the logits (the buffer that held the
+softmax during the gather)::
 
-(``post_j(t, u)`` = engine posterior of column ``(b, u, j)`` at step
-``t + u``; ``lambda`` = FastEmit, which adds ``lambda * softmax * post_label``
-and scales the label term, as NeMo does).  Nothing else 4-D is built: the
-normaliser is kept per ``(b, t, u)``.
+    grad[b,t,u,k] = softmax_k(b,t,u) * sum_j w_j(t,u)  -  sum_j w_j(t,u) [k == sym_j]
+    w_j = kind_weight[j] * post_j(t, u)
+
+with ``post_j(t, u)`` the engine posterior of column ``(b, u, j)`` at step
+``t + u``; no softmax term when not fused; clamped to ``[-clamp, clamp]``
+when ``clamp > 0``; zero for utterances whose cost is not finite.  With
+``kind_weight = 1`` this is ``d(-loglike)/d logits``; FastEmit's label
+weight ``1 + lambda`` gives NeMo's FastEmit gradient.  Nothing else 4-D is
+built: the normaliser is kept per ``(b, t, u)``.
 """
 
 from __future__ import annotations
@@ -28,10 +38,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..criterion import Criterion
 from ..lattice import concat_ranges
-from .graphs import TransducerLayout
+from .graphs import compile_layout
 
-__all__ = ["ScoreMapState", "gather", "gradient", "compute_dtype"]
+__all__ = ["TransducerCriterion", "symbol_table", "compute_dtype"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,49 +50,151 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big_blanks=()) -> torch.Tensor:
+    """``sym [B, U1, 2 + M]`` int32 on ``targets``' device: the vocabulary
+    index arc kind ``j`` of main state ``u`` reads (``-1`` for the label
+    kind at ``u >= U_b``).
+
+    targets ``[B, >= max(U_b)]`` ints; target_lengths ``[B]`` (NumPy);
+    ``big_blanks[i]`` the index of big blank ``i``."""
+    B = targets.shape[0]
+    M = len(big_blanks)
+    sym = torch.empty((B, U1, 2 + M), dtype=torch.int32, device=targets.device)
+    sym[:, :, 0] = int(blank)
+    lab = torch.full((B, U1), -1, dtype=torch.int32, device=targets.device)
+    k = min(U1, targets.shape[1])
+    lab[:, :k] = targets[:, :k].to(torch.int32)
+    ul = torch.as_tensor(np.asarray(target_lengths), device=targets.device)
+    lab[torch.arange(U1, device=targets.device)[None, :] >= ul[:, None]] = -1
+    sym[:, :, 1] = lab
+    for i, s in enumerate(big_blanks):
+        sym[:, :, 2 + i] = int(s)
+    return sym
+
+
+class TransducerCriterion(Criterion):
+    """RNN-T (``durations=()``) or multi-blank RNN-T compiled for a batch.
+
+    Value: the cost ``-(1 + fastemit_lambda) * loglike`` ``[B]`` in the
+    logits' dtype; gradient as in the module docstring.
+
+    Parameters
+    ----------
+    shape : ``(B, T, U1, V)`` of the logits.
+    targets : ``[B, >= max(U_b)]`` int tensor.
+    logit_lengths, target_lengths : int64 NumPy ``[B]`` (``T_b``, ``U_b``), validated.
+    blank : vocabulary index of the blank; durations : big-blank durations
+        (big blank ``i`` at ``blank - 1 - i``); sigma : subtracted on real arcs.
+    fused_log_softmax, fastemit_lambda, clamp : see :func:`chainfb.rnnt_loss`.
+    backend : a kernel backend to run the CUDA score-map and engine kernels
+        on (e.g. the CPU emulation); default: CUDA kernels for CUDA logits,
+        the torch backend otherwise.
+    """
+
+    def __init__(self, shape, targets, logit_lengths, target_lengths, blank, durations=(), sigma=0.0,
+                 fused_log_softmax=True, fastemit_lambda=0.0, clamp=-1.0, backend=None):
+        B, T, U1, V = shape
+        self.layout = lay = compile_layout(target_lengths, logit_lengths, durations, sigma, umax=U1 - 1)
+        self.lattice, self.lengths = lay.lat, lay.steps
+        big = [blank - 1 - i for i in range(len(durations))]
+        self.sym = symbol_table(targets, lay.target_lengths, U1, blank, big)
+        self.kind_weight = np.ones(2 + len(big))
+        self.kind_weight[1] += fastemit_lambda
+        self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)
+        self.backend = backend
+        self._state = None
+
+    def _kernels(self, x):
+        """The kernel backend for ``x``, or None for the torch backend."""
+        if self.backend is not None:
+            return self.backend
+        if x.is_cuda:
+            from ..cuda.kernels import cupy_backend
+
+            return cupy_backend()
+        return None
+
+    def gather(self, x, need_grad=True):
+        kb = self._kernels(x)
+        if kb is None:
+            X, self._state = _torch_gather(x, self.sym, self.layout, self.fused, need_grad)
+            return X
+        from ..cuda.transducer_maps import transducer_gather_on
+
+        lay = self.layout
+        zero = np.flatnonzero(lay.col_j < 0)
+        zero_col = None
+        if zero.size:
+            zero_col = np.full(len(lay.steps), -1, dtype=np.int64)
+            zero_col[lay.col_b[zero]] = zero
+        X, self._state = transducer_gather_on(
+            kb, x.detach().contiguous(), self._kernel_sym(x, kb), lay.colidx, lay.logit_lengths.astype(np.int32),
+            lay.target_lengths.astype(np.int32), lay.num_steps, self.lattice.num_columns, zero_col=zero_col,
+            fused_log_softmax=self.fused)
+        return X
+
+    def _kernel_sym(self, x, kb):
+        return self.sym if kb.xp is not np else self.sym.cpu().numpy()
+
+    def finish(self, x, loglike, post):
+        kb = self._kernels(x)
+        if kb is None:
+            ll = torch.from_numpy(np.asarray(loglike))
+        elif kb.xp is np:
+            ll = torch.from_numpy(loglike)
+        else:
+            ll = torch.from_dlpack(loglike)
+        value = (-(1.0 + self.fastemit_lambda) * ll).to(x.dtype)
+        state, self._state = self._state, None
+        if post is None:
+            return value, None
+        bad = ~torch.isfinite(ll)
+        if kb is None:
+            grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad.numpy(), out_dtype=x.dtype)
+            return value, grad
+        from ..cuda.transducer_maps import transducer_grad_on
+
+        lay = self.layout
+        xp = kb.xp
+        scale = xp.isfinite(loglike).astype(loglike.dtype)
+        grad = transducer_grad_on(
+            kb, x.detach().contiguous(), self._kernel_sym(x, kb), lay.colidx, lay.logit_lengths.astype(np.int32),
+            lay.target_lengths.astype(np.int32), post, state, scale, self.kind_weight, clamp=self.clamp,
+            fused_log_softmax=self.fused)
+        return value, grad
+
+
 @dataclass
 class ScoreMapState:
-    """What :func:`gather` keeps for :func:`gradient`.
+    """What :func:`_torch_gather` keeps for :func:`_torch_gradient`.
 
     ``work``: ``[B, T, U, V]`` compute-dtype buffer holding the softmax
     (becomes the gradient; zeros when not fused) or ``None``;
-    ``norm``: ``[B, T, U]`` log-softmax normaliser (zeros when not fused);
     ``rows``/``cols``: engine coordinates ``(n, c)`` of every gathered entry
     ``[E]``; ``cells``: flat ``(b, t, u)`` index ``[E]``; ``elems``: flat
-    ``(b, t, u, sym)`` index ``[E]``; ``is_label``: bool ``[E]``.
+    ``(b, t, u, sym)`` index ``[E]``; ``kinds``: arc kind ``j`` ``[E]``.
     """
 
     work: torch.Tensor | None
-    norm: torch.Tensor
     rows: np.ndarray
     cols: np.ndarray
     cells: np.ndarray
     elems: np.ndarray
-    is_label: np.ndarray
+    kinds: np.ndarray
     shape: tuple
     fused: bool
 
 
-def gather(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lengths: np.ndarray,
-    layout: TransducerLayout,
-    blank: int,
-    big_blanks=(),
-    fused_log_softmax: bool = True,
-    need_gradient: bool = True,
-):
-    """Engine scores of a compiled transducer batch.
+def _torch_gather(logits: torch.Tensor, sym: torch.Tensor, layout, fused_log_softmax: bool = True,
+                  need_gradient: bool = True):
+    """Engine scores of a compiled transducer batch (torch backend).
 
     Parameters
     ----------
-    logits : ``[B, T, U, V]`` tensor (any float dtype; read, never written;
-        a non-contiguous tensor is copied once).
-    targets : ``[B, >= U - 1]`` integer tensor.
-    logit_lengths : int64 ``[B]`` (NumPy).
-    layout : the batch's :class:`TransducerLayout`.
-    blank : standard blank index; ``big_blanks`` : vocabulary index of big blank ``i``.
+    logits : ``[B, T, U, V]`` CPU tensor (any float dtype; read, never
+        written; a non-contiguous tensor is copied once).
+    sym : ``[B, U, J]`` int symbol table (:func:`symbol_table`).
+    layout : the batch's :class:`~chainfb.transducer.graphs.TransducerLayout`.
 
     Returns
     -------
@@ -105,65 +218,48 @@ def gather(
                 work[bad_rows] = 0.0
         else:
             norm = torch.logsumexp(x.to(ct) if x.dtype != ct else x, dim=-1)
-    else:
-        norm = torch.zeros((B, T, U1), dtype=ct)
-        if need_gradient:
-            work = torch.zeros((B, T, U1, V), dtype=ct)
+    elif need_gradient:
+        work = torch.zeros((B, T, U1, V), dtype=ct)
 
     lat = layout.lat
     r = layout.real
     b, u, j = layout.col_b[r], layout.col_u[r], layout.col_j[r]
-    Tb = np.asarray(logit_lengths, dtype=np.int64)[b]
+    Tb = np.asarray(layout.logit_lengths, dtype=np.int64)[b]
     # every (column, t) with t in [0, T_b)
     which = np.repeat(np.arange(len(r)), Tb)
     t = concat_ranges(np.zeros(len(r), dtype=np.int64), Tb) if len(r) else np.zeros(0, dtype=np.int64)
-    tg = targets.detach().cpu().to(torch.int64).numpy()
-    nb = len(big_blanks)
-    symtab = np.empty(len(r), dtype=np.int64)
-    symtab[j == 0] = blank
-    lab = j == 1
-    symtab[lab] = tg[b[lab], u[lab]] if lab.any() else 0
-    for i in range(nb):
-        symtab[j == 2 + i] = big_blanks[i]
+    symtab = sym.cpu().numpy().astype(np.int64)[b, u, j]
+    if (symtab < 0).any():
+        raise ValueError("sym: an arc of the graph reads no symbol (-1 in the symbol table)")
     cw, uw = b[which], u[which]
     cells = (cw * T + t) * U1 + uw
     elems = cells * V + symtab[which]
     rows = t + uw
     cols = r[which]
-    ei = torch.from_numpy(elems)
-    vals = x.reshape(-1).index_select(0, ei).to(torch.float64)
+    vals = x.reshape(-1).index_select(0, torch.from_numpy(elems)).to(torch.float64)
     if fused_log_softmax:
         vals -= norm.reshape(-1).index_select(0, torch.from_numpy(cells)).to(torch.float64)
     X = np.full((layout.num_steps, lat.num_columns), -np.inf)
     X[rows, cols] = vals.numpy()
     X[:, layout.col_j < 0] = 0.0
-    state = ScoreMapState(work, norm, rows, cols, cells, elems, lab[which], (B, T, U1, V), fused_log_softmax)
+    state = ScoreMapState(work, rows, cols, cells, elems, j[which], (B, T, U1, V), fused_log_softmax)
     return X, state
 
 
-def gradient(
-    state: ScoreMapState,
-    post: np.ndarray,
-    fastemit_lambda: float = 0.0,
-    clamp: float = -1.0,
-    zero_samples: np.ndarray | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Gradient ``[B, T, U, V]`` of ``-loglike`` w.r.t. the logits (FastEmit
-    version when ``fastemit_lambda > 0``), written into ``state.work``.
+def _torch_gradient(state: ScoreMapState, post: np.ndarray, kind_weight: np.ndarray, clamp: float = -1.0,
+                    zero_samples: np.ndarray | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Gradient ``[B, T, U, V]`` (module docstring), written into ``state.work``.
 
-    ``post`` float64 ``[num_steps, C]`` engine posteriors.  ``clamp > 0``
-    clamps every element to ``[-clamp, clamp]``; ``zero_samples`` bool
-    ``[B]`` zeroes whole samples (non-finite costs).  Returned in
-    ``out_dtype`` (default: the compute dtype).
+    ``post`` float64 ``[num_steps, C]`` engine posteriors; ``kind_weight``
+    ``[J]``.  ``clamp > 0`` clamps every element to ``[-clamp, clamp]``;
+    ``zero_samples`` bool ``[B]`` zeroes whole samples (non-finite costs).
+    Returned in ``out_dtype`` (default: the compute dtype).
     """
     B, T, U1, V = state.shape
     g = state.work
     if g is None:
-        raise ValueError("state: gather() was called with need_gradient=False")
-    w = post[state.rows, state.cols]
-    if fastemit_lambda:
-        w = np.where(state.is_label, w * (1.0 + fastemit_lambda), w)
+        raise ValueError("state: the gather ran without need_gradient")
+    w = post[state.rows, state.cols] * np.asarray(kind_weight, dtype=np.float64)[state.kinds]
     wt = torch.from_numpy(w).to(g.dtype)
     if state.fused:
         occ = np.bincount(state.cells, weights=w, minlength=B * T * U1)

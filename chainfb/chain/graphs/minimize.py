@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fst import Fst
+from ...fst import Fst
 from .connect import useful_states
 
 __all__ = ["merge_equivalent_states", "trim", "determinize"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from ..fst import Fst
+from ...fst import Fst
 
 __all__ = ["write_fst_archive", "read_fst_archive", "have_kaldifst", "write_kaldi_fst_archive", "read_kaldi_fst_archive"]
 

@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..fst import Fst
+from ...fst import Fst
 from .graph_compiler import expand
 from .minimize import merge_equivalent_states
 from .phone_graph import PhoneGraph

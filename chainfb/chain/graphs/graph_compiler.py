@@ -2,10 +2,10 @@
 decoding graphs.
 
 Pipeline: words -> pronunciations (alternatives, optional silence between
-words) -> a :class:`~chainfb.chain.phone_graph.PhoneGraph` -> epsilon
-removal -> expansion by a :class:`~chainfb.chain.topology.Topology` ->
+words) -> a :class:`~chainfb.chain.graphs.phone_graph.PhoneGraph` -> epsilon
+removal -> expansion by a :class:`~chainfb.chain.graphs.topology.Topology` ->
 an epsilon-free pdf acceptor (:class:`chainfb.Fst`) with self-loops ->
-exact state merging (:mod:`chainfb.chain.minimize`).
+exact state merging (:mod:`chainfb.chain.graphs.minimize`).
 
 Expansion: the HMM state "phone ``p`` ended at phone-graph node ``v``, now
 in template state ``k``" is keyed ``(v, p, k)``; a phone arc ``u -> v``
@@ -13,7 +13,7 @@ gives the topology's entering arcs from every exit state of a phone ending
 at ``u`` (or from the start state when ``u`` is the start node) into
 ``(v, p, k)``, carrying the phone arc's weight plus the topology's
 probabilities.  The same expansion makes denominator graphs from phone LMs
-(:mod:`chainfb.chain.phone_lm`).
+(:mod:`chainfb.chain.graphs.phone_lm`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..fst import Fst
+from ...fst import Fst
 from .lexicon import Lexicon
 from .minimize import _build, merge_equivalent_states, trim
 from .minimize import determinize as determinize_fst
@@ -169,9 +169,9 @@ def numerator_graph(
     optional_silence : str or None — phone that may occur between words
         (and, with ``sil_at_ends``, before the first and after the last word)
         with probability ``sil_prob``; ``None`` disables it.
-    minimize : bool — exact state merging (:mod:`chainfb.chain.minimize`).
+    minimize : bool — exact state merging (:mod:`chainfb.chain.graphs.minimize`).
     determinize : bool — weighted determinization first
-        (:func:`chainfb.chain.minimize.determinize`; skipped when it would
+        (:func:`chainfb.chain.graphs.minimize.determinize`; skipped when it would
         blow up), so that no state has two arcs with the same pdf.
 
     Returns

@@ -16,8 +16,8 @@ from collections import deque
 
 import numpy as np
 
-from ..fst import Fst
-from .denominator import DenominatorGraph
+from ...fst import Fst
+from ..denominator import DenominatorGraph
 from .minimize import _build, trim
 
 __all__ = ["normalization_fst", "intersect", "add_normalization"]

@@ -1,0 +1,181 @@
+"""The generic public API: graphs labelled with pdfs, scored by frame-level
+pdf log-likelihoods ``[N, T, P]`` (Kaldi's e2e chain numerator), as a
+criterion for the engine.
+
+- :class:`PdfCriterion`: the criterion (graphs -> lattice; score map =
+  :class:`~chainfb.score_map.PdfScoreMap`).
+- :func:`forward_backward`, :func:`best_path`: plain array functions (NumPy,
+  CuPy or torch in, the same kind out).
+- :func:`fst_loglike`, :class:`NumeratorLoss`: differentiable torch entry
+  points through :func:`chainfb.criterion.apply`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import engines
+from ._arrays import as_array, check_lengths, wrap_like
+from .batch import FstBatch
+from .criterion import Criterion, apply
+from .lattice import Lattice
+from .score_map import PdfScoreMap
+
+__all__ = ["PdfCriterion", "forward_backward", "best_path", "fst_loglike", "NumeratorLoss"]
+
+
+class PdfCriterion(Criterion):
+    """Pdf-labelled graphs over scores ``[N, T, P]``: value = log-likelihood.
+
+    Parameters
+    ----------
+    fsts : Fst (shared by all sequences), list of N Fst, or FstBatch.
+    shape : ``(N, T, P)`` of the scores.
+    lengths : ``[N]`` ints in ``[0, T]`` or None (all ``T``).
+    clamp : ``(lo, hi)`` or None -- scores are clipped before the engine
+        (the LF-MMI denominator's ``[-30, 30]``); the gradient is the
+        posterior, not masked by the clip (Kaldi).
+    leaky : ``(c, log_init [S])`` or None; engine : see :func:`chainfb.engines.select`.
+    value_dtype : dtype of the value (default: the scores' dtype).
+    """
+
+    def __init__(self, fsts, shape, lengths=None, clamp=None, leaky=None, engine="auto", value_dtype=None,
+                 lattice=None):
+        if len(shape) != 3:
+            raise ValueError(f"scores: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
+        N, T, P = shape
+        if lattice is None:
+            batch = FstBatch.coerce(fsts, N)
+            if batch.num_pdfs > P:
+                raise ValueError(
+                    f"scores: the graphs use pdf {batch.num_pdfs - 1} but scores has only P={P} columns"
+                )
+            lattice = Lattice.of(batch)
+        self.lattice = lattice
+        self.lengths = check_lengths(lengths, N, T)
+        self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf)
+        self.clamp, self.leaky, self.engine, self.value_dtype = clamp, leaky, engine, value_dtype
+
+    def gather(self, x, need_grad=True):
+        arr, xp = as_array(x, "scores")
+        X = self.score_map.gather(xp, arr)
+        if self.clamp is not None:
+            xp.clip(X, self.clamp[0], self.clamp[1], out=X)
+        return X
+
+    def finish(self, x, loglike, post):
+        arr, xp = as_array(x, "scores")
+        dtype = arr.dtype if self.value_dtype is None else self.value_dtype
+        value = wrap_like(xp.asarray(loglike).astype(dtype), x)
+        if post is None:
+            return value, None
+        grad = xp.zeros(arr.shape, dtype=arr.dtype)
+        self.score_map.scatter_add(xp, grad, post, accumulate=False)
+        return value, wrap_like(grad, x)
+
+
+def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
+    """Log-likelihood of each sequence under its graph, and its posteriors.
+
+    Parameters
+    ----------
+    fsts : Fst, list of Fst or FstBatch
+        One Fst is shared by all sequences; a list has one graph per
+        sequence; an FstBatch may map many sequences to one graph.
+    scores : ``[N, T, P]`` NumPy/CuPy array or torch tensor, float32/float64
+        Pdf log-likelihoods (any strides).  CUDA inputs run on the GPU.
+    lengths : ``[N]`` ints in ``[0, T]``, optional
+        Frames per sequence (default ``T``).
+    need_posteriors : bool
+        When False only the forward pass runs and ``posteriors`` is None.
+
+    Returns
+    -------
+    loglike : ``[N]``
+        Log of the sum over all paths of exactly ``lengths[n]`` arcs from the
+        start state to a final state of ``exp(arc log-probs + scores + final)``;
+        ``-inf`` where there is no such path.
+    posteriors : ``[N, T, P]``
+        ``d loglike / d scores`` (zero past each length and for impossible
+        sequences).  Same array type, device and dtype as ``scores``.
+    """
+    arr, _ = as_array(scores, "scores")
+    return PdfCriterion(fsts, arr.shape, lengths).run(scores, need_posteriors)
+
+
+def best_path(fsts, scores, lengths=None):
+    """The best (Viterbi) path of each sequence through its graph: the
+    engine's recursion in the max semiring (CUDA scores are decoded on the
+    host).
+
+    Parameters
+    ----------
+    fsts : Fst, list of Fst or FstBatch (as for :func:`forward_backward`).
+    scores : ``[N, T, P]`` NumPy/CuPy array or torch tensor of pdf log-likelihoods.
+    lengths : ``[N]`` ints in ``[0, T]``, optional.
+
+    Returns
+    -------
+    score : float64 NumPy ``[N]``
+        Max over paths of exactly ``lengths[n]`` arcs of arc log-probs +
+        scores + final log-prob (``-inf`` when there is no path).
+    paths : list of N int64 arrays
+        The arcs of each best path (``lengths[n]`` of them, empty when there
+        is no path), as indices into that sequence's own Fst.
+    """
+    arr, _ = as_array(scores, "scores")
+    crit = PdfCriterion(fsts, arr.shape, lengths)
+    lat, lengths = crit.lattice, crit.lengths
+    score, arcs = engines.best_path(lat, crit.gather(scores), lengths)
+    batch = lat.batch
+    first_arc = batch.arc_offsets[batch.seq_to_graph]
+    paths = [arcs[n, : lengths[n]] - first_arc[n] if score[n] > -np.inf else np.zeros(0, np.int64)
+             for n in range(len(score))]
+    return score, paths
+
+
+def fst_loglike(scores: torch.Tensor, fsts, lengths=None) -> torch.Tensor:
+    """Differentiable log-likelihood of each sequence under its graph.
+
+    Parameters
+    ----------
+    scores : ``[N, T, P]`` float32/float64 tensor of pdf log-likelihoods.
+    fsts : Fst (shared), list of N Fst, or FstBatch.
+    lengths : ``[N]`` frame counts, optional.
+
+    Returns
+    -------
+    ``[N]`` tensor; its gradient w.r.t. ``scores`` is the pdf posteriors
+    times the incoming gradient (zero for sequences with no path).
+    """
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"scores: expected a torch.Tensor, got {type(scores).__name__}")
+    return apply(scores, PdfCriterion(fsts, scores.shape, lengths))
+
+
+class NumeratorLoss(torch.nn.Module):
+    """Negative log-likelihood of numerator graphs, as a loss object.
+
+    ``forward(scores [N, T, P], fsts, lengths=None)`` returns
+    ``-fst_loglike`` reduced by ``reduction``: ``"sum"``, ``"mean"`` (over
+    sequences), ``"frame"`` (sum divided by the total number of frames) or
+    ``"none"`` (``[N]``).
+    """
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        if reduction not in ("none", "sum", "mean", "frame"):
+            raise ValueError(f"reduction: expected 'none', 'sum', 'mean' or 'frame', got {reduction!r}")
+        self.reduction = reduction
+
+    def forward(self, scores, fsts, lengths=None):
+        nll = -fst_loglike(scores, fsts, lengths)
+        if self.reduction == "none":
+            return nll
+        if self.reduction == "sum":
+            return nll.sum()
+        if self.reduction == "mean":
+            return nll.mean()
+        frames = scores.shape[0] * scores.shape[1] if lengths is None else torch.as_tensor(lengths).sum()
+        return nll.sum() / frames

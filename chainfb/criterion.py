@@ -1,0 +1,111 @@
+"""The criterion seam: a criterion is a graph compiler plus a score map, and
+one autograd Function runs any of them.
+
+A :class:`Criterion` is what a compiler produces for one batch:
+
+- ``lattice`` (:class:`~chainfb.lattice.Lattice`), the engine ``lengths
+  [N]`` and, optionally, ``leaky`` and an ``engine`` name -- the graph side;
+- ``gather(x, need_grad) -> X [T, C]``: the engine's compact scores from the user's
+  tensor ``x`` -- the score map's forward half;
+- ``finish(x, loglike, post) -> (value [N], grad)``: the per-sequence value
+  the criterion reports and its gradient w.r.t. ``x`` (``post`` is the
+  engine's ``d loglike / d X``, or None when no gradient is needed) -- the
+  score map's backward half.
+
+What the arcs mean (blank, label, big blank, pdf, duration) lives only in
+the criterion's score map; the engine sees columns.  A score map may have
+several backends behind it (torch on the CPU, CUDA kernels on the GPU); it
+picks one from where ``x`` lives.
+
+:func:`apply` is the differentiable entry point: it computes value and
+gradient in the forward pass (the gradient is saved, like torchaudio's
+RNN-T), and backward scales the saved gradient per sequence by the
+incoming gradient, in place (a non-finite incoming gradient for a
+sequence counts as 0, so impossible sequences keep a zero gradient).  A
+second backward through the same graph recomputes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import engines
+
+__all__ = ["Criterion", "apply"]
+
+
+class Criterion:
+    """Base class of a compiled criterion (see the module docstring).
+
+    Attributes
+    ----------
+    lattice : Lattice
+    lengths : int64 NumPy ``[N]`` -- frames (steps) each sequence runs.
+    leaky : ``(c, log_init [S])`` or None
+    engine : engine name for :func:`chainfb.engines.select` (``"auto"``).
+    backend : kernel backend for the CUDA engine, or None (see
+        :func:`chainfb.engines.forward_backward`).
+    """
+
+    lattice = None
+    lengths = None
+    leaky = None
+    engine = "auto"
+    backend = None
+
+    def gather(self, x, need_grad: bool = True):
+        """Compact engine scores ``X [T, C]`` from ``x`` (``need_grad``: a
+        gradient will be asked for)."""
+        raise NotImplementedError
+
+    def finish(self, x, loglike, post):
+        """``(value [N] tensor on x's device, grad like x or None)``."""
+        raise NotImplementedError
+
+    def run(self, x, need_grad: bool = True):
+        """Gather, the engine, finish: ``(value [N], grad or None)``."""
+        X = self.gather(x, need_grad)
+        loglike, post = engines.forward_backward(self.lattice, X, self.lengths, leaky=self.leaky,
+                                                 need_posteriors=need_grad, engine=self.engine,
+                                                 backend=self.backend)
+        return self.finish(x, loglike, post if need_grad else None)
+
+
+class _CriterionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, criterion):
+        need = ctx.needs_input_grad[0]
+        value, grad = criterion.run(x, need)
+        ctx.criterion, ctx.grad = criterion, grad
+        if need:
+            ctx.save_for_backward(x)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:  # a second backward through this graph: recompute
+            (x,) = ctx.saved_tensors
+            grad = ctx.criterion.run(x, True)[1]
+        go = grad_out.to(grad.dtype)
+        go = torch.where(torch.isfinite(go), go, torch.zeros_like(go))
+        if not bool((go == 1).all()):
+            grad.mul_(go.view((-1,) + (1,) * (grad.dim() - 1)))
+        return grad, None
+
+
+def apply(x: torch.Tensor, criterion: Criterion) -> torch.Tensor:
+    """The criterion's per-sequence value ``[N]`` (differentiable w.r.t. ``x``)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    return _CriterionFunction.apply(x, criterion)
+
+
+def host_lengths(lengths) -> np.ndarray:
+    """int64 NumPy copy of ``lengths`` (a tensor, CuPy or NumPy array)."""
+    if isinstance(lengths, torch.Tensor):
+        return lengths.detach().cpu().numpy().astype(np.int64)
+    if hasattr(lengths, "get"):
+        return np.asarray(lengths.get(), dtype=np.int64)
+    return np.asarray(lengths, dtype=np.int64)

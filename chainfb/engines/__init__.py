@@ -1,0 +1,127 @@
+"""The engine seam: one protocol, three implementations, one place that picks.
+
+Every engine is a module with two functions over a
+:class:`~chainfb.lattice.Lattice` and a compact score matrix ``X [T, C]``
+(one column per distinct ``(sequence, pdf)``, see :mod:`chainfb.score_map`):
+
+``forward_backward(lat, X, lengths, leaky=None, need_posteriors=True)``
+    ``(loglike [N], posteriors [T, C] or None)``: the log of the total
+    weight of the paths of exactly ``lengths[n]`` arcs from the start state
+    to a final state, and ``d loglike / d X``.  ``leaky = (c, log_init [S])``
+    is Kaldi's leaky HMM.  Frames past a sequence's length are ignored
+    (``X`` may be overwritten there).
+``best_path(lat, X, lengths)``
+    ``(score [N], arcs [N, max(lengths)])``: the same recursion in the max
+    semiring, with the winning arcs as indices into the FstBatch's flat arc
+    arrays (``-1`` past a length or without a path).
+
+The implementations:
+
+- :mod:`~chainfb.engines.numpy_log` -- NumPy, log domain, float64; the
+  reference and the general CPU engine.
+- :mod:`~chainfb.engines.scipy_shared` -- SciPy sparse products in the
+  scaled probability domain, for lattices whose sequences all share one
+  graph (the LF-MMI denominator), several times faster there.
+- :mod:`~chainfb.engines.cuda` -- CuPy RawKernels (``chainfb/cuda/*.cu``).
+
+:func:`select` is the only place that chooses between them; criteria and
+public functions call :func:`forward_backward` / :func:`best_path` here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ENGINES", "select", "forward_backward", "best_path"]
+
+#: engine names accepted by ``engine=``
+ENGINES = ("auto", "numpy", "shared", "cuda")
+
+# the shared-graph engine pays off from about this many arcs of the shared graph
+_SHARED_MIN_ARCS = 2000
+
+
+def _module(name):
+    if name == "numpy":
+        from . import numpy_log
+
+        return numpy_log
+    if name == "shared":
+        from . import scipy_shared
+
+        return scipy_shared
+    from . import cuda
+
+    return cuda
+
+
+def _is_cupy(X) -> bool:
+    return type(X).__module__.startswith("cupy")
+
+
+def _shared_is_safe(X: np.ndarray) -> bool:
+    """Finite scores whose per-frame span stays within the scaled domain's range."""
+    from .scipy_shared import MAX_SPREAD
+
+    if X.size == 0:
+        return True
+    if not np.isfinite(X).all():
+        return False
+    return float((X.max(axis=1) - X.min(axis=1)).max()) < MAX_SPREAD
+
+
+def select(lat, X, op: str = "forward_backward", engine: str = "auto") -> str:
+    """The name of the engine that runs ``op`` (``"forward_backward"`` or
+    ``"best_path"``) on ``lat`` and ``X``.
+
+    ``engine="auto"``: ``"cuda"`` for CuPy scores; ``"shared"`` for a
+    forward-backward on the CPU when every sequence uses one graph of at
+    least 2000 arcs, there are at least two sequences, and every frame's
+    scores are finite and span less than
+    :data:`chainfb.engines.scipy_shared.MAX_SPREAD` nats; ``"numpy"``
+    otherwise.  An explicit name is checked against where ``X`` lives.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    on_gpu = _is_cupy(X)
+    if engine == "auto":
+        if on_gpu:
+            return "cuda"
+        if op == "forward_backward" and lat.num_sequences >= 2:
+            from .scipy_shared import shared_graph
+
+            g = shared_graph(lat)
+            if g is not None and g.num_arcs >= _SHARED_MIN_ARCS and _shared_is_safe(X):
+                return "shared"
+        return "numpy"
+    if on_gpu != (engine == "cuda"):
+        where = "CuPy (GPU)" if on_gpu else "NumPy (CPU)"
+        raise ValueError(f"engine: {engine!r} cannot run on {where} scores")
+    if engine == "shared":
+        from .scipy_shared import shared_graph
+
+        if shared_graph(lat) is None:
+            raise ValueError("engine: 'shared' needs every sequence to use one graph")
+    return engine
+
+
+def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, engine: str = "auto",
+                     backend=None):
+    """Run the engine :func:`select` picks (protocol in the module docstring).
+
+    ``backend``: a kernel backend for the CUDA engine (default: CuPy on the
+    GPU; :class:`chainfb.cuda.emulation.EmulatedBackend` runs the same
+    kernels on the CPU, for tests).  Giving one selects the CUDA engine."""
+    if backend is not None:
+        from .cuda import forward_backward_on
+
+        return forward_backward_on(backend, lat, X, lengths, leaky, need_posteriors)
+    return _module(select(lat, X, "forward_backward", engine)).forward_backward(
+        lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors
+    )
+
+
+def best_path(lat, X, lengths, engine: str = "auto"):
+    """Viterbi through the engine :func:`select` picks (CuPy scores are
+    decoded on the host: there is no max-semiring kernel)."""
+    return _module(select(lat, X, "best_path", engine)).best_path(lat, X, lengths)

@@ -1,0 +1,10 @@
+"""Test oracles, in one place: straightforward float64 references written
+independently of the engine and the kernels.
+
+- :mod:`oracles.fst`: path enumeration, best path by enumeration, and a
+  loop forward-backward for pdf-labelled graphs;
+- :mod:`oracles.transducer`: transducer alignments enumerated on the
+  ``(t, u)`` grid, a grid-loop reference (big blanks, sigma, FastEmit), and
+  a differentiable torch RNN-T recursion;
+- :mod:`oracles.cuda_twins`: NumPy twins of the CUDA score-map kernels.
+"""
