@@ -32,7 +32,8 @@ def rnnt_reference(logits, targets, T_len, U_len, blank):
 def rnnt_step_case(rng, B=3, T=5, Umax=3, V=6, blank=0, T_len=(5, 3, 4), U_len=(3, 1, 0)):
     """Random float64 logits, the step graphs (state u: blank self-loop with
     pdf 2u, label arc u -> u+1 with pdf 2u+1), their lattice, the column
-    layout ``colidx`` and the score-map arguments."""
+    layout ``colidx``, the score-map arguments (``sym``: kind 0 the blank,
+    kind 1 the label) and the reference's ``targets`` / ``blank``."""
     T_len = np.asarray(T_len)
     U_len = np.asarray(U_len)
     targets = rng.integers(1, V, (B, Umax))
@@ -50,5 +51,7 @@ def rnnt_step_case(rng, B=3, T=5, Umax=3, V=6, blank=0, T_len=(5, 3, 4), U_len=(
             colidx[b, u, 0] = col_off[b] + 2 * u
             if u < U_len[b]:
                 colidx[b, u, 1] = col_off[b] + 2 * u + 1
-    args = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=blank)
-    return logits, lat, args, T + Umax, T_len, U_len
+    sym = np.stack([np.full((B, Umax + 1), blank), np.pad(targets, ((0, 0), (0, 1)), constant_values=-1)], axis=2)
+    sym[:, :, 1][np.arange(Umax + 1)[None, :] >= U_len[:, None]] = -1
+    args = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
+    return logits, lat, args, T + Umax, T_len, U_len, dict(targets=targets, blank=blank)

@@ -116,6 +116,7 @@ class TestCUDA(_DeviceTests):
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
     def test_transducer_kernels_match_twins(self, dtype):
         from chainfb.cuda import transducer_gather, transducer_grad, twins
+        from chainfb.cuda.transducer_maps import transducer_symbols
 
         rng = np.random.default_rng(4)
         B, T, Umax, V, M = 4, 20, 6, 40, 2
@@ -134,8 +135,8 @@ class TestCUDA(_DeviceTests):
         zero_col = np.arange(c, c + B, dtype=np.int32)
         C = c + B
         rows = T + Umax
-        kw = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=V - 1,
-                  big_blank_idx=[V - 2, V - 3])
+        sym = transducer_symbols(targets, U_len, U1, V - 1, [V - 2, V - 3])
+        kw = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
         logits_cpu = torch.randn(B, T, U1, V, dtype=torch.float32).to(dtype)
         logits = logits_cpu.cuda()
         X, lse = transducer_gather(logits, num_rows=rows, num_columns=C, zero_col=zero_col, **kw)
@@ -145,10 +146,10 @@ class TestCUDA(_DeviceTests):
         np.testing.assert_allclose(lse.get(), lset, rtol=tol, atol=tol)
         post = rng.random((rows, C))
         for fastemit, clamp in ((0.0, -1.0), (0.2, 0.03)):
-            g = transducer_grad(logits, post=post, lse=lse, scale=np.full(B, 0.5), fastemit_lambda=fastemit,
-                                clamp=clamp, **kw)
-            gt = twins.transducer_grad(logits_cpu, post=post, lse=lset, scale=np.full(B, 0.5),
-                                       fastemit_lambda=fastemit, clamp=clamp, **kw)
+            w = np.array([1.0, 1.0 + fastemit, 1.0, 1.0])  # FastEmit weighs the label kind
+            g = transducer_grad(logits, post=post, lse=lse, scale=np.full(B, 0.5), kind_weight=w, clamp=clamp, **kw)
+            gt = twins.transducer_grad(logits_cpu, post=post, lse=lset, scale=np.full(B, 0.5), kind_weight=w,
+                                       clamp=clamp, **kw)
             assert g.dtype == dtype and g.is_cuda
             rt = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
             np.testing.assert_allclose(g.cpu().double().numpy(), gt.double().numpy(), rtol=rt, atol=rt)
@@ -177,13 +178,13 @@ class TestCUDA(_DeviceTests):
         from chainfb.cuda import forward_backward_lattice_cuda, transducer_gather, transducer_grad
 
         rng = np.random.default_rng(5)
-        logits_np, lat, args, rows, T_len, U_len = rnnt_step_case(rng)
+        logits_np, lat, args, rows, T_len, U_len, ref_args = rnnt_step_case(rng)
         logits = torch.tensor(logits_np, dtype=dtype, device="cuda")
         X, lse = transducer_gather(logits, num_rows=rows, num_columns=lat.num_columns, **args)
         ll, post = forward_backward_lattice_cuda(lat, X, cupy.asarray(T_len + U_len))
-        grad = transducer_grad(logits, post=post, lse=lse, scale=1.0, **args)
+        grad = transducer_grad(logits, post=post, lse=lse, scale=1.0, kind_weight=[1.0, 1.0], **args)
         lt = torch.tensor(logits_np, requires_grad=True)
-        ref = rnnt_reference(lt, args["targets"], T_len, U_len, args["blank"])
+        ref = rnnt_reference(lt, T_len=T_len, U_len=U_len, **ref_args)
         ref.sum().backward()
         tol = 1e-10 if dtype == torch.float64 else 1e-4
         np.testing.assert_allclose(-ll.get(), ref.detach().numpy(), rtol=tol)

@@ -11,7 +11,7 @@ from chainfb.cuda import twins
 from chainfb.cuda.emulation import EmulatedBackend, build, find_compiler
 from chainfb.cuda.engine_cuda import forward_backward_lattice_on
 from chainfb.cuda.kernels import KERNELS
-from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
+from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on, transducer_symbols
 from chainfb.engine import forward_backward_lattice
 from chainfb.testing import brute_force, numerator_like_fst, random_fst
 from rnnt_reference import rnnt_reference, rnnt_step_case
@@ -162,8 +162,9 @@ def test_engine_forward_only_and_errors(be):
 
 
 def _case(rng, B=3, T=4, Umax=3, V=7, M=0, dtype=np.float32):
-    """Random logits and a column layout: (b, u, j) numbered in order, the
-    label column only for u < U_b, some entries -1, a zero column per b."""
+    """Random logits and a multi-blank column layout: kinds blank, label, M
+    big blanks; (b, u, j) numbered in order, the label column only for
+    u < U_b, some entries -1, a zero column per b."""
     T_len = rng.integers(1, T + 1, B)
     T_len[0] = T
     U_len = rng.integers(0, Umax + 1, B)
@@ -188,8 +189,8 @@ def _case(rng, B=3, T=4, Umax=3, V=7, M=0, dtype=np.float32):
             zero_col[b] = c
             c += 1
     logits = (rng.normal(size=(B, T, U1, V)) * 2).astype(dtype)
-    args = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=blank,
-                big_blank_idx=big)
+    sym = transducer_symbols(targets, U_len, U1, blank, big)
+    args = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
     return logits, args, c, T + U1 - 1, (zero_col if M else None)
 
 
@@ -235,7 +236,9 @@ def test_transducer_grad_matches_twin(be, kind, M, fastemit, clamp, fused):
     _, lse = twins.transducer_gather(x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused, **args)
     post = rng.random((rows, C)).astype(lse.dtype)
     scale = rng.random(logits.shape[0]) + 0.5
-    kw = dict(fastemit_lambda=fastemit, clamp=clamp, fused_log_softmax=fused, **args)
+    w = np.ones(M + 2)
+    w[1] += fastemit  # FastEmit: the label kind weighs 1 + lambda
+    kw = dict(kind_weight=w, clamp=clamp, fused_log_softmax=fused, **args)
     ge = transducer_grad_on(be, x, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **kw)
     gt = twins.transducer_grad(x, post=post, lse=lse, scale=scale, **kw)
     assert type(ge) is type(gt) and ge.dtype == gt.dtype and tuple(ge.shape) == tuple(gt.shape)
@@ -262,20 +265,19 @@ def _special_floats(rng):
 
 
 def test_16bit_stores_round_like_numpy_and_torch(be):
-    # grad with no softmax, scale 1, lambda 0: grad at the blank symbol is exactly -post, rounded by the kernel
+    # grad with no softmax, scale 1, weights 1: grad at the blank symbol is exactly -post, rounded by the kernel
     rng = np.random.default_rng(7)
     vals = _special_floats(rng)
     B, T, V = 1, len(vals), 3
     colidx = np.array([[[0, -1]]], dtype=np.int32)
-    args = dict(targets=np.zeros((1, 0), dtype=np.int64), logit_lengths=[T], target_lengths=[0], colidx=colidx,
-                blank=1)
+    args = dict(sym=np.array([[[1, -1]]]), colidx=colidx, logit_lengths=[T], target_lengths=[0])
     post = -vals[:, None]  # row n = t (u = 0)
     vals = np.float32(0) - post[:, 0]  # what the kernel rounds (0 - (-(-0.0)) is +0.0)
     lse = np.zeros((B, T, 1), dtype=np.float32)
     for kind in ("f16", "bf16"):
         x = _as_input(np.zeros((B, T, 1, V), dtype=np.float32), kind)
-        g = transducer_grad_on(be, x, post=post, lse=lse, scale=1.0, fused_log_softmax=False, threads_per_row=1,
-                               block_size=16, **args)
+        g = transducer_grad_on(be, x, post=post, lse=lse, scale=1.0, kind_weight=[1.0, 1.0], fused_log_softmax=False,
+                               threads_per_row=1, block_size=16, **args)
         if kind == "f16":
             with np.errstate(over="ignore"):
                 want = vals.astype(np.float16)
@@ -290,8 +292,7 @@ def test_16bit_loads_are_exact(be):
     bits = np.concatenate([rng.integers(0, 65536, 500), [0, 0x8000, 0x7C00, 0xFC00, 0x0001, 0x03FF, 0x0400, 0x7BFF]])
     T = len(bits)
     colidx = np.array([[[0, -1]]], dtype=np.int32)
-    args = dict(targets=np.zeros((1, 0), dtype=np.int64), logit_lengths=[T], target_lengths=[0], colidx=colidx,
-                blank=0)
+    args = dict(sym=np.array([[[0, -1]]]), colidx=colidx, logit_lengths=[T], target_lengths=[0])
     h = bits.astype(np.uint16)
     h = h[(h & 0x7C00) != 0x7C00 | ((h & 0x3FF) == 0)]  # no NaNs (compare equal)
     for kind in ("f16", "bf16"):
@@ -316,14 +317,15 @@ def test_rnnt_through_kernels_and_engine(be):
     """Step graphs (state u: blank self-loop, label arc u -> u+1) + emulated
     gather + emulated engine + emulated grad = the direct RNN-T recursion."""
     rng = np.random.default_rng(9)
-    logits, lat, args, rows, T_len, U_len = rnnt_step_case(rng)
+    logits, lat, args, rows, T_len, U_len, ref_args = rnnt_step_case(rng)
     X, lse = transducer_gather_on(be, logits, num_rows=rows, num_columns=lat.num_columns, threads_per_row=4,
                                   block_size=8, **args)
     ll, post = forward_backward_lattice_on(be, lat, X, T_len + U_len, block_size=2)
     scale = np.ones(len(T_len))  # the kernel formula is d(-logP) / d logits
-    grad = transducer_grad_on(be, logits, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **args)
+    grad = transducer_grad_on(be, logits, post=post, lse=lse, scale=scale, kind_weight=[1.0, 1.0], threads_per_row=2,
+                              block_size=4, **args)
     lt = torch.tensor(logits, requires_grad=True)
-    ref = rnnt_reference(lt, args["targets"], T_len, U_len, args["blank"])
+    ref = rnnt_reference(lt, T_len=T_len, U_len=U_len, **ref_args)
     ref.sum().backward()
     np.testing.assert_allclose(-ll, ref.detach().numpy(), rtol=1e-10)
     np.testing.assert_allclose(grad, lt.grad.numpy(), atol=1e-10)
@@ -398,30 +400,109 @@ def test_emulation_under_ubsan(tmp_path):
         Xe, lse = transducer_gather_on(ub, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
                                        block_size=4, **args)
         transducer_grad_on(ub, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
-                           fastemit_lambda=0.1, clamp=0.5, threads_per_row=2, block_size=4, **args)
+                           kind_weight=[1.0, 1.1, 1.0, 1.0], clamp=0.5, threads_per_row=2, block_size=4, **args)
 
 
 def test_transducer_argument_errors(be):
     rng = np.random.default_rng(12)
     logits, args, C, rows, zc = _case(rng, M=0)
     kw = dict(num_rows=rows, num_columns=C)
+    V = logits.shape[-1]
+    sym = args["sym"]
     for fn in (lambda x, **a: transducer_gather_on(be, x, **a), twins.transducer_gather):
         with pytest.raises(TypeError, match="logits"):
             fn(logits.astype(np.int32), **kw, **args)
         with pytest.raises(ValueError, match="logits"):
             fn(logits[0], **kw, **args)
-        with pytest.raises(ValueError, match="targets"):
-            fn(logits, **kw, **dict(args, targets=args["targets"][:, :1]))
+        with pytest.raises(ValueError, match="sym"):
+            fn(logits, **kw, **dict(args, sym=sym[:, :-1]))
+        with pytest.raises(ValueError, match="colidx"):
+            fn(logits, **kw, **dict(args, sym=np.concatenate([sym, sym], axis=2)))
         with pytest.raises(ValueError, match="colidx"):
             fn(logits, **kw, **dict(args, colidx=args["colidx"] + C))
-        with pytest.raises(ValueError, match="big_blank_idx"):
-            fn(logits, **kw, **dict(args, big_blank_idx=[1]))
-        with pytest.raises(ValueError, match="blank"):
-            fn(logits, **kw, **dict(args, blank=logits.shape[-1]))
+        with pytest.raises(ValueError, match="sym"):
+            fn(logits, **kw, **dict(args, sym=np.where(sym == V - 1, V, sym)))
+        with pytest.raises(ValueError, match="sym"):
+            fn(logits, **kw, **dict(args, sym=np.where(sym == V - 1, -2, sym)))
+        with pytest.raises(ValueError, match="sym"):
+            fn(logits, **kw, **dict(args, sym=torch.from_numpy(np.where(sym == V - 1, V, sym))))
+        with pytest.raises(TypeError, match="sym"):
+            fn(logits, **kw, **dict(args, sym=sym.astype(np.float64)))
+        with pytest.raises(ValueError, match="arc kinds"):
+            fn(logits, **kw, **dict(args, sym=np.tile(sym, (1, 1, 9)), colidx=np.tile(args["colidx"], (1, 1, 9))))
         with pytest.raises(TypeError, match="logit_lengths"):
             fn(logits, **kw, **dict(args, logit_lengths=np.ones(3)))
     with pytest.raises(ValueError, match="threads_per_row"):
         transducer_gather_on(be, logits, threads_per_row=3, block_size=6, **kw, **args)
+    _, lse = twins.transducer_gather(logits, **kw, **args)
+    post = np.ones((rows, C), dtype=np.float32)
+    for fn in (lambda x, **a: transducer_grad_on(be, x, **a), twins.transducer_grad):
+        for w in ([1.0], np.ones(3), np.ones((1, 2)), 1.0):
+            with pytest.raises(ValueError, match="kind_weight"):
+                fn(logits, post=post, lse=lse, scale=1.0, kind_weight=w, **args)
+        with pytest.raises(TypeError, match="kind_weight"):
+            fn(logits, post=post, lse=lse, scale=1.0, kind_weight=np.array(["a", "b"]), **args)
+
+
+def test_transducer_unused_kinds_contribute_nothing(be):
+    """An entry with sym = -1 is unused even where its colidx names a column:
+    the gather leaves that column alone and its posterior does not reach the
+    gradient, exactly as if colidx were -1 there."""
+    rng = np.random.default_rng(13)
+    logits, args, C, rows, zc = _case(rng, M=2)
+    sym, colidx = args["sym"].copy(), args["colidx"]
+    drop = (rng.random(sym.shape) < 0.3) & (colidx >= 0)
+    assert drop.any()
+    sym[drop] = -1
+    cut = np.where(drop, -1, colidx)  # the same layout, the dropped entries removed through colidx
+    kw = dict(num_rows=rows, num_columns=C, zero_col=zc)
+    a_sym = dict(args, sym=sym)
+    a_cut = dict(args, sym=sym, colidx=cut)
+    a_cut2 = dict(args, colidx=cut)  # the original symbols: they must not matter where colidx is -1
+    Xs, lse = transducer_gather_on(be, logits, threads_per_row=2, block_size=4, **kw, **a_sym)
+    for a in (a_cut, a_cut2):
+        Xc, lsec = transducer_gather_on(be, logits, threads_per_row=2, block_size=4, **kw, **a)
+        np.testing.assert_array_equal(Xs, Xc)
+        np.testing.assert_array_equal(lse, lsec)
+    Xt = twins.transducer_gather(logits, **kw, **a_sym)[0]
+    np.testing.assert_array_equal(np.isneginf(Xs), np.isneginf(Xt))
+    np.testing.assert_allclose(Xs, Xt, rtol=2e-6, atol=2e-6)
+    assert np.isneginf(Xs[:, colidx[drop]]).all()
+    post = rng.random((rows, C)).astype(np.float32)
+    post[:, colidx[drop]] = 1e3  # would dominate the gradient if it were read
+    w = np.array([1.0, 1.5, 0.5, 2.0])
+    gk = dict(post=post, lse=lse, scale=1.0, kind_weight=w, threads_per_row=2, block_size=4)
+    gs = transducer_grad_on(be, logits, **gk, **a_sym)
+    for a in (a_cut, a_cut2):
+        np.testing.assert_array_equal(gs, transducer_grad_on(be, logits, **gk, **a))
+    gt = twins.transducer_grad(logits, post=post, lse=lse, scale=1.0, kind_weight=w, **a_sym)
+    np.testing.assert_allclose(gs, gt, rtol=2e-5, atol=2e-5)
+    assert np.abs(gs).max() < 10
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_transducer_kind_weight_scales_per_formula(be, fused):
+    """grad = scale * (softmax * sum_j w_j post_j - sum_j w_j post_j [k == sym_j]):
+    the kernel against the twin for arbitrary weights (zero and negative
+    included), and linear in w: the sum of the one-kind gradients e_j, each
+    times w_j."""
+    rng = np.random.default_rng(14)
+    logits, args, C, rows, zc = _case(rng, M=2, dtype=np.float64)
+    J = args["sym"].shape[2]
+    _, lse = twins.transducer_gather(logits, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused,
+                                     **args)
+    post = rng.random((rows, C))
+    scale = rng.random(logits.shape[0]) + 0.5
+    kw = dict(post=post, lse=lse, scale=scale, fused_log_softmax=fused, **args)
+    w = np.array([0.0, 2.5, -0.75, 1.25])
+    g = transducer_grad_on(be, logits, kind_weight=w, threads_per_row=4, block_size=8, **kw)
+    np.testing.assert_allclose(g, twins.transducer_grad(logits, kind_weight=w, **kw), rtol=1e-12, atol=1e-12)
+    parts = [transducer_grad_on(be, logits, kind_weight=np.eye(J)[j], threads_per_row=4, block_size=8, **kw)
+             for j in range(J)]
+    np.testing.assert_allclose(g, sum(wj * p for wj, p in zip(w, parts)), rtol=1e-12, atol=1e-12)
+    # doubling every weight doubles the gradient exactly (powers of two)
+    np.testing.assert_array_equal(transducer_grad_on(be, logits, kind_weight=2 * w, threads_per_row=4, block_size=8,
+                                                     **kw), 2 * g)
 
 
 def test_emulation_under_asan(tmp_path):
@@ -460,7 +541,8 @@ for kind in ("f16", "bf16", "f32", "f64"):
         Xe, lse = t.transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
                                          block_size=4, **args)
         t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
-                             fastemit_lambda=0.1, clamp=0.5, threads_per_row=2, block_size=4, **args)
+                             kind_weight=np.linspace(0.5, 1.5, M + 2), clamp=0.5, threads_per_row=2, block_size=4,
+                             **args)
 print("ASAN-CLEAN")
 """)
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
@@ -498,3 +580,18 @@ def test_transducer_costs_kernel_route_matches_cpu(be, durations, fastemit, clam
     ll_k, g_k = transducer_costs_on(be, logits, targets, lay, blank, big, fused, fastemit, clamp)
     np.testing.assert_allclose(ll_k, ll_cpu.numpy(), rtol=1e-10)
     torch.testing.assert_close(g_k, g_cpu, rtol=1e-9, atol=1e-10)
+
+
+def test_transducer_symbols_table():
+    """Kind 0 the blank, kind 1 the label for u < U_b (-1 beyond, and targets
+    may be wider than U1 - 1), kind 2 + i big blank i."""
+    targets = torch.tensor([[3, 1, 2, 0, 0], [2, 0, 0, 0, 0]])
+    sym = transducer_symbols(targets, [3, 1], 4, 6, [5, 4])
+    assert sym.dtype == np.int32 and sym.shape == (2, 4, 4)
+    np.testing.assert_array_equal(sym[:, :, 0], 6)
+    np.testing.assert_array_equal(sym[:, :, 2], 5)
+    np.testing.assert_array_equal(sym[:, :, 3], 4)
+    np.testing.assert_array_equal(sym[:, :, 1], [[3, 1, 2, -1], [2, -1, -1, -1]])
+    np.testing.assert_array_equal(transducer_symbols(targets.numpy()[:, :3], [3, 1], 4, 6, [5, 4]), sym)
+    rnnt = transducer_symbols(np.zeros((2, 0), dtype=np.int64), [0, 0], 1, 0)
+    np.testing.assert_array_equal(rnnt, [[[0, -1]], [[0, -1]]])

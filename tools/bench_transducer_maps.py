@@ -22,6 +22,8 @@ import numpy as np
 
 
 def make_case(rng, B, Tmax, Umax, V, M=0):
+    from chainfb.cuda.transducer_maps import transducer_symbols
+
     T_len = rng.integers(max(1, Tmax // 7), max(2, (Tmax * 4) // 5), B)
     U_len = rng.integers(max(0, Umax // 7), max(1, (Umax * 4) // 5), B)
     T_len[0], U_len[0] = Tmax, Umax
@@ -35,8 +37,8 @@ def make_case(rng, B, Tmax, Umax, V, M=0):
         colidx[b, U_len[b], 1] = -1
         c += n + 1
     targets = rng.integers(1, V - 1 - M, (B, Umax))
-    kw = dict(targets=targets, logit_lengths=T_len, target_lengths=U_len, colidx=colidx, blank=V - 1,
-              big_blank_idx=[V - 2 - i for i in range(M)])
+    sym = transducer_symbols(targets, U_len, U1, V - 1, [V - 2 - i for i in range(M)])
+    kw = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
     return kw, c, Tmax + Umax
 
 
@@ -64,6 +66,7 @@ def main(argv=None):
 
         B, Tmax, Umax, V = args.batch, args.max_frames, args.max_labels, args.vocab
     kw, C, rows = make_case(rng, B, Tmax, Umax, V)
+    kind_weight = np.ones(kw["sym"].shape[2])
     logits = torch.randn(B, Tmax, Umax + 1, V, dtype=torch.float32).to(dtype)
     if args.device == "cuda":
         logits = logits.cuda()
@@ -79,7 +82,7 @@ def main(argv=None):
 
         post = cupy.asarray(post, dtype=X.dtype)
         torch.cuda.reset_peak_memory_stats()
-    g = impl.transducer_grad(logits, post=post, lse=lse, scale=1.0, **kw)
+    g = impl.transducer_grad(logits, post=post, lse=lse, scale=1.0, kind_weight=kind_weight, **kw)
     del g
     tg, tr = [], []
     for _ in range(args.repeat):
@@ -88,7 +91,7 @@ def main(argv=None):
         X, lse = impl.transducer_gather(logits, num_rows=rows, num_columns=C, **kw)
         sync()
         t1 = time.perf_counter()
-        g = impl.transducer_grad(logits, post=post, lse=lse, scale=1.0, **kw)
+        g = impl.transducer_grad(logits, post=post, lse=lse, scale=1.0, kind_weight=kind_weight, **kw)
         sync()
         t2 = time.perf_counter()
         del g

@@ -29,14 +29,14 @@ SOURCES = {
     "engine.cu": [f"chainfb::fb_forward<{r}>" for r in ("float", "double")]
     + [f"chainfb::fb_backward<{r}>" for r in ("float", "double")],
     "transducer.cu": [
-        f"chainfb::rnnt_gather<{i}, {r}>"
+        f"chainfb::transducer_gather<{i}, {r}>"
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
     ]
     + [
-        f"chainfb::rnnt_grad<{i}, {r}>"
+        f"chainfb::transducer_grad<{i}, {r}>"
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
     ]
-    + [f"chainfb::rnnt_zero_col<{r}>" for r in ("float", "double")],
+    + [f"chainfb::transducer_zero_col<{r}>" for r in ("float", "double")],
 }
 
 #: kernel name -> source file

@@ -3,12 +3,14 @@
 // type of the logits (float, double, F16, BF16), R = compute type (float for
 // the 16/32-bit inputs, double for double).
 //
-// logits [B, T, U1, V] contiguous; targets [B, U1-1]; colidx [B, U1, M2]
-// (M2 = 2 + number of big blanks): compact column of (b, u, j) or -1, with
-// symbol blank for j = 0, targets[b, u] for j = 1 (only u < U_b) and
-// big_blank[j-2] for j >= 2.  Row (b, t, u) is live iff t < T_b and u <= U_b.
-// A group of `tpr` consecutive threads (a power of two dividing blockDim.x)
-// handles one row: lanes stride over the vocabulary, so reads are coalesced.
+// logits [B, T, U1, V] contiguous.  Each row (b, u) of the transducer grid
+// has J arc kinds j = 0..J-1, described by two tables of shape [B, U1, J]:
+// sym (the vocabulary index the arc reads, or -1) and colidx (the arc's
+// compact engine column, or -1).  Entry (b, u, j) is used iff colidx >= 0
+// and sym >= 0; the kernels attach no meaning to j.  Row (b, t, u) is live
+// iff t < T_b and u <= U_b.  A group of `tpr` consecutive threads (a power of
+// two dividing blockDim.x) handles one row: lanes stride over the
+// vocabulary, so reads are coalesced.
 #include "common.cuh"
 
 #ifndef CHAINFB_MAX_J
@@ -17,18 +19,14 @@
 
 namespace chainfb {
 
-__device__ __forceinline__ int row_symbol(int j, int b, int u, int Umax, int blank, const int* targets,
-                                          const int* big_blank) {
-  return j == 0 ? blank : (j == 1 ? targets[(i64)b * Umax + u] : big_blank[j - 2]);
-}
-
-// X[t+u, colidx[b,u,j]] = logits[b,t,u,sym_j] - lse[b,t,u] for live rows
-// (other entries of X are left as they are: the caller fills X with -inf);
-// lse_out[b,t,u] = logsumexp_k logits[b,t,u,k] (0 when !fused) for live rows.
+// X[t+u, colidx[b,u,j]] = logits[b,t,u,sym[b,u,j]] - lse[b,t,u] for live rows
+// and used entries (other entries of X are left as they are: the caller
+// fills X with -inf); lse_out[b,t,u] = logsumexp_k logits[b,t,u,k] (0 when
+// !fused) for live rows.
 template <typename In, typename R>
-__global__ void rnnt_gather(const In* logits, int B, int T, int U1, int V, const int* targets,
-                            const int* colidx, int M2, int blank, const int* big_blank, const int* T_len,
-                            const int* U_len, int fused, int tpr, R* X, int num_rows, int C, R* lse_out) {
+__global__ void transducer_gather(const In* logits, int B, int T, int U1, int V, const int* sym,
+                                  const int* colidx, int J, const int* T_len, const int* U_len, int fused, int tpr,
+                                  R* X, int num_rows, int C, R* lse_out) {
   const int lane = threadIdx.x % tpr;
   const i64 row = (i64)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
   const i64 rows = (i64)B * T * U1;
@@ -51,18 +49,19 @@ __global__ void rnnt_gather(const In* logits, int B, int T, int U1, int V, const
   if (lane == 0) lse_out[row] = norm;
   const int n = t + u;
   if (n >= num_rows) return;
-  for (int j = lane; j < M2; j += tpr) {
-    const int col = colidx[((i64)b * U1 + u) * M2 + j];
-    if (col < 0 || (j == 1 && u >= U_len[b])) continue;
-    const int sym = row_symbol(j, b, u, U1 - 1, blank, targets, big_blank);
-    X[(i64)n * C + col] = (R)Storage<In>::load(p[sym]) - norm;
+  const i64 e0 = ((i64)b * U1 + u) * J;
+  for (int j = lane; j < J; j += tpr) {
+    const int col = colidx[e0 + j], k = sym[e0 + j];
+    if (col < 0 || k < 0) continue;
+    X[(i64)n * C + col] = (R)Storage<In>::load(p[k]) - norm;
   }
 }
 
-// X[n, zero_col[b]] = 0 for n < T_b + U_b (a multi-blank "no pdf" column).
+// X[n, zero_col[b]] = 0 for n < T_b + U_b (a column that scores 0 on every
+// step of utterance b, e.g. a multi-blank "no pdf" column).
 template <typename R>
-__global__ void rnnt_zero_col(const int* zero_col, const int* T_len, const int* U_len, int B, R* X, int num_rows,
-                              int C) {
+__global__ void transducer_zero_col(const int* zero_col, const int* T_len, const int* U_len, int B, R* X,
+                                    int num_rows, int C) {
   const i64 total = (i64)B * num_rows;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const int b = (int)(i / num_rows), n = (int)(i % num_rows);
@@ -71,15 +70,16 @@ __global__ void rnnt_zero_col(const int* zero_col, const int* T_len, const int* 
   }
 }
 
-// grad[b,t,u,k] = scale[b] * clamp(softmax_k * (occ + lambda * post_1)
-//                                   - sum_j post_j * w_j * [k == sym_j])
-// occ = sum_j post_j, post_j = post[t+u, colidx[b,u,j]], w_1 = 1 + lambda, else 1;
-// no softmax term when !fused; zero on dead rows; clamp only when clamp > 0.
+// grad[b,t,u,k] = scale[b] * clamp(softmax_k * sum_j w_j post_j
+//                                   - sum_j w_j post_j [k == sym_j])
+// post_j = post[t+u, colidx[b,u,j]] for used entries, 0 otherwise;
+// w = kind_weight [J]; no softmax term when !fused; zero on dead rows;
+// clamp to [-clamp, clamp] only when clamp > 0.
 template <typename In, typename R>
-__global__ void rnnt_grad(const In* logits, int B, int T, int U1, int V, const int* targets, const int* colidx,
-                          int M2, int blank, const int* big_blank, const int* T_len, const int* U_len, int fused,
-                          int tpr, const R* post, int num_rows, int C, const R* lse, const R* scale, R fastemit,
-                          R clamp, In* grad) {
+__global__ void transducer_grad(const In* logits, int B, int T, int U1, int V, const int* sym, const int* colidx,
+                                int J, const int* T_len, const int* U_len, int fused, int tpr, const R* post,
+                                int num_rows, int C, const R* lse, const R* scale, const R* kind_weight, R clamp,
+                                In* grad) {
   const int lane = threadIdx.x % tpr;
   const i64 row = (i64)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
   const i64 rows = (i64)B * T * U1;
@@ -94,25 +94,23 @@ __global__ void rnnt_grad(const In* logits, int B, int T, int U1, int V, const i
     for (int k = lane; k < V; k += tpr) g[k] = Storage<In>::store(R(0));
     return;
   }
-  int sym[CHAINFB_MAX_J];
+  const i64 e0 = ((i64)b * U1 + u) * J;
+  int s[CHAINFB_MAX_J];
   R pw[CHAINFB_MAX_J];
-  R occ = R(0), p1 = R(0);
-  for (int j = 0; j < M2; ++j) {
-    const int col = colidx[((i64)b * U1 + u) * M2 + j];
-    const bool ok = col >= 0 && !(j == 1 && u >= U_len[b]);
-    const R pj = ok ? post[(i64)n * C + col] : R(0);
-    sym[j] = ok ? row_symbol(j, b, u, U1 - 1, blank, targets, big_blank) : -1;
-    occ += pj;
-    if (j == 1) p1 = pj;
-    pw[j] = j == 1 ? pj * (R(1) + fastemit) : pj;
+  R soft_w = R(0);
+  for (int j = 0; j < J; ++j) {
+    const int col = colidx[e0 + j], k = sym[e0 + j];
+    const bool used = col >= 0 && k >= 0;
+    s[j] = used ? k : -1;
+    pw[j] = used ? kind_weight[j] * post[(i64)n * C + col] : R(0);
+    soft_w += pw[j];
   }
-  const R soft_w = occ + fastemit * p1;
   const R norm = lse[row];
   const R sc = scale[b];
   for (int k = lane; k < V; k += tpr) {
     R v = fused ? Num<R>::exp_((R)Storage<In>::load(p[k]) - norm) * soft_w : R(0);
-    for (int j = 0; j < M2; ++j)
-      if (sym[j] == k) v -= pw[j];
+    for (int j = 0; j < J; ++j)
+      if (s[j] == k) v -= pw[j];
     if (clamp > R(0)) v = v < -clamp ? -clamp : (v > clamp ? clamp : v);
     g[k] = Storage<In>::store(sc * v);
   }

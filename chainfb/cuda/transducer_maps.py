@@ -5,28 +5,37 @@ Conventions (shared with the NumPy twins in :mod:`chainfb.cuda.twins`):
 - ``logits [B, T, U1, V]`` contiguous (``U1 = Umax + 1``), float16,
   bfloat16 (torch only), float32 or float64; math in float32, or float64 for
   float64 logits (the *compute dtype*).
-- ``colidx [B, U1, M+2]`` int: compact column of ``(b, u, j)`` or -1; ``j=0``
-  the blank (symbol ``blank``), ``j=1`` the label (symbol ``targets[b, u]``,
-  only ``u < target_lengths[b]``), ``j=2+i`` big blank ``i`` (symbol
-  ``big_blank_idx[i]``).
+- Each grid row ``(b, u)`` has ``J`` arc kinds ``j``, described by two int
+  tables of shape ``[B, U1, J]``: ``sym[b, u, j]``, the vocabulary index the
+  arc reads (or -1), and ``colidx[b, u, j]``, its compact engine column (or
+  -1).  Entry ``(b, u, j)`` is *used* iff ``colidx >= 0`` and ``sym >= 0``.
+  The kernels attach no meaning to ``j``: what a kind is (blank, label, big
+  blank, ...) lives only in these tables and in ``kind_weight``.
 - Step ``n = t + u``.  Row ``(b, t, u)`` is *live* iff ``t < T_b`` and
   ``u <= U_b``.
 
 ``transducer_gather`` reads the logits once: ``X[n, colidx[b,u,j]] =
-logits[b,t,u,sym_j] - lse[b,t,u]`` (``lse`` the log-sum-exp over ``V``, or 0
-when ``fused_log_softmax`` is false), ``-inf`` wherever no live row writes;
-``X[n, zero_col[b]] = 0`` for ``n < T_b + U_b``.  ``transducer_grad`` reads
-them once more and writes the gradient once::
+logits[b,t,u,sym[b,u,j]] - lse[b,t,u]`` for used entries (``lse`` the
+log-sum-exp over ``V``, or 0 when ``fused_log_softmax`` is false), ``-inf``
+wherever no live row writes; ``X[n, zero_col[b]] = 0`` for ``n < T_b + U_b``.
+``transducer_grad`` reads them once more and writes the gradient once::
 
-    grad[b,t,u,k] = scale[b] * clamp(softmax_k * (occ + lambda * post_1)
-                                     - sum_j post_j * w_j * [k == sym_j])
+    grad[b,t,u,k] = scale[b] * clamp(softmax_k * sum_j w_j post_j
+                                     - sum_j w_j post_j [k == sym_j])
 
-with ``post_j = post[t+u, colidx[b,u,j]]``, ``occ = sum_j post_j``,
-``w_1 = 1 + lambda`` (FastEmit) and 1 otherwise, no softmax term when
-``fused_log_softmax`` is false, the clamp to ``[-clamp, clamp]`` only when
-``clamp > 0``, and zero on rows that are not live.  With ``scale = 1``,
-``lambda = 0`` and no clamp this is ``d(-logP) / d logits``: the gradient of
-the loss, not of the log-likelihood.
+with ``post_j = post[t+u, colidx[b,u,j]]`` for used entries and 0 otherwise,
+``w = kind_weight [J]``, no softmax term when ``fused_log_softmax`` is
+false, the clamp to ``[-clamp, clamp]`` only when ``clamp > 0``, and zero on
+rows that are not live.
+
+Derivation: the arc of kind ``j`` at ``(b, t, u)`` scores ``x_j =
+logits[sym_j] - lse``, so ``d x_j / d logits[k] = [k == sym_j] - softmax_k``
+(no softmax term when not fused), and the engine's ``post_j`` is ``d logP /
+d x_j``.  For a cost whose gradient w.r.t. ``x_j`` is ``-w_j post_j``, the
+chain rule gives ``d cost / d logits[k] = -sum_j w_j post_j ([k == sym_j] -
+softmax_k)``, the formula above.  With ``w = 1`` it is ``d(-logP) / d
+logits`` (the gradient of the loss, not of the log-likelihood); RNN-T with
+FastEmit passes ``w = [1, 1 + lambda, 1, ...]`` (blank, label, big blanks).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ __all__ = [
     "transducer_grad_on",
     "transducer_costs_on",
     "transducer_costs_cuda",
+    "transducer_symbols",
+    "transducer_kind_weight",
     "logits_storage",
 ]
 
@@ -113,40 +124,63 @@ def _ints(xp, x, name, shape=None, ndim=None):
     return xp.ascontiguousarray(a.astype(np.int32, copy=False))
 
 
-def check_common(xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx):
+def _host(x):
+    """``x`` as a NumPy array when it lives in host memory, else None."""
+    if is_torch(x):
+        return None if x.is_cuda else x.detach().numpy()
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return np.asarray(x)
+    return None
+
+
+def check_common(xp, logits, sym, colidx, logit_lengths, target_lengths):
     """Validate and normalise the arguments shared by gather and grad."""
     arr, tag = logits_storage(xp, logits)
     B, T, U1, V = (int(s) for s in arr.shape)
     if U1 < 1:
         raise ValueError("logits: the U1 dimension (max target length + 1) must be >= 1")
-    targets = _ints(xp, targets, "targets", shape=(B, U1 - 1))
+    sym_host = _host(sym)
+    sym = _ints(xp, sym, "sym", ndim=3)
+    colidx = _ints(xp, colidx, "colidx", ndim=3)
+    if sym.shape[:2] != (B, U1) or sym.shape[2] < 1:
+        raise ValueError(f"sym: expected shape ({B}, {U1}, J), got {tuple(sym.shape)}")
+    if colidx.shape != sym.shape:
+        raise ValueError(f"colidx: expected the shape of sym {tuple(sym.shape)}, got {tuple(colidx.shape)}")
+    J = int(sym.shape[2])
+    if J > _MAX_J:
+        raise ValueError(f"sym/colidx: at most {_MAX_J} arc kinds are supported, got J={J}")
+    if sym_host is not None and sym_host.size and (sym_host.min() < -1 or sym_host.max() >= V):
+        raise ValueError(f"sym: symbols must lie in [-1, V={V}), got [{sym_host.min()}, {sym_host.max()}]")
     logit_lengths = _ints(xp, logit_lengths, "logit_lengths", shape=(B,))
     target_lengths = _ints(xp, target_lengths, "target_lengths", shape=(B,))
-    colidx = _ints(xp, colidx, "colidx", ndim=3)
-    if colidx.shape[:2] != (B, U1) or colidx.shape[2] < 2:
-        raise ValueError(f"colidx: expected shape ({B}, {U1}, M+2), got {tuple(colidx.shape)}")
-    M2 = int(colidx.shape[2])
-    if M2 > _MAX_J:
-        raise ValueError(f"colidx: at most {_MAX_J - 2} big blanks are supported, got {M2 - 2}")
-    big = np.asarray(big_blank_idx if big_blank_idx is not None else [], dtype=np.int64).reshape(-1)
-    if big.size != M2 - 2:
-        raise ValueError(f"big_blank_idx: expected {M2 - 2} symbols (colidx has M+2={M2}), got {big.size}")
-    syms = np.append(big, int(blank))
-    if syms.size and (syms.min() < 0 or syms.max() >= V):
-        raise ValueError(f"blank/big_blank_idx: symbols must lie in [0, V={V}), got {syms.tolist()}")
-    big = xp.asarray(np.append(big, 0).astype(np.int32))  # never empty (a valid pointer)
-    if targets.size == 0:
-        targets = xp.zeros(1, dtype=np.int32)
-    return arr, tag, (B, T, U1, V, M2), targets, logit_lengths, target_lengths, colidx, big
+    return arr, tag, (B, T, U1, V, J), sym, colidx, logit_lengths, target_lengths
+
+
+def check_kind_weight(xp, kind_weight, J, R):
+    """``kind_weight`` as a contiguous ``[J]`` array of the compute dtype."""
+    if is_torch(kind_weight):
+        kind_weight = kind_weight.detach()
+        if xp is np or not kind_weight.is_cuda:
+            kind_weight = kind_weight.cpu().numpy()
+        else:
+            from .interop import cupy_view
+
+            kind_weight = cupy_view(kind_weight)
+    w = xp.asarray(kind_weight)
+    if w.dtype.kind not in "iuf":
+        raise TypeError(f"kind_weight: expected real numbers, got dtype {w.dtype}")
+    if tuple(w.shape) != (J,):
+        raise ValueError(f"kind_weight: expected shape ({J},) (one weight per arc kind), got {tuple(w.shape)}")
+    return xp.ascontiguousarray(w.astype(R, copy=False))
 
 
 def _check_columns(colidx, zero_col, C):
     """Range-check host-side column indices (device arrays are not checked:
     that would synchronise)."""
     for name, a in (("colidx", colidx), ("zero_col", zero_col)):
-        if a is None or not isinstance(a, (np.ndarray, list, tuple)):
+        a = None if a is None else _host(a)
+        if a is None:
             continue
-        a = np.asarray(a)
         if a.size and (a.min() < -1 or a.max() >= C):
             raise ValueError(f"{name}: column indices must lie in [-1, {C}), got [{a.min()}, {a.max()}]")
 
@@ -158,43 +192,41 @@ def _launch_shape(rows, tpr, block):
     return (rows + per - 1) // per
 
 
-def _launch_rows(backend, kernel, tag, arr, dims, targets, colidx, blank, big, Tl, Ul, fused_log_softmax,
-                 threads_per_row, block_size, extra_args):
+def _launch_rows(backend, kernel, tag, arr, dims, sym, colidx, Tl, Ul, fused_log_softmax, threads_per_row,
+                 block_size, extra_args):
     """Launch a transducer row kernel (``threads_per_row`` threads per
     ``(b, t, u)`` row): the row arguments both kernels share, then its own."""
-    B, T, U1, V, M2 = dims
+    B, T, U1, V, J = dims
     i32 = np.int32
     rows = B * T * U1
     backend.launch(
         f"chainfb::{kernel}<{_IN[tag]}>",
         _launch_shape(rows, threads_per_row, block_size) if rows else 0,
         block_size,
-        [arr, i32(B), i32(T), i32(U1), i32(V), targets, colidx, i32(M2), i32(blank), big, Tl, Ul,
-         i32(bool(fused_log_softmax)), i32(threads_per_row)] + list(extra_args),
+        [arr, i32(B), i32(T), i32(U1), i32(V), sym, colidx, i32(J), Tl, Ul, i32(bool(fused_log_softmax)),
+         i32(threads_per_row)] + list(extra_args),
     )
 
 
-def transducer_gather_on(backend, logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns,
-                         blank, big_blank_idx=(), zero_col=None, fused_log_softmax=True, threads_per_row=32,
-                         block_size=128):
+def transducer_gather_on(backend, logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns,
+                         zero_col=None, fused_log_softmax=True, threads_per_row=32, block_size=128):
     """:func:`transducer_gather` on any kernel backend (GPU or emulation)."""
     xp = backend.xp
     _check_columns(colidx, zero_col, int(num_columns))
-    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
-        xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
-    )
+    arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
+    B, T, U1 = dims[:3]
     R = compute_dtype(tag)
     X = xp.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
     lse = xp.zeros((B, T, U1), dtype=R)
     i32 = np.int32
-    _launch_rows(backend, "rnnt_gather", tag, arr, (B, T, U1, V, M2), targets, colidx, blank, big, Tl, Ul,
-                 fused_log_softmax, threads_per_row, block_size, [X, i32(num_rows), i32(num_columns), lse])
+    _launch_rows(backend, "transducer_gather", tag, arr, dims, sym, colidx, Tl, Ul, fused_log_softmax,
+                 threads_per_row, block_size, [X, i32(num_rows), i32(num_columns), lse])
     if zero_col is not None:
         zc = _ints(xp, zero_col, "zero_col", shape=(B,))
         total = B * int(num_rows)
         rname = "float" if R == np.float32 else "double"
         backend.launch(
-            f"chainfb::rnnt_zero_col<{rname}>",
+            f"chainfb::transducer_zero_col<{rname}>",
             min((total + block_size - 1) // block_size, 65535),
             block_size,
             [zc, Tl, Ul, i32(B), X, i32(num_rows), i32(num_columns)],
@@ -202,19 +234,18 @@ def transducer_gather_on(backend, logits, targets, logit_lengths, target_lengths
     return X, lse
 
 
-def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, colidx, post, lse, scale, blank,
-                       big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True, threads_per_row=32,
-                       block_size=128):
+def transducer_grad_on(backend, logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight,
+                       clamp=-1.0, fused_log_softmax=True, threads_per_row=32, block_size=128):
     """:func:`transducer_grad` on any kernel backend (GPU or emulation)."""
     xp = backend.xp
     colidx_in = colidx
-    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
-        xp, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
-    )
+    arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
+    B, T, U1, V, J = dims
     R = compute_dtype(tag)
     if post.ndim != 2:
         raise ValueError(f"post: expected 2-D [num_rows, C], got shape {tuple(post.shape)}")
     _check_columns(colidx_in, None, int(post.shape[1]))
+    kind_weight = check_kind_weight(xp, kind_weight, J, R)
     post = xp.ascontiguousarray(xp.asarray(post, dtype=R))
     lse = xp.ascontiguousarray(xp.asarray(lse, dtype=R))
     if lse.shape != (B, T, U1):
@@ -232,10 +263,9 @@ def transducer_grad_on(backend, logits, targets, logit_lengths, target_lengths, 
     else:
         grad = xp.empty(arr.shape, dtype=arr.dtype)
     i32 = np.int32
-    _launch_rows(backend, "rnnt_grad", tag, arr, (B, T, U1, V, M2), targets, colidx, blank, big, Tl, Ul,
-                 fused_log_softmax, threads_per_row, block_size,
-                 [post, i32(post.shape[0]), i32(post.shape[1]), lse, scale, R.type(fastemit_lambda),
-                  R.type(clamp), grad])
+    _launch_rows(backend, "transducer_grad", tag, arr, dims, sym, colidx, Tl, Ul, fused_log_softmax,
+                 threads_per_row, block_size,
+                 [post, i32(post.shape[0]), i32(post.shape[1]), lse, scale, kind_weight, R.type(clamp), grad])
     return out if out is not None else wrap_grad(grad, tag, logits)
 
 
@@ -249,19 +279,19 @@ def wrap_grad(grad, tag, like):
     return g.view(torch.bfloat16) if tag == "bf16" else g
 
 
-def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns, blank,
-                      big_blank_idx=(), zero_col=None, fused_log_softmax=True):
+def transducer_gather(logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns, zero_col=None,
+                      fused_log_softmax=True):
     """Fused log-softmax + skewed gather of the engine's scores (GPU).
 
     Parameters
     ----------
     logits : ``[B, T, U1, V]`` CuPy array or CUDA tensor (float16, bfloat16,
         float32, float64), contiguous.
-    targets : ``[B, U1-1]`` ints; logit_lengths, target_lengths : ``[B]`` ints.
-    colidx : ``[B, U1, M+2]`` ints (see the module docstring).
+    sym, colidx : ``[B, U1, J]`` ints: the vocabulary index and the compact
+        column of each arc kind, -1 where unused (see the module docstring).
+    logit_lengths, target_lengths : ``[B]`` ints.
     num_rows, num_columns : the shape of ``X`` (``num_rows >= T + U1 - 1``
         covers every step).
-    blank : int; big_blank_idx : ``[M]`` ints.
     zero_col : ``[B]`` ints or None: a column scoring 0 for ``n < T_b + U_b``.
     fused_log_softmax : bool
 
@@ -270,25 +300,66 @@ def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, nu
     X : CuPy ``[num_rows, num_columns]`` compute dtype (float32, or float64)
     lse : CuPy ``[B, T, U1]`` compute dtype (0 where not live)
     """
-    return transducer_gather_on(cupy_backend(), logits, targets, logit_lengths, target_lengths, colidx, num_rows,
-                                num_columns, blank, big_blank_idx, zero_col, fused_log_softmax)
+    return transducer_gather_on(cupy_backend(), logits, sym, colidx, logit_lengths, target_lengths, num_rows,
+                                num_columns, zero_col, fused_log_softmax)
 
 
-def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post, lse, scale, blank,
-                    big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True):
+def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight, clamp=-1.0,
+                    fused_log_softmax=True):
     """Fused transducer gradient w.r.t. the logits (GPU).
 
     Parameters as :func:`transducer_gather`, plus ``post [num_rows, C]``
     (engine posteriors), ``lse [B, T, U1]`` (from the gather), ``scale [B]``
-    (or a scalar), ``fastemit_lambda`` and ``clamp`` (<= 0: none).
+    (or a scalar), ``kind_weight [J]`` (the weight ``w_j`` of each arc kind)
+    and ``clamp`` (<= 0: none).
 
     Returns
     -------
     grad : ``[B, T, U1, V]``, same type (CuPy array / torch tensor) and
     dtype as ``logits``.
     """
-    return transducer_grad_on(cupy_backend(), logits, targets, logit_lengths, target_lengths, colidx, post, lse,
-                              scale, blank, big_blank_idx, fastemit_lambda, clamp, fused_log_softmax)
+    return transducer_grad_on(cupy_backend(), logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale,
+                              kind_weight, clamp, fused_log_softmax)
+
+
+def _symbols_torch(targets, target_lengths, U1, blank, big_blank_idx, device):
+    """The ``sym`` table of RNN-T / multi-blank as an int32 torch tensor on
+    ``device`` (see :func:`transducer_symbols`); no host synchronisation."""
+    import torch
+
+    big = [int(i) for i in (big_blank_idx if big_blank_idx is not None else ())]
+    B = int(targets.shape[0])
+    sym = torch.full((B, U1, 2 + len(big)), -1, dtype=torch.int32, device=device)
+    sym[:, :, 0] = int(blank)
+    if big:
+        sym[:, :, 2:] = torch.tensor(big, dtype=torch.int32, device=device)
+    k = min(U1 - 1, int(targets.shape[1]))
+    lab = torch.full((B, U1), -1, dtype=torch.int32, device=device)
+    lab[:, :k] = targets[:, :k].to(device=device, dtype=torch.int32)
+    Ub = torch.as_tensor(np.asarray(target_lengths, dtype=np.int64), device=device)
+    sym[:, :, 1] = torch.where(torch.arange(U1, device=device)[None, :] < Ub[:, None], lab, -1)
+    return sym
+
+
+def transducer_symbols(targets, target_lengths, U1, blank, big_blank_idx=()):
+    """The ``sym`` table of an RNN-T (``big_blank_idx`` empty) or multi-blank
+    batch: int32 NumPy ``[B, U1, 2 + M]`` with kind 0 the blank (``blank``),
+    kind 1 the label (``targets[b, u]`` for ``u < target_lengths[b]``, -1
+    beyond) and kind ``2 + i`` big blank ``i`` (``big_blank_idx[i]``).
+
+    ``targets`` is ``[B, >= max(U_b)]`` ints (NumPy array or tensor)."""
+    import torch
+
+    tg = targets.detach().cpu() if is_torch(targets) else torch.from_numpy(np.asarray(targets))
+    return _symbols_torch(tg, target_lengths, int(U1), blank, big_blank_idx, "cpu").numpy()
+
+
+def transducer_kind_weight(num_big_blanks=0, fastemit_lambda=0.0):
+    """``kind_weight`` for the :func:`transducer_symbols` kinds: 1 for every
+    kind but the label, ``1 + fastemit_lambda`` for it (FastEmit)."""
+    w = np.ones(2 + int(num_big_blanks))
+    w[1] += float(fastemit_lambda)
+    return w
 
 
 def transducer_costs_on(backend, logits, targets, layout, blank, big_blank_idx=(), fused_log_softmax=True,
@@ -303,6 +374,9 @@ def transducer_costs_on(backend, logits, targets, layout, blank, big_blank_idx=(
     targets : ``[B, >= max(U_b)]`` int tensor.
     layout : :class:`chainfb.transducer.graphs.TransducerLayout` of the batch
         (its lattice, ``colidx``, per-utterance steps and lengths).
+    blank, big_blank_idx : the vocabulary indices of the blank and the big
+        blanks (kinds 0 and ``2 + i`` of ``layout.colidx``; kind 1 is the
+        label).
 
     Returns
     -------
@@ -310,32 +384,29 @@ def transducer_costs_on(backend, logits, targets, layout, blank, big_blank_idx=(
     grad : gradient of ``-loglike`` (FastEmit-modified, clamped, zero for
         utterances with a non-finite log-likelihood), like ``logits``; or None.
     """
-    import torch
-
     xp = backend.xp
     lat = layout.lat
     B, T, U1, V = logits.shape
     logits = logits.detach().contiguous()
-    tg = torch.zeros((B, U1 - 1), dtype=torch.int32, device=logits.device)
-    k = min(U1 - 1, targets.shape[1])
-    tg[:, :k] = targets[:, :k].to(device=logits.device, dtype=torch.int32)
     Tb = np.asarray(layout.logit_lengths, dtype=np.int32)
     Ub = np.asarray(layout.target_lengths, dtype=np.int32)
+    big = list(big_blank_idx if big_blank_idx is not None else ())
+    sym = _ints(xp, _symbols_torch(targets, Ub, U1, blank, big, logits.device), "sym")
     zero = np.flatnonzero(layout.col_j < 0)
     zero_col = None
     if zero.size:
         zero_col = np.full(B, -1, dtype=np.int64)
         zero_col[layout.col_b[zero]] = zero
-    X, lse = transducer_gather_on(backend, logits, tg, Tb, Ub, layout.colidx, layout.num_steps, lat.num_columns,
-                                  blank, big_blank_idx, zero_col, fused_log_softmax)
+    X, lse = transducer_gather_on(backend, logits, sym, layout.colidx, Tb, Ub, layout.num_steps, lat.num_columns,
+                                  zero_col, fused_log_softmax)
     from .engine_cuda import forward_backward_lattice_on
 
     loglike, post = forward_backward_lattice_on(backend, lat, X, layout.steps, need_gradient)
     if not need_gradient:
         return loglike, None
     scale = xp.isfinite(loglike).astype(X.dtype)
-    grad = transducer_grad_on(backend, logits, tg, Tb, Ub, layout.colidx, post, lse, scale, blank, big_blank_idx,
-                              fastemit_lambda, clamp, fused_log_softmax)
+    grad = transducer_grad_on(backend, logits, sym, layout.colidx, Tb, Ub, post, lse, scale,
+                              transducer_kind_weight(len(big), fastemit_lambda), clamp, fused_log_softmax)
     return loglike, grad
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine import forward_backward_lattice
-from .transducer_maps import _check_columns, check_common, compute_dtype
+from .transducer_maps import _check_columns, check_common, check_kind_weight, compute_dtype
 
 __all__ = ["forward_backward_lattice", "transducer_gather", "transducer_grad"]
 
@@ -37,38 +37,19 @@ def _store(g, tag, like):
     return torch.from_numpy(out) if isinstance(like, torch.Tensor) else out
 
 
-def _symbols(B, U1, M2, targets, blank, big):
-    """sym[b, u, j] of every (b, u, j)."""
-    sym = np.empty((B, U1, M2), dtype=np.int64)
-    sym[:, :, 0] = blank
-    lab = np.zeros((B, U1), dtype=np.int64)
-    lab[:, : U1 - 1] = targets.reshape(B, U1 - 1)
-    sym[:, :, 1] = lab
-    for i in range(M2 - 2):
-        sym[:, :, 2 + i] = big[i]
-    return sym
-
-
-def _valid(colidx, target_lengths, U1):
-    """(b, u, j) entries that name a real column (labels only for u < U_b)."""
-    ok = colidx >= 0
-    ok[:, :, 1] &= np.arange(U1)[None, :] < target_lengths[:, None]
-    return ok
-
-
 def _live(B, T, U1, logit_lengths, target_lengths):
     return (np.arange(T)[None, :, None] < logit_lengths[:, None, None]) & (
         np.arange(U1)[None, None, :] <= target_lengths[:, None, None]
     )
 
 
-def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, num_rows, num_columns, blank,
-                      big_blank_idx=(), zero_col=None, fused_log_softmax=True):
+def transducer_gather(logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns, zero_col=None,
+                      fused_log_softmax=True):
     """NumPy twin of :func:`chainfb.cuda.transducer_gather` (same arguments,
     NumPy arrays or CPU tensors; returns NumPy ``X``, ``lse``)."""
     _check_columns(colidx, zero_col, int(num_columns))
-    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
-        np, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
+    arr, tag, (B, T, U1, V, J), sym, colidx, Tl, Ul = check_common(
+        np, logits, sym, colidx, logit_lengths, target_lengths
     )
     R = compute_dtype(tag)
     x = _values(arr, tag)
@@ -82,16 +63,15 @@ def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, nu
         lse = np.zeros((B, T, U1), dtype=R)
     lse = np.where(live, lse, R.type(0)).astype(R)
     X = np.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
-    sym = _symbols(B, U1, M2, targets, int(blank), big)
-    ok = _valid(colidx, Ul, U1)
+    used = (colidx >= 0) & (sym >= 0)
     for b in range(B):
         for t in range(int(Tl[b])):
             for u in range(int(Ul[b]) + 1):
                 n = t + u
                 if n >= num_rows:
                     continue
-                for j in range(M2):
-                    if ok[b, u, j]:
+                for j in range(J):
+                    if used[b, u, j]:
                         X[n, colidx[b, u, j]] = x[b, t, u, sym[b, u, j]] - lse[b, t, u]
     if zero_col is not None:
         zc = np.asarray(zero_col).reshape(B)
@@ -101,22 +81,21 @@ def transducer_gather(logits, targets, logit_lengths, target_lengths, colidx, nu
     return X, lse
 
 
-def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post, lse, scale, blank,
-                    big_blank_idx=(), fastemit_lambda=0.0, clamp=-1.0, fused_log_softmax=True):
+def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight, clamp=-1.0,
+                    fused_log_softmax=True):
     """NumPy twin of :func:`chainfb.cuda.transducer_grad` (returns the same
     container and dtype as ``logits``: NumPy array or CPU tensor)."""
     _check_columns(colidx, None, int(np.shape(post)[1]))
-    arr, tag, (B, T, U1, V, M2), targets, Tl, Ul, colidx, big = check_common(
-        np, logits, targets, logit_lengths, target_lengths, colidx, blank, big_blank_idx
+    arr, tag, (B, T, U1, V, J), sym, colidx, Tl, Ul = check_common(
+        np, logits, sym, colidx, logit_lengths, target_lengths
     )
     R = compute_dtype(tag)
     x = _values(arr, tag)
+    w = check_kind_weight(np, kind_weight, J, R)
     post = np.asarray(post, dtype=R)
     lse = np.asarray(lse, dtype=R)
     scale = np.broadcast_to(np.asarray(scale, dtype=R), (B,))
-    lam = R.type(fastemit_lambda)
-    sym = _symbols(B, U1, M2, targets, int(blank), big)
-    ok = _valid(colidx, Ul, U1)
+    used = (colidx >= 0) & (sym >= 0)
     g = np.zeros((B, T, U1, V), dtype=R)
     for b in range(B):
         for t in range(int(Tl[b])):
@@ -124,14 +103,14 @@ def transducer_grad(logits, targets, logit_lengths, target_lengths, colidx, post
                 n = t + u
                 if n >= post.shape[0]:
                     continue
-                pj = np.array([post[n, colidx[b, u, j]] if ok[b, u, j] else 0 for j in range(M2)], dtype=R)
+                # w_j post_j of every kind, 0 where unused
+                wp = np.array([w[j] * post[n, colidx[b, u, j]] if used[b, u, j] else 0 for j in range(J)], dtype=R)
                 row = np.zeros(V, dtype=R)
                 if fused_log_softmax:
-                    soft = np.exp(x[b, t, u] - lse[b, t, u])
-                    row += soft * (pj.sum(dtype=R) + lam * pj[1])
-                for j in range(M2):
-                    if ok[b, u, j]:
-                        row[sym[b, u, j]] -= pj[j] * ((1 + lam) if j == 1 else 1)
+                    row += np.exp(x[b, t, u] - lse[b, t, u]) * wp.sum(dtype=R)
+                for j in range(J):
+                    if used[b, u, j]:
+                        row[sym[b, u, j]] -= wp[j]
                 if clamp > 0:
                     row = np.clip(row, -R.type(clamp), R.type(clamp))
                 g[b, t, u] = scale[b] * row
