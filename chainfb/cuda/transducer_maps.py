@@ -1,6 +1,7 @@
 """Transducer score maps on the GPU (kernels in ``transducer.cu``).
 
-Conventions (shared with the NumPy twins in :mod:`chainfb.cuda.twins`):
+Conventions (shared with the NumPy twins the tests check them against,
+``tests/oracles/cuda_twins.py``):
 
 - ``logits [B, T, U1, V]`` contiguous (``U1 = Umax + 1``), float16,
   bfloat16 (torch only), float32 or float64; math in float32, or float64 for
@@ -50,10 +51,6 @@ __all__ = [
     "transducer_grad",
     "transducer_gather_on",
     "transducer_grad_on",
-    "transducer_costs_on",
-    "transducer_costs_cuda",
-    "transducer_symbols",
-    "transducer_kind_weight",
     "logits_storage",
 ]
 
@@ -320,102 +317,3 @@ def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, ls
     """
     return transducer_grad_on(cupy_backend(), logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale,
                               kind_weight, clamp, fused_log_softmax)
-
-
-def _symbols_torch(targets, target_lengths, U1, blank, big_blank_idx, device):
-    """The ``sym`` table of RNN-T / multi-blank as an int32 torch tensor on
-    ``device`` (see :func:`transducer_symbols`); no host synchronisation."""
-    import torch
-
-    big = [int(i) for i in (big_blank_idx if big_blank_idx is not None else ())]
-    B = int(targets.shape[0])
-    sym = torch.full((B, U1, 2 + len(big)), -1, dtype=torch.int32, device=device)
-    sym[:, :, 0] = int(blank)
-    if big:
-        sym[:, :, 2:] = torch.tensor(big, dtype=torch.int32, device=device)
-    k = min(U1 - 1, int(targets.shape[1]))
-    lab = torch.full((B, U1), -1, dtype=torch.int32, device=device)
-    lab[:, :k] = targets[:, :k].to(device=device, dtype=torch.int32)
-    Ub = torch.as_tensor(np.asarray(target_lengths, dtype=np.int64), device=device)
-    sym[:, :, 1] = torch.where(torch.arange(U1, device=device)[None, :] < Ub[:, None], lab, -1)
-    return sym
-
-
-def transducer_symbols(targets, target_lengths, U1, blank, big_blank_idx=()):
-    """The ``sym`` table of an RNN-T (``big_blank_idx`` empty) or multi-blank
-    batch: int32 NumPy ``[B, U1, 2 + M]`` with kind 0 the blank (``blank``),
-    kind 1 the label (``targets[b, u]`` for ``u < target_lengths[b]``, -1
-    beyond) and kind ``2 + i`` big blank ``i`` (``big_blank_idx[i]``).
-
-    ``targets`` is ``[B, >= max(U_b)]`` ints (NumPy array or tensor)."""
-    import torch
-
-    tg = targets.detach().cpu() if is_torch(targets) else torch.from_numpy(np.asarray(targets))
-    return _symbols_torch(tg, target_lengths, int(U1), blank, big_blank_idx, "cpu").numpy()
-
-
-def transducer_kind_weight(num_big_blanks=0, fastemit_lambda=0.0):
-    """``kind_weight`` for the :func:`transducer_symbols` kinds: 1 for every
-    kind but the label, ``1 + fastemit_lambda`` for it (FastEmit)."""
-    w = np.ones(2 + int(num_big_blanks))
-    w[1] += float(fastemit_lambda)
-    return w
-
-
-def transducer_costs_on(backend, logits, targets, layout, blank, big_blank_idx=(), fused_log_softmax=True,
-                        fastemit_lambda=0.0, clamp=-1.0, need_gradient=True):
-    """Transducer log-likelihoods and gradient through the kernels: gather,
-    the engine kernels, then the fused gradient.
-
-    Parameters
-    ----------
-    logits : ``[B, T, U1, V]`` tensor (CUDA for the GPU backend, CPU for the
-        emulation).
-    targets : ``[B, >= max(U_b)]`` int tensor.
-    layout : :class:`chainfb.transducer.graphs.TransducerLayout` of the batch
-        (its lattice, ``colidx``, per-utterance steps and lengths).
-    blank, big_blank_idx : the vocabulary indices of the blank and the big
-        blanks (kinds 0 and ``2 + i`` of ``layout.colidx``; kind 1 is the
-        label).
-
-    Returns
-    -------
-    loglike : ``[B]`` backend array, compute dtype.
-    grad : gradient of ``-loglike`` (FastEmit-modified, clamped, zero for
-        utterances with a non-finite log-likelihood), like ``logits``; or None.
-    """
-    xp = backend.xp
-    lat = layout.lat
-    B, T, U1, V = logits.shape
-    logits = logits.detach().contiguous()
-    Tb = np.asarray(layout.logit_lengths, dtype=np.int32)
-    Ub = np.asarray(layout.target_lengths, dtype=np.int32)
-    big = list(big_blank_idx if big_blank_idx is not None else ())
-    sym = _ints(xp, _symbols_torch(targets, Ub, U1, blank, big, logits.device), "sym")
-    zero = np.flatnonzero(layout.col_j < 0)
-    zero_col = None
-    if zero.size:
-        zero_col = np.full(B, -1, dtype=np.int64)
-        zero_col[layout.col_b[zero]] = zero
-    X, lse = transducer_gather_on(backend, logits, sym, layout.colidx, Tb, Ub, layout.num_steps, lat.num_columns,
-                                  zero_col, fused_log_softmax)
-    from .engine_cuda import forward_backward_lattice_on
-
-    loglike, post = forward_backward_lattice_on(backend, lat, X, layout.steps, need_gradient)
-    if not need_gradient:
-        return loglike, None
-    scale = xp.isfinite(loglike).astype(X.dtype)
-    grad = transducer_grad_on(backend, logits, sym, layout.colidx, Tb, Ub, post, lse, scale,
-                              transducer_kind_weight(len(big), fastemit_lambda), clamp, fused_log_softmax)
-    return loglike, grad
-
-
-def transducer_costs_cuda(logits, targets, layout, blank, big_blank_idx=(), fused_log_softmax=True,
-                          fastemit_lambda=0.0, clamp=-1.0, need_gradient=True):
-    """:func:`transducer_costs_on` on the GPU; ``loglike`` comes back as a
-    CUDA torch tensor (no host synchronisation)."""
-    import torch
-
-    loglike, grad = transducer_costs_on(cupy_backend(), logits, targets, layout, blank, big_blank_idx,
-                                        fused_log_softmax, fastemit_lambda, clamp, need_gradient)
-    return torch.from_dlpack(loglike), grad

@@ -80,6 +80,7 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto") -> str:
     scores are finite and span less than
     :data:`chainfb.engines.scipy_shared.MAX_SPREAD` nats; ``"numpy"``
     otherwise.  An explicit name is checked against where ``X`` lives.
+    Inside :func:`use_kernel_backend` the answer is always ``"cuda"``.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
@@ -112,6 +113,7 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
     ``backend``: a kernel backend for the CUDA engine (default: CuPy on the
     GPU; :class:`chainfb.cuda.emulation.EmulatedBackend` runs the same
     kernels on the CPU, for tests).  Giving one selects the CUDA engine."""
+    backend = backend if backend is not None else kernel_backend()
     if backend is not None:
         from .cuda import forward_backward_on
 

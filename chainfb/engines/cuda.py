@@ -124,12 +124,13 @@ def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_post
     a = lattice_arrays(backend, lat, dtype)
     if leaky is not None:
         coef = float(leaky[0])
-        if not 0.0 < coef < 1.0:
-            raise ValueError(f"leaky: the coefficient must lie in (0, 1), got {coef}")
+        if not 0.0 <= coef < 1.0:
+            raise ValueError(f"leaky: the coefficient must lie in [0, 1), got {coef}")
         log_init = xp.ascontiguousarray(xp.asarray(leaky[1], dtype=dtype))
         if log_init.shape != (S,):
             raise ValueError(f"leaky: log_init must have shape ({S},), got {tuple(log_init.shape)}")
-        log_c = dtype.type(np.log(coef))
+        with np.errstate(divide="ignore"):
+            log_c = dtype.type(np.log(coef))  # 0: no leak, but the path starts from log_init
     else:
         log_init = np.uint64(0)  # null pointer: no leak
         log_c = dtype.type(0)
@@ -190,5 +191,7 @@ def best_path(lat: Lattice, X, lengths):
     (same return values, NumPy arrays)."""
     from . import numpy_log
 
-    host = lengths.get() if hasattr(lengths, "get") else lengths
-    return numpy_log.best_path(lat, np.asarray(X.get(), dtype=np.float64), np.asarray(host, dtype=np.int64))
+    def host(a):
+        return a.get() if hasattr(a, "get") else a
+
+    return numpy_log.best_path(lat, np.asarray(host(X), dtype=np.float64), np.asarray(host(lengths), dtype=np.int64))

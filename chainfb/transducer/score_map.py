@@ -55,8 +55,10 @@ def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big
     index arc kind ``j`` of main state ``u`` reads (``-1`` for the label
     kind at ``u >= U_b``).
 
-    targets ``[B, >= max(U_b)]`` ints; target_lengths ``[B]`` (NumPy);
-    ``big_blanks[i]`` the index of big blank ``i``."""
+    targets ``[B, >= max(U_b)]`` ints (tensor or NumPy); target_lengths
+    ``[B]``; ``big_blanks[i]`` the index of big blank ``i``."""
+    if not isinstance(targets, torch.Tensor):
+        targets = torch.from_numpy(np.asarray(targets))
     B = targets.shape[0]
     M = len(big_blanks)
     sym = torch.empty((B, U1, 2 + M), dtype=torch.int32, device=targets.device)
@@ -108,6 +110,10 @@ class TransducerCriterion(Criterion):
         """The kernel backend for ``x``, or None for the torch backend."""
         if self.backend is not None:
             return self.backend
+        from .. import engines
+
+        if engines.kernel_backend() is not None:
+            return engines.kernel_backend()
         if x.is_cuda:
             from ..cuda.kernels import cupy_backend
 
@@ -128,13 +134,10 @@ class TransducerCriterion(Criterion):
             zero_col = np.full(len(lay.steps), -1, dtype=np.int64)
             zero_col[lay.col_b[zero]] = zero
         X, self._state = transducer_gather_on(
-            kb, x.detach().contiguous(), self._kernel_sym(x, kb), lay.colidx, lay.logit_lengths.astype(np.int32),
+            kb, x.detach().contiguous(), self.sym, lay.colidx, lay.logit_lengths.astype(np.int32),
             lay.target_lengths.astype(np.int32), lay.num_steps, self.lattice.num_columns, zero_col=zero_col,
             fused_log_softmax=self.fused)
         return X
-
-    def _kernel_sym(self, x, kb):
-        return self.sym if kb.xp is not np else self.sym.cpu().numpy()
 
     def finish(self, x, loglike, post):
         kb = self._kernels(x)
@@ -158,7 +161,7 @@ class TransducerCriterion(Criterion):
         xp = kb.xp
         scale = xp.isfinite(loglike).astype(loglike.dtype)
         grad = transducer_grad_on(
-            kb, x.detach().contiguous(), self._kernel_sym(x, kb), lay.colidx, lay.logit_lengths.astype(np.int32),
+            kb, x.detach().contiguous(), self.sym, lay.colidx, lay.logit_lengths.astype(np.int32),
             lay.target_lengths.astype(np.int32), post, state, scale, self.kind_weight, clamp=self.clamp,
             fused_log_softmax=self.fused)
         return value, grad

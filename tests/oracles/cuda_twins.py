@@ -2,21 +2,20 @@
 counterparts (as in CuPy's cupyx): the reference the kernel tests compare
 against, written straightforwardly and independently of the ``.cu`` code.
 
-- engine: :func:`chainfb.engine.forward_backward_lattice` is the twin of
-  :func:`chainfb.cuda.forward_backward_lattice_cuda`.
+- engine: :func:`chainfb.engines.numpy_log.forward_backward` is the twin of
+  :func:`chainfb.engines.cuda.forward_backward`.
 - :func:`transducer_gather`, :func:`transducer_grad`: twins of
-  :func:`chainfb.cuda.transducer_gather` / :func:`chainfb.cuda.transducer_grad`
-  (conventions in :mod:`chainfb.cuda.transducer_maps`).
+  :func:`chainfb.cuda.transducer_maps.transducer_gather` /
+  :func:`chainfb.cuda.transducer_maps.transducer_grad` (conventions there).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..engine import forward_backward_lattice
-from .transducer_maps import _check_columns, check_common, check_kind_weight, compute_dtype
+from chainfb.cuda.transducer_maps import _check_columns, check_common, check_kind_weight, compute_dtype
 
-__all__ = ["forward_backward_lattice", "transducer_gather", "transducer_grad"]
+__all__ = ["transducer_gather", "transducer_grad"]
 
 
 def _values(arr, tag):
