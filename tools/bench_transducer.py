@@ -19,8 +19,9 @@ floor for any implementation is ~1x the logits.  CUDA (``--device cuda``):
 ``torch.cuda.max_memory_allocated`` above the inputs.
 
     python tools/bench_transducer.py [--batch 8] [--repeat 3] [--device cpu|cuda]
-    # torchaudio / warprnnt_numba live in a separate venv here:
-    PYTHONPATH=$PWD /work/venv-ta/bin/python tools/bench_transducer.py
+    # the peers (torchaudio, warprnnt_numba) may need another torch version;
+    # run the script from a separate virtual environment that has them, e.g.
+    PYTHONPATH=$PWD venv-peers/bin/python tools/bench_transducer.py
 """
 
 from __future__ import annotations
