@@ -4,7 +4,7 @@ every installed peer (torchaudio, warprnnt_numba), measured in one run.
 
 Shapes follow the transducer-loss-benchmarking suite (vocab 500,
 LibriSpeech after 4x subsampling: T mean ~318 / max 680, U mean ~68 /
-max 151), scaled to this machine: ``--batch`` utterances (default 8) drawn
+max 151), scaled down for a CPU: ``--batch`` utterances (default 8) drawn
 with a fixed seed, padded to the batch maximum, reduction "sum", logits
 float32 requiring grad; one step = loss + ``backward()``.
 
