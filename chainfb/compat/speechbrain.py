@@ -24,12 +24,18 @@ from ..transducer.loss import _TransducerCost, check_inputs, transducer_costs
 __all__ = ["TransducerLoss"]
 
 
+def _per_frame(values, Tb):
+    """``values [B] / T_b``, with ``T_b`` (host integers) converted to a tensor of ``values``' dtype on
+    ``values``' device, so that CUDA costs are divided on the GPU."""
+    return values / torch.as_tensor(Tb).to(device=values.device, dtype=values.dtype)
+
+
 class _SpeechBrainTransducer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, Tb, Ub, blank, reduction):
         loglike, grad = transducer_costs(logits, labels, Tb, Ub, blank, need_gradient=ctx.needs_input_grad[0])
         ctx.save_for_backward(grad if grad is not None else logits.new_zeros(0))
-        loss = (-loglike / torch.as_tensor(Tb, dtype=loglike.dtype).to(loglike.device)).to(logits.dtype)
+        loss = _per_frame(-loglike, Tb).to(logits.dtype)
         if reduction == "mean":
             return loss.mean()
         if reduction == "sum":
@@ -59,7 +65,7 @@ class TransducerLoss(torch.nn.Module):
         if not self.true_gradient:
             return _SpeechBrainTransducer.apply(logits, labels, Tb, Ub, b, self.reduction)
         costs = _TransducerCost.apply(logits, labels, Tb, Ub, b, (), 0.0, True, 0.0, -1.0)
-        loss = costs / torch.from_numpy(Tb).to(costs.dtype)
+        loss = _per_frame(costs, Tb)
         if self.reduction == "mean":
             return loss.mean()
         if self.reduction == "sum":
