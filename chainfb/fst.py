@@ -125,7 +125,13 @@ class Fst:
     ) -> "Fst":
         """Build from ``(src, dst, pdf, log_prob)`` tuples and a ``{state: log_prob}`` map.
 
-        ``num_states`` defaults to one more than the largest state id used.
+        States are numbered from 0.  Without ``num_states`` the FST has
+        ``1 + `` the largest state id used by ``start``, ``finals`` or an arc,
+        so ids between those used are states without arcs.  With
+        ``num_states`` every state id must lie in ``[0, num_states)``; an id
+        outside it is a ``ValueError`` naming the argument (``arcs[i]``,
+        ``finals`` or ``start``) instead of a silently added state; states
+        above the largest id used are states without arcs.
         """
         arcs = list(arcs)
         for i, arc in enumerate(arcs):
@@ -139,15 +145,29 @@ class Fst:
         dst = np.array([a[1] for a in arcs], dtype=np.int64)
         pdf = np.array([a[2] for a in arcs], dtype=np.int64)
         lp = np.array([a[3] for a in arcs], dtype=np.float64)
-        ids = [int(start)] + [int(s) for s in finals]
-        if len(arcs):
-            ids += [int(src.min()), int(dst.min()), int(src.max()), int(dst.max())]
-        if min(ids) < 0:
-            raise ValueError(f"negative state id {min(ids)}")
+        start = int(start)
+        final_ids = [int(s) for s in finals]
+        if num_states is not None:
+            if isinstance(num_states, bool) or int(num_states) != num_states or num_states < 1:
+                raise ValueError(f"num_states: expected a positive integer, got {num_states!r}")
+            num_states = int(num_states)
+
+        def check(where, what, state):
+            if state < 0:
+                raise ValueError(f"{where}: {what} {state} is negative")
+            if num_states is not None and state >= num_states:
+                raise ValueError(f"{where}: {what} {state} is outside [0, num_states={num_states})")
+
+        for name, ids in (("source state", src), ("destination state", dst)):
+            bad = (ids < 0) if num_states is None else (ids < 0) | (ids >= num_states)
+            if bad.any():
+                i = int(np.argmax(bad))
+                check(f"arcs[{i}]", name, int(ids[i]))
+        for s in final_ids:
+            check("finals", "state", s)
+        check("start", "state", start)
         if num_states is None:
-            num_states = max(ids) + 1
-        elif max(ids) >= num_states:
-            raise ValueError(f"state id {max(ids)} is outside [0, num_states={num_states})")
+            num_states = 1 + max([start, *final_ids, *(int(ids.max()) for ids in (src, dst) if ids.size)])
         final = np.full(num_states, -np.inf)
         for s, w in finals.items():
             final[int(s)] = float(w)

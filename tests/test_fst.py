@@ -89,8 +89,20 @@ def test_parse_type_error():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(arcs=[(0, -1, 0, 0.0)], finals={0: 0.0}), "negative state id"),
-        (dict(arcs=[(0, 5, 0, 0.0)], finals={0: 0.0}, num_states=3), "outside"),
+        (dict(arcs=[(0, -1, 0, 0.0)], finals={0: 0.0}), r"arcs\[0\]: destination state -1 is negative"),
+        (dict(arcs=[(0, 1, 0, 0.0), (-2, 1, 0, 0.0)], finals={1: 0.0}), r"arcs\[1\]: source state -2 is negative"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={-1: 0.0}), "finals: state -1 is negative"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={1: 0.0}, start=-1), "start: state -1 is negative"),
+        (dict(arcs=[(0, 5, 0, 0.0)], finals={0: 0.0}, num_states=3),
+         r"arcs\[0\]: destination state 5 is outside \[0, num_states=3\)"),
+        (dict(arcs=[(0, 1, 0, 0.0), (1, 2, 0, 0.0), (3, 1, 0, 0.0)], finals={1: 0.0}, num_states=3),
+         r"arcs\[2\]: source state 3 is outside \[0, num_states=3\)"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={2: 0.0}, num_states=2), r"finals: state 2 is outside \[0, num_states=2\)"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={1: 0.0}, start=2, num_states=2),
+         r"start: state 2 is outside \[0, num_states=2\)"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={1: 0.0}, num_states=0), "num_states: expected a positive integer"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={1: 0.0}, num_states=2.5), "num_states: expected a positive integer"),
+        (dict(arcs=[(0, 1, 0, 0.0)], finals={1: 0.0}, num_states=True), "num_states: expected a positive integer"),
         (dict(arcs=[(0, 1, 0, float("nan"))], finals={1: 0.0}), "NaN"),
         (dict(arcs=[(0, 1, 0, float("inf"))], finals={1: 0.0}), r"\+inf"),
         (dict(arcs=[(0, 1, -1, 0.0)], finals={1: 0.0}), "pdf"),
@@ -102,6 +114,28 @@ def test_parse_type_error():
 def test_from_arcs_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Fst.from_arcs(**kwargs)
+
+
+def test_from_arcs_num_states_default_is_one_more_than_the_largest_id():
+    f = Fst.from_arcs([(0, 1, 0, 0.0), (1, 1, 1, 0.0)], {1: 0.0})
+    assert f.num_states == 2
+    # ids between those used become states without arcs; finals and start count too
+    f = Fst.from_arcs([(0, 3, 0, 0.0)], {3: 0.0})
+    assert f.num_states == 4 and f.final[1] == f.final[2] == -np.inf
+    assert Fst.from_arcs([(0, 1, 0, 0.0)], {5: 0.0}).num_states == 6
+    assert Fst.from_arcs([(0, 1, 0, 0.0)], {1: 0.0}, start=7).num_states == 8
+    assert Fst.from_arcs([], {0: 0.0}).num_states == 1
+
+
+def test_from_arcs_explicit_num_states():
+    # every id inside [0, num_states): accepted, trailing states have no arcs
+    f = Fst.from_arcs([(0, 1, 0, 0.0)], {1: 0.0}, num_states=4)
+    assert f.num_states == 4 and f.final.tolist() == [-np.inf, 0.0, -np.inf, -np.inf]
+    f = Fst.from_arcs([(0, 2, 0, 0.0)], {2: 0.0}, num_states=np.int64(3))
+    assert f.num_states == 3 and isinstance(f.num_states, int)
+    # an arc to an undeclared state is an error, not a new state
+    with pytest.raises(ValueError, match="num_states=2"):
+        Fst.from_arcs([(0, 1, 0, 0.0), (1, 2, 0, 0.0)], {1: 0.0}, num_states=2)
 
 
 def test_from_arcs_finals_type():

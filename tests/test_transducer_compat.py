@@ -151,6 +151,55 @@ def test_speechbrain_true_gradient_gradcheck():
     assert torch.autograd.gradcheck(lambda z: n(z, tg, Tb, Ub), (x,))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_speechbrain_divisor_follows_the_costs(dtype):
+    # the frame counts are host integers; the division must happen on the costs' device and in their dtype
+    # ("meta" stands in for CUDA: like CUDA it refuses a [B] operand on the CPU)
+    Tb = np.array([4, 2, 5])
+    costs = torch.ones(3, dtype=dtype, device="meta")
+    out = speechbrain._per_frame(costs, Tb)
+    assert out.device == costs.device and out.dtype == dtype and out.shape == (3,)
+    cpu = speechbrain._per_frame(torch.tensor([8.0, 3.0, 5.0], dtype=dtype), Tb)
+    assert cpu.dtype == dtype
+    np.testing.assert_allclose(cpu.double().numpy(), [2.0, 1.5, 1.0])
+
+
+@pytest.mark.parametrize("true_gradient", [False, True])
+def test_speechbrain_float32(true_gradient):
+    x, tg, Tb, Ub = batch(10, blank_last=False)
+    m = speechbrain.TransducerLoss(blank=0, reduction="none", true_gradient=true_gradient)
+    loss32 = m(x.float().requires_grad_(), tg, Tb, Ub)
+    assert loss32.dtype == torch.float32
+    np.testing.assert_allclose(loss32.detach().double().numpy(), m(x, tg, Tb, Ub).detach().numpy(), rtol=1e-5)
+
+
+def _cuda_available():
+    try:
+        import cupy
+
+        return torch.cuda.is_available() and cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU, torch with CUDA and CuPy")
+class TestSpeechBrainCuda:
+    @pytest.mark.parametrize("true_gradient", [False, True])
+    @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+    def test_matches_cpu(self, true_gradient, reduction):
+        x, tg, Tb, Ub = batch(11, blank_last=False)
+        m = speechbrain.TransducerLoss(blank=0, reduction=reduction, true_gradient=true_gradient)
+        xc = x.clone().requires_grad_()
+        xg = x.cuda().requires_grad_()
+        lc = m(xc, tg, Tb, Ub)
+        lg = m(xg, tg.cuda(), Tb.cuda(), Ub.cuda())
+        assert lg.device.type == "cuda" and lg.dtype == lc.dtype
+        np.testing.assert_allclose(lg.detach().cpu().numpy(), lc.detach().numpy(), rtol=1e-10)
+        lc.sum().backward()
+        lg.sum().backward()
+        np.testing.assert_allclose(xg.grad.cpu().numpy(), xc.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
 def test_speechbrain_bad_reduction():
     with pytest.raises(ValueError, match="reduction"):
         speechbrain.TransducerLoss(reduction="avg")

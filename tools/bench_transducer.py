@@ -4,7 +4,7 @@ every installed peer (torchaudio, warprnnt_numba), measured in one run.
 
 Shapes follow the transducer-loss-benchmarking suite (vocab 500,
 LibriSpeech after 4x subsampling: T mean ~318 / max 680, U mean ~68 /
-max 151), scaled to this machine: ``--batch`` utterances (default 8) drawn
+max 151), scaled down for a CPU: ``--batch`` utterances (default 8) drawn
 with a fixed seed, padded to the batch maximum, reduction "sum", logits
 float32 requiring grad; one step = loss + ``backward()``.
 
@@ -19,8 +19,9 @@ floor for any implementation is ~1x the logits.  CUDA (``--device cuda``):
 ``torch.cuda.max_memory_allocated`` above the inputs.
 
     python tools/bench_transducer.py [--batch 8] [--repeat 3] [--device cpu|cuda]
-    # torchaudio / warprnnt_numba live in a separate venv here:
-    PYTHONPATH=$PWD /work/venv-ta/bin/python tools/bench_transducer.py
+    # the peers (torchaudio, warprnnt_numba) may need another torch version;
+    # run the script from a separate virtual environment that has them, e.g.
+    PYTHONPATH=$PWD venv-peers/bin/python tools/bench_transducer.py
 """
 
 from __future__ import annotations

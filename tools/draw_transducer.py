@@ -7,6 +7,11 @@ twice each: the plain ``Fst.to_dot()`` (arcs ``pdf:prob``, as the engine
 sees them) and an annotated version naming each pdf (``blank@u``,
 ``y_{u+1}``, ``big<d>@u``, ``zero``).  Renders PNGs when ``dot`` is on PATH.
 
+The files go to ``--out DIR`` (created if needed); without ``--out`` they go
+to a new temporary directory, so that nothing is written into the current
+directory (often the source tree).  Every file written is printed, and the
+directory last.
+
     python tools/draw_transducer.py [--out DIR]
 """
 
@@ -17,6 +22,7 @@ import math
 import os
 import shutil
 import subprocess
+import tempfile
 
 from chainfb.transducer import multiblank_graphs, rnnt_graphs
 
@@ -48,11 +54,15 @@ def annotated_dot(fst, num_labels, durations, title):
     return "\n".join(out) + "\n"
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="transducer_graphs")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    ap.add_argument("--out", metavar="DIR", default=None,
+                    help="output directory (created if needed; default: a new temporary directory)")
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = tempfile.mkdtemp(prefix="chainfb-transducer-graphs-")
+    else:
+        os.makedirs(args.out, exist_ok=True)
     cases = [
         ("rnnt_U3", rnnt_graphs([3]).fsts[0], 3, (), "RNN-T step graph, U=3: run T+3 steps"),
         (
@@ -76,6 +86,7 @@ def main():
                 print(png)
     if not have_dot:
         print("# graphviz 'dot' not found: wrote .dot files only")
+    print(f"# graphs written to {os.path.abspath(args.out)}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def main(argv=None):
     g.add_argument("--leaky-hmm", type=float, default=dt.leaky_hmm_coefficient)
     g.add_argument("--phone-lm-order", type=int, default=dt.phone_lm_order, help="n-gram order of the phone LM")
     g.add_argument("--l2", type=float, default=dt.l2_regularize, help="l2 regularization of the output")
-    g.add_argument("--device", default=dt.device, help="auto, cpu or cuda")
+    g.add_argument("--device", default=dt.device,
+                   help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N")
     g.add_argument("--seed", type=int, default=dt.seed)
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     g.add_argument("--max-steps", type=int, default=0, help="cap on batches per epoch (smoke tests)")
@@ -52,10 +53,30 @@ def main(argv=None):
 
     import torch
 
+    from chainfb.recipes.lexicon import parse_words
+
+    if a.device not in ("auto", "cpu"):
+        try:
+            dev = torch.device(a.device)
+        except RuntimeError:
+            dev = None
+        if dev is None or dev.type not in ("cpu", "cuda"):
+            p.error(f"argument --device: expected auto, cpu or cuda[:N], got {a.device!r}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            p.error(f"argument --device: {a.device!r} requested but torch sees no CUDA device "
+                    f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            p.error(f"argument --device: {a.device!r} requested but torch sees {torch.cuda.device_count()} "
+                    f"CUDA device(s)")
+    try:
+        words = parse_words(a.words)
+    except ImportError as exc:
+        p.error(f"argument --words: {exc}")
+    except ValueError as exc:
+        p.error(f"argument --words: {str(exc).removeprefix('words: ')}")
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     t0 = time.time()
-    words = tuple(w.strip() for w in a.words.split(",") if w.strip())
     ccfg = CorpusConfig(words=words, num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
                         snr_db=(a.min_snr, max(a.min_snr, dc.snr_db[1])), seed=a.corpus_seed)
     data = load_or_create(ccfg, a.cache_dir, progress=not a.no_progress)

@@ -24,6 +24,12 @@ from ..transducer.loss import reduce_costs, rnnt_loss
 __all__ = ["TransducerLoss"]
 
 
+def _per_frame(values, frames):
+    """``values [B] / T_b``, the frame counts (host integers or a tensor) taken
+    in ``values``' dtype on ``values``' device (CUDA costs are divided on the GPU)."""
+    return values / torch.as_tensor(frames).to(device=values.device, dtype=values.dtype)
+
+
 class _ShowValue(torch.autograd.Function):
     """Returns ``shown``; backward hands the incoming gradient to ``through``
     unchanged (broadcast to its shape) -- SpeechBrain's value/gradient pair."""
@@ -52,8 +58,7 @@ class TransducerLoss(torch.nn.Module):
 
     def forward(self, logits, labels, T, U):
         costs = rnnt_loss(logits, labels, T, U, blank=self.blank, reduction="none")
-        frames = T.detach().to(device=costs.device, dtype=costs.dtype)
-        per_frame = reduce_costs(costs / frames, self.reduction)
+        per_frame = reduce_costs(_per_frame(costs, T.detach()), self.reduction)
         if self.true_gradient:
             return per_frame
         return _ShowValue.apply(costs, per_frame)

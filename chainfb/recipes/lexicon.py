@@ -5,7 +5,7 @@ import functools
 import re
 from typing import Dict, Iterable, List, Sequence, Tuple
 
-__all__ = ["SILENCE", "cmudict_lexicon", "phone_inventory", "write_lexicon", "to_chain_lexicon",
+__all__ = ["SILENCE", "cmudict_lexicon", "parse_words", "phone_inventory", "write_lexicon", "to_chain_lexicon",
            "sample_phone_sequence"]
 
 SILENCE = "SIL"
@@ -41,6 +41,24 @@ def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
     if missing:
         raise ValueError(f"words: CMUdict has no pronunciation for {missing}")
     return lex
+
+
+def parse_words(text: str) -> Tuple[str, ...]:
+    """The vocabulary of a comma-separated list (``"yes,no,stop"``): words stripped, empty items and repeats
+    dropped (order kept). Raises ``ValueError`` when no word is left, when a word contains white space, or when
+    CMUdict has no pronunciation for a word (all such words are named)."""
+    words: List[str] = []
+    for w in text.split(","):
+        w = w.strip()
+        if w and w not in words:
+            words.append(w)
+    if not words:
+        raise ValueError(f"words: expected a comma-separated list of words, got {text!r}")
+    spaced = [w for w in words if len(w.split()) > 1]
+    if spaced:
+        raise ValueError(f"words: one word per comma-separated item, got {spaced}")
+    cmudict_lexicon(words)
+    return tuple(words)
 
 
 def phone_inventory(lexicon: Dict[str, List[Tuple[str, ...]]], silence: str = SILENCE) -> List[str]:
