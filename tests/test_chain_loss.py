@@ -16,9 +16,11 @@ from chainfb.chain import (
     Topology, den_graph, estimate_phone_lm, initial_probs, numerator_graph, read_lexicon,
 )
 from chainfb.api import PdfCriterion
+from chainfb.chain import chain_objective
 from chainfb.engines import numpy_log, scipy_shared
 from chainfb.testing import random_fst
 
+from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.fst import brute_force
 
 ENGINES = ["numpy", "shared"]
@@ -358,3 +360,49 @@ def test_shared_engine_threads_match_single_thread(monkeypatch):
     multi = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     np.testing.assert_array_equal(single[0], multi[0])
     np.testing.assert_array_equal(single[1], multi[1])
+
+
+# ---------------------------------------------------------------- per device
+class ChainLossTests:
+    """ChainLoss on the input's device against :func:`chain_objective` (the
+    NumPy float64 reference)."""
+
+    @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+    def test_matches_numpy_reference(self, dtype, tol):
+        loss, nums = setup_loss(l2_regularize=0.02, out_of_range_regularize=0.01, reduction="none")
+        rng = np.random.default_rng(31)
+        y = rng.normal(scale=3, size=(3, 8, 10))
+        y[0, 1, 2] = 35.0
+        lengths, weights = [8, 6, 7], [1.0, 0.5, 2.0]
+        yt = self.tensor(torch.tensor(y, dtype=dtype)).requires_grad_()
+        out = loss(yt, nums, lengths, torch.tensor(weights))
+        assert out.device.type == self.device and out.dtype == dtype
+        out.sum().backward()
+        y_ref = torch.tensor(y, dtype=dtype).double().numpy()
+        objf, deriv, info = chain_objective(y_ref, nums, loss.den_graph, lengths, np.array(weights), 0.1, 0.02, 0.01)
+        np.testing.assert_allclose(self.numpy(out.double()), -objf, rtol=tol)
+        np.testing.assert_allclose(self.numpy(yt.grad.double()), -deriv, atol=tol)
+        for k in ("num", "den", "l2", "oor", "objf", "frames"):
+            assert loss.info[k] == pytest.approx(info[k], rel=tol)
+
+    def test_fallback_keeps_loss_and_gradient_finite(self):
+        loss, nums = setup_loss()
+        y = self.tensor(torch.randn(3, 8, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+        y.requires_grad_()
+        with pytest.warns(RuntimeWarning, match="fallback"):
+            out = loss(y, nums, [8, 2, 7])  # 'c' (C A D) cannot fit in 2 frames
+        assert loss.info["num_fallback"] == 1 and torch.isfinite(out)
+        out.backward()
+        assert torch.isfinite(y.grad).all()
+
+
+class TestChainLossCPU(ChainLossTests, OnCPU):
+    pass
+
+
+class TestChainLossCUDA(ChainLossTests, OnCUDA):
+    pass
+
+
+class TestChainLossEmulated(ChainLossTests, OnEmulatedKernels):
+    pass

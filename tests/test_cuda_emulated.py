@@ -7,21 +7,24 @@ import pytest
 import torch
 
 from chainfb import Fst, FstBatch, Lattice
-from chainfb.cuda import twins
 from chainfb.cuda.emulation import EmulatedBackend, build, find_compiler
-from chainfb.cuda.engine_cuda import forward_backward_lattice_on
 from chainfb.cuda.kernels import KERNELS
-from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on, transducer_symbols
-from chainfb.engine import forward_backward_lattice
-from chainfb.testing import brute_force, numerator_like_fst, random_fst
-from rnnt_reference import rnnt_reference, rnnt_step_case
+from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
+from chainfb.engines.cuda import forward_backward_on
+from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
+from chainfb.testing import numerator_like_fst, random_fst
+from chainfb.transducer import symbol_table
+
+from oracles import cuda_twins as twins
+from oracles.fst import brute_force
+from oracles.transducer import rnnt_reference, rnnt_step_case
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
 
 
-@pytest.fixture(scope="module")
-def be(tmp_path_factory):
-    return EmulatedBackend(build(str(tmp_path_factory.mktemp("emu"))))
+@pytest.fixture
+def be(emulated_backend):
+    return emulated_backend
 
 
 def test_library_has_every_kernel(be):
@@ -33,9 +36,9 @@ def test_library_has_every_kernel(be):
 
 def _compare(be, lat, X, lengths, leaky=None, block=None, dtype=np.float64, rtol=1e-10, atol=1e-12):
     Xn = X.astype(np.float64).copy()
-    ll, post = forward_backward_lattice(lat, Xn, lengths, leaky=leaky)
+    ll, post = forward_backward_numpy(lat, Xn, lengths, leaky=leaky)
     Xe = X.astype(dtype).copy()
-    lle, poste = forward_backward_lattice_on(be, lat, Xe, lengths, leaky=leaky, block_size=block)
+    lle, poste = forward_backward_on(be, lat, Xe, lengths, leaky=leaky, block_size=block)
     assert lle.dtype == dtype and poste.dtype == dtype and poste.shape == post.shape
     np.testing.assert_array_equal(np.isneginf(lle), np.isneginf(ll))
     fin = np.isfinite(ll)
@@ -71,7 +74,7 @@ def test_engine_matches_path_enumeration(be):
         T = 4
         scores = rng.normal(size=(T, 3))
         X = scores[:, lat.col_pdf]
-        ll, post = forward_backward_lattice_on(be, lat, X.copy(), np.array([T]), block_size=2)
+        ll, post = forward_backward_on(be, lat, X.copy(), np.array([T]), block_size=2)
         bl, bpost = brute_force(f, scores)
         if bl == -np.inf:
             assert ll[0] == -np.inf and not post.any()
@@ -129,7 +132,7 @@ def test_engine_deterministic_bitwise(be):
     lat = Lattice.of(FstBatch(fsts))
     X = rng.normal(size=(7, lat.num_columns))
     lengths = np.array([7, 5, 7, 3])
-    runs = [forward_backward_lattice_on(be, lat, X.copy(), lengths, block_size=b) for b in (4, 4, 2, 32)]
+    runs = [forward_backward_on(be, lat, X.copy(), lengths, block_size=b) for b in (4, 4, 2, 32)]
     for ll, post in runs[1:]:
         # fixed summation order per state and per column: identical bits, whatever the block size
         assert np.array_equal(ll, runs[0][0]) and np.array_equal(post, runs[0][1])
@@ -139,23 +142,23 @@ def test_engine_forward_only_and_errors(be):
     rng = np.random.default_rng(6)
     lat = Lattice.of(FstBatch([random_fst(rng)]))
     X = rng.normal(size=(3, lat.num_columns))
-    ll, post = forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), need_posteriors=False)
+    ll, post = forward_backward_on(be, lat, X.copy(), np.array([3]), need_posteriors=False)
     assert post is None
-    np.testing.assert_allclose(ll, forward_backward_lattice(lat, X.copy(), np.array([3]))[0])
+    np.testing.assert_allclose(ll, forward_backward_numpy(lat, X.copy(), np.array([3]))[0])
     with pytest.raises(ValueError, match="X"):
-        forward_backward_lattice_on(be, lat, X[:, :1].copy(), np.array([3]))
+        forward_backward_on(be, lat, X[:, :1].copy(), np.array([3]))
     with pytest.raises(TypeError, match="X"):
-        forward_backward_lattice_on(be, lat, X.astype(np.float16), np.array([3]))
+        forward_backward_on(be, lat, X.astype(np.float16), np.array([3]))
     with pytest.raises(ValueError, match="lengths"):
-        forward_backward_lattice_on(be, lat, X.copy(), np.array([3, 3]))
+        forward_backward_on(be, lat, X.copy(), np.array([3, 3]))
     with pytest.raises(ValueError, match="lengths"):
-        forward_backward_lattice_on(be, lat, X.copy(), np.array([4]))
+        forward_backward_on(be, lat, X.copy(), np.array([4]))
     with pytest.raises(TypeError, match="lengths"):
-        forward_backward_lattice_on(be, lat, X.copy(), np.array([3.0]))
+        forward_backward_on(be, lat, X.copy(), np.array([3.0]))
     with pytest.raises(ValueError, match="leaky"):
-        forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), leaky=(0.1, np.zeros(1)))
+        forward_backward_on(be, lat, X.copy(), np.array([3]), leaky=(0.1, np.zeros(1)))
     with pytest.raises(ValueError, match="leaky"):
-        forward_backward_lattice_on(be, lat, X.copy(), np.array([3]), leaky=(1.5, np.zeros(lat.num_states)))
+        forward_backward_on(be, lat, X.copy(), np.array([3]), leaky=(1.5, np.zeros(lat.num_states)))
 
 
 # ---------------------------------------------------------------- transducer score maps
@@ -189,7 +192,7 @@ def _case(rng, B=3, T=4, Umax=3, V=7, M=0, dtype=np.float32):
             zero_col[b] = c
             c += 1
     logits = (rng.normal(size=(B, T, U1, V)) * 2).astype(dtype)
-    sym = transducer_symbols(targets, U_len, U1, blank, big)
+    sym = symbol_table_np(targets, U_len, U1, blank, big)
     args = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
     return logits, args, c, T + U1 - 1, (zero_col if M else None)
 
@@ -320,7 +323,7 @@ def test_rnnt_through_kernels_and_engine(be):
     logits, lat, args, rows, T_len, U_len, ref_args = rnnt_step_case(rng)
     X, lse = transducer_gather_on(be, logits, num_rows=rows, num_columns=lat.num_columns, threads_per_row=4,
                                   block_size=8, **args)
-    ll, post = forward_backward_lattice_on(be, lat, X, T_len + U_len, block_size=2)
+    ll, post = forward_backward_on(be, lat, X, T_len + U_len, block_size=2)
     scale = np.ones(len(T_len))  # the kernel formula is d(-logP) / d logits
     grad = transducer_grad_on(be, logits, post=post, lse=lse, scale=scale, kind_weight=[1.0, 1.0], threads_per_row=2,
                               block_size=4, **args)
@@ -337,15 +340,17 @@ def test_rnnt_through_kernels_and_engine(be):
 def test_fst_loglike_gradcheck_through_emulated_engine(be, monkeypatch):
     """The public autograd path with the engine swapped for the emulated kernels."""
     import chainfb
-    import chainfb.numerator as numerator
+    import chainfb.engines.cuda as cuda_engine
 
     calls = []
+    real = cuda_engine.forward_backward_on
 
-    def engine(lat, X, lengths, need_posteriors=True, leaky=None):
-        calls.append(1)
-        return forward_backward_lattice_on(be, lat, X, lengths, need_posteriors, leaky, block_size=2)
+    def engine(backend, lat, X, lengths, leaky=None, need_posteriors=True, block_size=None):
+        calls.append(backend)
+        return real(backend, lat, X, lengths, leaky, need_posteriors, block_size=2)
 
-    monkeypatch.setattr(numerator, "engine_for", lambda xp: engine)
+    monkeypatch.setattr(cuda_engine, "forward_backward_on", engine)
+    monkeypatch.setattr(chainfb.engines, "_local", type("L", (), {"backend": be})())
     rng = np.random.default_rng(10)
     fsts = [random_fst(rng, num_states=4, num_arcs=10, num_pdfs=4) for _ in range(3)]
     scores = torch.tensor(rng.normal(size=(3, 4, 4)), requires_grad=True)
@@ -562,9 +567,7 @@ print("ASAN-CLEAN")
 def test_transducer_costs_kernel_route_matches_cpu(be, durations, fastemit, clamp, fused):
     """The route CUDA logits take (gather kernel -> engine kernels -> gradient
     kernel), run under emulation, against the CPU score map + NumPy engine."""
-    from chainfb.cuda.transducer_maps import transducer_costs_on
-    from chainfb.transducer.graphs import compile_layout
-    from chainfb.transducer.loss import transducer_costs
+    from chainfb.transducer import TransducerCriterion
 
     rng = np.random.default_rng(5)
     B, T, U1, V = 3, 6, 4, 7
@@ -573,25 +576,28 @@ def test_transducer_costs_kernel_route_matches_cpu(be, durations, fastemit, clam
     Ub = np.array([3, 0, 2])
     blank = V - 1
     targets = torch.from_numpy(rng.integers(0, V - 1 - len(durations), size=(B, U1 - 1)))
-    big = [blank - 1 - i for i in range(len(durations))]
     sigma = 0.05 if durations else 0.0
-    ll_cpu, g_cpu = transducer_costs(logits, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp)
-    lay = compile_layout(Ub, Tb, durations, sigma, umax=U1 - 1)
-    ll_k, g_k = transducer_costs_on(be, logits, targets, lay, blank, big, fused, fastemit, clamp)
-    np.testing.assert_allclose(ll_k, ll_cpu.numpy(), rtol=1e-10)
+    args = (logits.shape, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp)
+    ll_cpu, g_cpu = TransducerCriterion(*args).run(logits)
+    ll_k, g_k = TransducerCriterion(*args, backend=be).run(logits)
+    np.testing.assert_allclose(ll_k.numpy(), ll_cpu.numpy(), rtol=1e-10)
     torch.testing.assert_close(g_k, g_cpu, rtol=1e-9, atol=1e-10)
+
+
+def symbol_table_np(targets, U_len, U1, blank, big=()):
+    return symbol_table(targets, U_len, U1, blank, big).numpy()
 
 
 def test_transducer_symbols_table():
     """Kind 0 the blank, kind 1 the label for u < U_b (-1 beyond, and targets
     may be wider than U1 - 1), kind 2 + i big blank i."""
     targets = torch.tensor([[3, 1, 2, 0, 0], [2, 0, 0, 0, 0]])
-    sym = transducer_symbols(targets, [3, 1], 4, 6, [5, 4])
+    sym = symbol_table_np(targets, [3, 1], 4, 6, [5, 4])
     assert sym.dtype == np.int32 and sym.shape == (2, 4, 4)
     np.testing.assert_array_equal(sym[:, :, 0], 6)
     np.testing.assert_array_equal(sym[:, :, 2], 5)
     np.testing.assert_array_equal(sym[:, :, 3], 4)
     np.testing.assert_array_equal(sym[:, :, 1], [[3, 1, 2, -1], [2, -1, -1, -1]])
-    np.testing.assert_array_equal(transducer_symbols(targets.numpy()[:, :3], [3, 1], 4, 6, [5, 4]), sym)
-    rnnt = transducer_symbols(np.zeros((2, 0), dtype=np.int64), [0, 0], 1, 0)
+    np.testing.assert_array_equal(symbol_table_np(targets.numpy()[:, :3], [3, 1], 4, 6, [5, 4]), sym)
+    rnnt = symbol_table_np(np.zeros((2, 0), dtype=np.int64), [0, 0], 1, 0)
     np.testing.assert_array_equal(rnnt, [[[0, -1]], [[0, -1]]])

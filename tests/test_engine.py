@@ -12,14 +12,17 @@ import chainfb
 from chainfb import Fst, FstBatch, forward_backward, fst_loglike
 from chainfb.testing import random_fst
 
+from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.fst import brute_force, brute_force_best, reference_forward_backward
 
 
-class EngineTests:
-    device = "cpu"
+def _graphs(seed, n=4):
+    rng = np.random.default_rng(seed)
+    return [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=6, num_finals=2) for _ in range(n)], rng
 
-    def tensor(self, x):
-        return torch.as_tensor(np.asarray(x)).to(self.device)
+
+class EngineTests:
+    """The engine through the public API; the device comes from the subclass."""
 
     def run(self, fsts, scores, lengths=None):
         ll, post = forward_backward(fsts, self.tensor(scores), lengths)
@@ -199,9 +202,63 @@ class EngineTests:
         with pytest.raises(ValueError, match="reduction"):
             chainfb.NumeratorLoss(reduction="avg")
 
+    def test_forward_backward_matches_numpy(self):
+        fsts, rng = _graphs(0)
+        N, T, P = 4, 7, 6
+        scores = rng.normal(size=(N, T, P))
+        lengths = np.array([7, 0, 3, 1])
+        ll_ref, post_ref = chainfb.forward_backward(fsts, scores, lengths)
+        for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+            ll, post = chainfb.forward_backward(fsts, self.tensor(scores, dtype), lengths)
+            assert ll.device.type == self.device and post.device.type == self.device and post.dtype == dtype
+            np.testing.assert_allclose(ll.cpu().double().numpy(), ll_ref, rtol=tol, atol=tol)
+            np.testing.assert_allclose(post.cpu().double().numpy(), post_ref, rtol=tol, atol=tol)
+            assert not torch.isnan(post).any()
 
-class TestEngineCPU(EngineTests):
-    device = "cpu"
+    def test_fst_loglike_gradcheck(self):
+        fsts, rng = _graphs(1, n=2)
+        scores = self.tensor(rng.normal(size=(2, 4, 6)), torch.float64).requires_grad_(True)
+        lengths = [4, 3]
+        assert torch.autograd.gradcheck(lambda s: chainfb.fst_loglike(s, fsts, lengths), (scores,))
+
+    def test_fst_loglike_impossible_gives_zero_grad(self):
+        f = chainfb.Fst.from_arcs([(0, 1, 0, 0.0)], {1: 0.0}, num_states=2)  # exactly one frame
+        scores = self.tensor(np.zeros((1, 3, 2)), torch.float64).requires_grad_(True)
+        ll = chainfb.fst_loglike(scores, [f], [3])
+        assert torch.isneginf(ll).all()
+        ll.sum().backward()
+        assert torch.equal(scores.grad, torch.zeros_like(scores))
+
+    def test_kaldi_api(self):
+        fsts, rng = _graphs(2, n=3)
+        N, T, P = 3, 5, 8
+        out = rng.normal(size=(T * N, P))
+        sup = chainfb.Supervision(fsts, T, weight=0.5, lengths=[5, 4, 5])
+        ref_deriv = np.zeros((T * N, P))
+        ok_ref, tot_ref = chainfb.GenericNumeratorComputation(sup, out).forward_backward(ref_deriv)
+        deriv = self.tensor(np.zeros((T * N, P)), torch.float64)
+        comp = chainfb.GenericNumeratorComputation(sup, self.tensor(out, torch.float64))
+        ok, tot = comp.forward_backward(deriv)
+        assert ok == ok_ref
+        np.testing.assert_allclose(tot, tot_ref, rtol=1e-10)
+        np.testing.assert_allclose(deriv.cpu().numpy(), ref_deriv, atol=1e-10)
+        np.testing.assert_allclose(comp.compute_objf(), tot_ref, rtol=1e-10)
+
+
+class TestEngineCPU(EngineTests, OnCPU):
+    pass
+
+
+class TestEngineCUDA(EngineTests, OnCUDA):
+    pass
+
+
+class TestEngineEmulated(EngineTests, OnEmulatedKernels):
+    """The same bodies through the CUDA kernels' CPU emulation (one host
+    thread per CUDA thread: the 20,000-frame case is left to the others)."""
+
+    def test_long_input_extreme_scores(self):
+        pytest.skip("too long for the thread-per-CUDA-thread emulation")
 
 
 def test_numpy_input_gives_numpy_output():

@@ -11,6 +11,7 @@ import torch
 import chainfb
 from chainfb.transducer import TransducerCriterion, compile_layout, multiblank_graphs, rnnt_graphs, step_graph
 
+from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.transducer import enumerate_loglike, enumerate_paths, grid_reference
 
 
@@ -520,3 +521,73 @@ def test_non_contiguous_logits():
     b.backward()
     assert a.item() == pytest.approx(b.item(), rel=1e-14)
     np.testing.assert_allclose(xt.grad.numpy(), x.grad.numpy(), atol=1e-15)
+
+
+# ------------------------------------------------------------- per device
+class TransducerTests:
+    """The public losses per device (torch score map on the CPU, the CUDA
+    kernels on a GPU or under emulation), against the grid reference."""
+
+    @pytest.mark.parametrize("durations, fastemit, clamp", [((), 0.0, -1.0), ((), 0.3, 0.05), ((2, 4), 0.2, -1.0)])
+    def test_against_grid_reference(self, durations, fastemit, clamp):
+        rng = np.random.default_rng(300)
+        M = len(durations)
+        x, tg, Tb, Ub = random_batch(rng, B=4, T=7, U=4, V=7 + M, reserved=1 + M)
+        blank = x.shape[-1] - 1
+        sigma = 0.05 if M else 0.0
+        xd = self.tensor(x.clone()).requires_grad_()
+        args = (xd, self.tensor(tg), self.tensor(Tb), self.tensor(Ub))
+        if M:
+            costs = chainfb.multiblank_rnnt_loss(*args, blank, durations, sigma=sigma, fastemit_lambda=fastemit,
+                                                 clamp=clamp, reduction="none")
+        else:
+            costs = chainfb.rnnt_loss(*args, blank=blank, fastemit_lambda=fastemit, clamp=clamp, reduction="none")
+        assert costs.device.type == self.device
+        costs.sum().backward()
+        for b in range(4):
+            lp, g = grid_reference(x[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, sigma,
+                                   fastemit=fastemit)
+            if clamp > 0:
+                g = np.clip(g, -clamp, clamp)
+            assert costs[b].item() == pytest.approx(-(1 + fastemit) * lp, rel=1e-10)
+            np.testing.assert_allclose(self.numpy(xd.grad[b]), g, atol=1e-10)
+
+    def test_gradcheck(self):
+        rng = np.random.default_rng(301)
+        x, tg, Tb, Ub = random_batch(rng, B=2, T=3, U=2, V=4)
+        xd = self.tensor(x.clone()).requires_grad_()
+        tg, Tb, Ub = self.tensor(tg), self.tensor(Tb), self.tensor(Ub)
+        assert torch.autograd.gradcheck(lambda z: chainfb.rnnt_loss(z, tg, Tb, Ub, reduction="mean"), (xd,))
+
+    def test_impossible_utterance_costs_inf_with_zero_gradient(self):
+        rng = np.random.default_rng(302)
+        x, tg, Tb, Ub = random_batch(rng, B=2, T=3, U=2, V=5)
+        Tb[1] = 0
+        xd = self.tensor(x.clone()).requires_grad_()
+        costs = chainfb.rnnt_loss(xd, self.tensor(tg), self.tensor(Tb), self.tensor(Ub), reduction="none")
+        assert torch.isinf(costs[1]) and torch.isfinite(costs[0])
+        costs.sum().backward()
+        assert not xd.grad[1].any() and xd.grad[0].any()
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+    def test_low_precision_inputs(self, dtype):
+        rng = np.random.default_rng(303)
+        x, tg, Tb, Ub = random_batch(rng, B=2, T=5, U=3, V=6)
+        ref = chainfb.rnnt_loss(x.to(dtype).double(), tg, Tb, Ub, reduction="none")
+        xd = self.tensor(x.to(dtype).clone()).requires_grad_()
+        costs = chainfb.rnnt_loss(xd, self.tensor(tg), self.tensor(Tb), self.tensor(Ub), reduction="none")
+        costs.sum().backward()
+        assert costs.dtype == dtype and xd.grad.dtype == dtype
+        np.testing.assert_allclose(self.numpy(costs.double()), ref.numpy(), rtol=2e-2)
+
+
+class TestTransducerCPU(TransducerTests, OnCPU):
+    pass
+
+
+class TestTransducerCUDA(TransducerTests, OnCUDA):
+    pass
+
+
+class TestTransducerEmulated(TransducerTests, OnEmulatedKernels):
+    pass

@@ -30,15 +30,40 @@ public functions call :func:`forward_backward` / :func:`best_path` here.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import numpy as np
 
-__all__ = ["ENGINES", "select", "forward_backward", "best_path"]
+__all__ = ["ENGINES", "select", "forward_backward", "best_path", "use_kernel_backend", "kernel_backend"]
 
 #: engine names accepted by ``engine=``
 ENGINES = ("auto", "numpy", "shared", "cuda")
 
 # the shared-graph engine pays off from about this many arcs of the shared graph
 _SHARED_MIN_ARCS = 2000
+
+
+_local = threading.local()
+
+
+def kernel_backend():
+    """The kernel backend set by :func:`use_kernel_backend` in this thread, or None."""
+    return getattr(_local, "backend", None)
+
+
+@contextmanager
+def use_kernel_backend(backend):
+    """Within the block, every engine call and every criterion's score-map
+    kernels run on ``backend`` (e.g. the CPU emulation of the CUDA kernels,
+    :class:`chainfb.cuda.emulation.EmulatedBackend`): the whole GPU code
+    path, exercised without a GPU.  For tests."""
+    prev = kernel_backend()
+    _local.backend = backend
+    try:
+        yield backend
+    finally:
+        _local.backend = prev
 
 
 def _module(name):
@@ -84,6 +109,8 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto") -> str:
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    if kernel_backend() is not None:
+        return "cuda"
     on_gpu = _is_cupy(X)
     if engine == "auto":
         if on_gpu:
