@@ -27,7 +27,6 @@ second backward through the same graph recomputes it.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import engines
@@ -100,12 +99,3 @@ def apply(x: torch.Tensor, criterion: Criterion) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     return _CriterionFunction.apply(x, criterion)
-
-
-def host_lengths(lengths) -> np.ndarray:
-    """int64 NumPy copy of ``lengths`` (a tensor, CuPy or NumPy array)."""
-    if isinstance(lengths, torch.Tensor):
-        return lengths.detach().cpu().numpy().astype(np.int64)
-    if hasattr(lengths, "get"):
-        return np.asarray(lengths.get(), dtype=np.int64)
-    return np.asarray(lengths, dtype=np.int64)

@@ -65,14 +65,14 @@ def run(batch, scores, lengths, device):
 def run_engine(batch, scores, lengths):
     """Time of the engine alone (CPU): forward+backward on the compact scores,
     without the gather from and the scatter into the ``[N, T, P]`` arrays."""
-    from chainfb.engine import forward_backward_lattice
+    from chainfb.engines.numpy_log import forward_backward
     from chainfb.lattice import Lattice
     from chainfb.score_map import PdfScoreMap
 
     lat = Lattice.of(batch)
     X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, scores)
     t0 = time.perf_counter()
-    forward_backward_lattice(lat, X, lengths)
+    forward_backward(lat, X, lengths)
     return time.perf_counter() - t0
 
 
@@ -107,7 +107,7 @@ def run_den(args):
     scores = rng.normal(size=(N, T, den.num_pdfs)).astype(np.float32)
     lengths = np.full(N, T)
     lengths[N // 2:] = T - rng.integers(0, 20, N - N // 2)
-    engines = ["shared", "lattice"] if args.device == "cpu" else ["lattice"]
+    engines = ["shared", "numpy"] if args.device == "cpu" else ["cuda"]
     if args.device == "cuda":
         import torch
 
