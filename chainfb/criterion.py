@@ -73,29 +73,38 @@ class Criterion:
 
 class _CriterionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, criterion):
-        need = ctx.needs_input_grad[0]
+    def forward(ctx, criterion, *xs):
+        need = any(ctx.needs_input_grad[1:])
+        x = xs[0] if len(xs) == 1 else xs
         value, grad = criterion.run(x, need)
-        ctx.criterion, ctx.grad = criterion, grad
+        ctx.criterion, ctx.grad, ctx.several = criterion, grad, len(xs) > 1
         if need:
-            ctx.save_for_backward(x)
+            ctx.save_for_backward(*xs)
         return value
 
     @staticmethod
     def backward(ctx, grad_out):
         grad, ctx.grad = ctx.grad, None
         if grad is None:  # a second backward through this graph: recompute
-            (x,) = ctx.saved_tensors
-            grad = ctx.criterion.run(x, True)[1]
-        go = grad_out.to(grad.dtype)
-        go = torch.where(torch.isfinite(go), go, torch.zeros_like(go))
-        if not bool((go == 1).all()):
-            grad.mul_(go.view((-1,) + (1,) * (grad.dim() - 1)))
-        return grad, None
+            xs = ctx.saved_tensors
+            grad = ctx.criterion.run(xs if ctx.several else xs[0], True)[1]
+        grads = grad if ctx.several else (grad,)
+        go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
+        scale = not bool((go == 1).all())
+        out = []
+        for g in grads:
+            if g is not None and scale:
+                g.mul_(go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)))
+            out.append(g)
+        return (None, *out)
 
 
-def apply(x: torch.Tensor, criterion: Criterion) -> torch.Tensor:
-    """The criterion's per-sequence value ``[N]`` (differentiable w.r.t. ``x``)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    return _CriterionFunction.apply(x, criterion)
+def apply(x, criterion: Criterion) -> torch.Tensor:
+    """The criterion's per-sequence value ``[N]``, differentiable w.r.t. ``x``
+    (a tensor, or a tuple of tensors when the criterion reads several; its
+    ``gather`` and ``finish`` then take and give tuples)."""
+    xs = x if isinstance(x, tuple) else (x,)
+    for i, t in enumerate(xs):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(t).__name__}" + (f" at {i}" if len(xs) > 1 else ""))
+    return _CriterionFunction.apply(criterion, *xs)

@@ -1,0 +1,197 @@
+"""The ``(s, t)`` grid lattice (k2's "mutual information" recursion) compiled
+into step graphs for the engine.
+
+A batch element ``b`` with boundary ``[s_begin, t_begin, s_end, t_end]``
+(``S_b = s_end - s_begin`` symbols, ``T_b = t_end - t_begin`` frames) sums
+over monotone paths from ``(s_begin, t_begin)`` to ``(s_end, t_end)``::
+
+    regular  (px [B, S, T + 1]):  (s, t) -> (s + 1, t)      score px[b, s, t]
+                                  (s, t) -> (s, t + 1)      score py[b, s, t]
+    modified (px [B, S, T]):      (s, t) -> (s + 1, t + 1)  score px[b, s, t]
+                                  (s, t) -> (s, t + 1)      score py[b, s, t]
+
+(``py`` is ``[B, S + 1, T]``.)  As in :mod:`.graphs`, each path is a path
+through a chain of ``S_b + 1`` states -- a self-loop on state ``s`` (the
+``py`` arc, kind 0) and an arc ``s -> s + 1`` (the ``px`` arc, kind 1) --
+that starts in state 0 and ends in state ``S_b``:
+
+- regular: every arc advances ``s + t`` by one, so the graph runs ``S_b +
+  T_b`` steps and at step ``n`` state ``s`` sits at ``t = n - s``; the score
+  map reads ``py`` for ``0 <= t < T_b`` and ``px`` for ``0 <= t <= T_b``;
+- modified: every arc consumes a frame, so the graph runs ``T_b`` steps and
+  at step ``n`` every state sits at ``t = n``.
+
+Everything else is ``-inf``.  The graph is exactly :func:`.graphs.step_graph`
+(the RNN-T chain, kind 0 = self-loop, kind 1 = forward arc), so the layout
+and the engine are shared with :mod:`.score_map`; only the gather differs
+(it reads two ``[B, *, *]`` tensors instead of 4-D logits).  The value is
+the total log-probability ``[B]``; its gradient w.r.t. ``px`` and ``py`` is
+the engine's arc posteriors (the occupation probability of each grid arc),
+scattered back.  Memory: ``O(B * S * T)``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from .._arrays import as_array, wrap_like
+from ..criterion import Criterion, apply
+from ..lattice import concat_ranges
+from .graphs import compile_layout
+
+__all__ = ["GridCriterion", "grid_loglike", "check_boundary"]
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
+    """``boundary`` as int64 NumPy ``[B, 4]`` (``[0, 0, S, T]`` rows when None),
+    checked: ``0 <= s_begin <= s_end <= S`` and ``0 <= t_begin <= t_end <= T``."""
+    if boundary is None:
+        return np.tile(np.array([0, 0, S, T], dtype=np.int64), (B, 1))
+    if isinstance(boundary, torch.Tensor):
+        if boundary.dtype.is_floating_point:
+            raise TypeError(f"boundary: expected an integer tensor, got {boundary.dtype}")
+        boundary = boundary.detach().cpu().numpy()
+    bd = np.asarray(boundary)
+    if bd.dtype.kind not in "iu":
+        raise TypeError(f"boundary: expected integers, got dtype {bd.dtype}")
+    if bd.shape != (B, 4):
+        raise ValueError(f"boundary: expected shape ({B}, 4) [s_begin, t_begin, s_end, t_end], got {bd.shape}")
+    bd = bd.astype(np.int64)
+    s0, t0, s1, t1 = bd.T
+    bad = (s0 < 0) | (s0 > s1) | (s1 > S) | (t0 < 0) | (t0 > t1) | (t1 > T)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"boundary: row {b} = {bd[b].tolist()} needs 0 <= s_begin <= s_end <= S={S} "
+                         f"and 0 <= t_begin <= t_end <= T={T}")
+    return bd
+
+
+class _Plan:
+    """Index arrays of the gather for one (layout, boundary, shape, kind):
+    for each score-map entry its engine coordinates ``(row, col)`` and its
+    flat index into ``px`` or ``py``."""
+
+    def __init__(self, lay, bd, S, T, modified):
+        r = lay.real
+        b, s, j = lay.col_b[r], lay.col_u[r], lay.col_j[r]
+        s0, t0, s1, t1 = (bd[:, k] for k in range(4))
+        Tb = (t1 - t0)[b]
+        n_t = np.where(j == 1, Tb + (0 if modified else 1), Tb)  # frames each column reads
+        which = np.repeat(np.arange(len(r)), n_t)
+        t = concat_ranges(np.zeros(len(r), dtype=np.int64), n_t) if len(r) else np.zeros(0, np.int64)
+        bw, sw, jw = b[which], s[which], j[which]
+        rows = t if modified else t + sw
+        gs, gt = s0[bw] + sw, t0[bw] + t  # grid coordinates
+        Tx = T if modified else T + 1
+        is_px = jw == 1
+        self.px = (rows[is_px], r[which][is_px], (bw[is_px] * S + gs[is_px]) * Tx + gt[is_px])
+        self.py = (rows[~is_px], r[which][~is_px], (bw[~is_px] * (S + 1) + gs[~is_px]) * T + gt[~is_px])
+        S_b, T_b = s1 - s0, t1 - t0
+        self.lengths = T_b if modified else S_b + T_b
+        self.num_rows = int(self.lengths.max()) if len(self.lengths) else 0
+
+
+_PLANS: "OrderedDict[tuple, _Plan]" = OrderedDict()
+
+
+class GridCriterion(Criterion):
+    """The grid lattice of a batch (module docstring) as a criterion over
+    ``(px, py)``; value: total log-probability ``[B]`` in ``px``'s dtype.
+
+    Parameters
+    ----------
+    px : ``[B, S, T + 1]`` (regular) or ``[B, S, T]`` (modified) float tensor.
+    py : ``[B, S + 1, T]`` float tensor (same dtype and device).
+    boundary : ``[B, 4]`` ints or None (``[0, 0, S, T]``).
+    """
+
+    def __init__(self, px, py, boundary=None):
+        for name, x in (("px", px), ("py", py)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+            if x.dtype not in _FLOATS:
+                raise TypeError(f"{name}: expected float32 or float64, got {x.dtype}")
+            if x.dim() != 3:
+                raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(x.shape)}")
+        B, S1, T = py.shape
+        S = S1 - 1
+        if px.shape[:2] != (B, S) or px.shape[2] not in (T, T + 1):
+            raise ValueError(f"px: expected shape ({B}, {S}, {T + 1}) or ({B}, {S}, {T}) for py of shape "
+                             f"{tuple(py.shape)}, got {tuple(px.shape)}")
+        if px.dtype != py.dtype or px.device != py.device:
+            raise TypeError(f"px, py: expected one dtype and device, got {px.dtype} on {px.device} and "
+                            f"{py.dtype} on {py.device}")
+        self.modified = px.shape[2] == T
+        self.shape = (B, S, T)
+        bd = check_boundary(boundary, B, S, T)
+        S_b = bd[:, 2] - bd[:, 0]
+        lay = compile_layout(S_b, np.ones(B, dtype=np.int64), umax=S)  # every (S_b, T_b) has a path
+        key = (id(lay), bd.tobytes(), S, T, self.modified)
+        plan = _PLANS.get(key)
+        if plan is None or plan.layout is not lay:
+            plan = _Plan(lay, bd, S, T, self.modified)
+            plan.layout = lay
+            _PLANS[key] = plan
+            if len(_PLANS) > 16:
+                _PLANS.popitem(last=False)
+        self.plan, self.lattice, self.lengths = plan, lay.lat, plan.lengths
+
+    def gather(self, x, need_grad=True):
+        px, py = x
+        p = self.plan
+        dev = px.device
+        X = torch.full((p.num_rows, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
+        for src, (rows, cols, idx) in ((px, p.px), (py, p.py)):
+            vals = src.detach().reshape(-1).index_select(0, torch.from_numpy(idx).to(dev)).to(torch.float64)
+            X[torch.from_numpy(rows).to(dev), torch.from_numpy(cols).to(dev)] = vals
+        return as_array(X, "px")[0]
+
+    def finish(self, x, loglike, post):
+        px, py = x
+        ll = wrap_like(loglike, px) if not isinstance(loglike, np.ndarray) else torch.from_numpy(loglike)
+        value = ll.to(device=px.device, dtype=px.dtype)
+        if post is None:
+            return value, None
+        P = wrap_like(post, px) if not isinstance(post, np.ndarray) else torch.from_numpy(post)
+        P = P.to(px.device)
+        p = self.plan
+        grads = []
+        for src, (rows, cols, idx) in ((px, p.px), (py, p.py)):
+            g = torch.zeros(src.numel(), dtype=src.dtype, device=src.device)
+            dev = src.device
+            g[torch.from_numpy(idx).to(dev)] = P[torch.from_numpy(rows).to(dev),
+                                                  torch.from_numpy(cols).to(dev)].to(src.dtype)
+            grads.append(g.view(src.shape))
+        self.last_grads = tuple(grads)
+        return value, self.last_grads
+
+
+def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad: bool = False):
+    """Total log-probability of the grid lattice (module docstring), differentiable.
+
+    Parameters
+    ----------
+    px : ``[B, S, T + 1]`` (regular) or ``[B, S, T]`` (modified) float32/float64.
+    py : ``[B, S + 1, T]``, same dtype and device.
+    boundary : ``[B, 4]`` ints ``[s_begin, t_begin, s_end, t_end]`` or None.
+    return_grad : also return ``(px_grad, py_grad)``, the occupation
+        probability of every arc (``d total / d px``, ``d total / d py``).
+
+    Returns
+    -------
+    total ``[B]`` (``-inf`` where no path), or ``(total, (px_grad, py_grad))``.
+    """
+    crit = GridCriterion(px, py, boundary)
+    crit.last_grads = None
+    total = apply((px, py), crit)
+    if not return_grad:
+        return total
+    grads = crit.last_grads
+    if grads is None:  # no input requires grad: the forward pass did not form them
+        _, grads = crit.run((px, py), True)
+    return total, tuple(g.detach().clone() for g in grads)
