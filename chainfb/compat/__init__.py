@@ -4,5 +4,9 @@ chainfb's compiled transducer losses:
 
 - :mod:`chainfb.compat.torchaudio`: ``rnnt_loss``, ``RNNTLoss``;
 - :mod:`chainfb.compat.espnet`: NeMo/ESPnet ``rnnt_loss``, ``RNNTLossNumba``, ``MultiblankRNNTLossNumba``;
-- :mod:`chainfb.compat.speechbrain`: ``TransducerLoss``.
+- :mod:`chainfb.compat.speechbrain`: ``TransducerLoss``;
+- :mod:`chainfb.compat.fast_rnnt`: k2 / fast_rnnt's ``rnnt_loss``,
+  ``rnnt_loss_simple``, ``rnnt_loss_smoothed``, ``rnnt_loss_pruned``,
+  ``get_rnnt_prune_ranges``, ``do_rnnt_pruning``, the ``get_rnnt_logprobs*``
+  helpers and ``mutual_information_recursion``.
 """

@@ -7,11 +7,20 @@ SpeechBrain flavours).
   adds the column bookkeeping);
 - :mod:`.score_map`: :class:`TransducerCriterion`, the step graphs plus the
   transducer score map (torch and CUDA-kernel backends);
-- :mod:`.loss`: the public losses.
+- :mod:`.loss`: the public losses;
+- :mod:`.grid`: the ``(s, t)`` grid lattice of k2's mutual-information
+  recursion as a step-graph criterion over ``(px, py)``;
+- :mod:`.pruned`: the pruned RNN-T family (simple / smoothed / full / pruned
+  losses, prune ranges) on that grid.
 """
 
 from .graphs import TransducerLayout, compile_layout, multiblank_graphs, rnnt_graphs, step_graph
 from .loss import check_inputs, multiblank_rnnt_loss, reduce_costs, rnnt_loss
+from .grid import GridCriterion, grid_loglike
+from .pruned import (
+    RNNT_TYPES, grid_rnnt_loss, prune, prune_ranges, pruned_rnnt_loss, rnnt_logprobs, rnnt_logprobs_joint,
+    rnnt_logprobs_pruned, simple_rnnt_loss,
+)
 from .score_map import TransducerCriterion, symbol_table
 
 __all__ = [
@@ -26,4 +35,16 @@ __all__ = [
     "multiblank_rnnt_loss",
     "check_inputs",
     "reduce_costs",
+    # the (s, t) grid and the pruned family (k2 / fast_rnnt)
+    "GridCriterion",
+    "grid_loglike",
+    "RNNT_TYPES",
+    "rnnt_logprobs",
+    "rnnt_logprobs_joint",
+    "rnnt_logprobs_pruned",
+    "prune_ranges",
+    "prune",
+    "simple_rnnt_loss",
+    "pruned_rnnt_loss",
+    "grid_rnnt_loss",
 ]

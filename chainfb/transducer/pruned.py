@@ -1,0 +1,419 @@
+"""The pruned RNN-T family (k2 / fast_rnnt), compiled into the grid lattice.
+
+Every loss here is "compute the arc log-probs ``px``/``py`` of the ``(s, t)``
+grid, then run the one engine" (:func:`.grid.grid_loglike`); nothing has a
+recursion of its own.  With ``S`` symbols, ``T`` frames and vocabulary
+``C`` (blank = ``blank``, symbols ``y_s``)::
+
+    px[b, s, t] = log P(y_s    | s, t)   symbol arc (s, t) -> (s + 1, t)
+    py[b, s, t] = log P(blank  | s, t)   blank arc  (s, t) -> (s, t + 1)
+
+``rnnt_type``: ``"regular"`` (px ``[B, S, T + 1]``, its last column and
+column ``t_end`` ``-inf``: the final arc is a blank), ``"modified"`` (px
+``[B, S, T]``: a symbol also consumes a frame) and ``"constrained"`` (px
+``[B, S, T]``, regular topology, but a symbol's arc also carries the blank
+that follows it: ``px[b, s, t] += py[b, s + 1, t]``, so at most one symbol
+per frame).  ``delay_penalty > 0`` adds ``delay_penalty * ((t_end - 1) / 2
+- t)`` to every symbol arc (earlier symbols score higher).
+
+Where the log-probs come from:
+
+- :func:`rnnt_logprobs`: a joiner that is the sum ``am[t] + lm[s]``; the
+  normaliser ``log sum_c exp(am[t, c] + lm[s, c])`` is a product of
+  exponentials (``[B, S + 1, T]``), never ``[B, T, S + 1, C]``; with
+  ``lm_only_scale``/``am_only_scale`` it is k2's smoothed version;
+- :func:`rnnt_logprobs_joint`: full joiner logits ``[B, T, S + 1, C]``;
+- :func:`rnnt_logprobs_pruned`: joiner logits on a band ``[B, T, s_range,
+  C]`` around the likely alignments, ``ranges [B, T, s_range]`` (from
+  :func:`prune_ranges` on the simple loss's arc occupancies), ``-inf``
+  outside the band.
+
+The pruned pipeline: :func:`simple_rnnt_loss` with ``return_grad=True`` ->
+:func:`prune_ranges` -> :func:`prune` (``am``, ``lm`` on the band) -> the
+joiner on ``[B, T, s_range, ...]`` -> :func:`pruned_rnnt_loss`.  Memory of
+the pruned part: ``O(B * T * s_range * C)`` plus ``O(B * T * S)``.
+
+Half-precision inputs are computed in float32; values come back in the
+input dtype.  Lengths-based entry points build the boundary ``[0, 0, U_b,
+T_b]``; the ``boundary=`` forms take k2's ``[s_begin, t_begin, s_end,
+t_end]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .grid import check_boundary, grid_loglike
+from .loss import reduce_costs
+
+__all__ = [
+    "RNNT_TYPES",
+    "rnnt_logprobs",
+    "rnnt_logprobs_joint",
+    "rnnt_logprobs_pruned",
+    "prune_ranges",
+    "prune",
+    "simple_rnnt_loss",
+    "pruned_rnnt_loss",
+    "grid_rnnt_loss",
+    "boundary_from_lengths",
+    "add_delay_penalty",
+]
+
+RNNT_TYPES = ("regular", "modified", "constrained")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_type(rnnt_type):
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type: expected one of {', '.join(map(repr, RNNT_TYPES))}, got {rnnt_type!r}")
+
+
+def _float(x, name, ndim):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _symbols(symbols, B, S, C, name="symbols"):
+    if not isinstance(symbols, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(symbols).__name__}")
+    if symbols.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected int32 or int64, got {symbols.dtype}")
+    if tuple(symbols.shape) != (B, S):
+        raise ValueError(f"{name}: expected shape ({B}, {S}), got {tuple(symbols.shape)}")
+    if symbols.numel():
+        lo, hi = int(symbols.min()), int(symbols.max())
+        if lo < 0 or hi >= C:
+            raise ValueError(f"{name}: symbols must lie in [0, C={C}), got [{lo}, {hi}]")
+    return symbols.to(torch.int64)
+
+
+def _blank(blank, C):
+    if not isinstance(blank, (int, np.integer)) or isinstance(blank, bool):
+        raise TypeError(f"blank: expected an int, got {type(blank).__name__}")
+    if not 0 <= int(blank) < C:
+        raise ValueError(f"blank: expected an index in [0, {C}), got {blank}")
+    return int(blank)
+
+
+def _check_frames(rnnt_type, S, T):
+    if rnnt_type == "modified" and T < S:
+        raise ValueError(f"rnnt_type: 'modified' needs T >= S (a symbol consumes a frame), got T={T}, S={S}")
+
+
+def _finish(px, py, bd, rnnt_type, delay_penalty, T):
+    """k2's post-processing of (px, py): the regular topology's ``-inf`` at
+    ``t_end``, the constrained blank folded into the symbol arcs, and the
+    delay penalty on the symbol arcs."""
+    B = px.shape[0]
+    if rnnt_type == "regular":
+        px = torch.cat([px, px.new_full((B, px.shape[1], 1), -np.inf)], dim=2)
+        t_end = torch.as_tensor(bd[:, 3], device=px.device)
+        cols = torch.arange(T + 1, device=px.device)
+        px = px.masked_fill((cols[None, :] == t_end[:, None])[:, None, :], -np.inf)
+    elif rnnt_type == "constrained":
+        px = px + py[:, 1:, :]
+    return add_delay_penalty(px, bd, delay_penalty, T), py
+
+
+def add_delay_penalty(px, boundary, delay_penalty: float, num_frames: int):
+    """``px + delay_penalty * ((t_end - 1) / 2 - t)`` on every symbol arc
+    (k2's delay penalty; nothing when ``delay_penalty <= 0``); ``t_end``
+    from ``boundary`` (default ``num_frames``, the ``T`` of ``py``)."""
+    if not delay_penalty > 0.0:
+        return px
+    bd = check_boundary(boundary, px.shape[0], px.shape[1], num_frames)
+    offset = torch.as_tensor((bd[:, 3] - 1) / 2.0, dtype=px.dtype, device=px.device)
+    t = torch.arange(px.shape[2], dtype=px.dtype, device=px.device)
+    return px + delay_penalty * (offset[:, None, None] - t[None, None, :])
+
+
+def _penalty(delay_penalty):
+    if not isinstance(delay_penalty, (int, float, np.floating)) or isinstance(delay_penalty, bool) \
+            or not np.isfinite(delay_penalty):
+        raise ValueError(f"delay_penalty: expected a finite number, got {delay_penalty!r}")
+    return float(delay_penalty)
+
+
+def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0,
+                  lm_only_scale=0.0, am_only_scale=0.0):
+    """``(px, py)`` of the grid for the additive joiner ``am[t] + lm[s]``.
+
+    Parameters
+    ----------
+    am : ``[B, T, C]`` float; lm : ``[B, S + 1, C]`` float.
+    symbols : ``[B, S]`` int32/int64; blank : the termination symbol.
+    boundary : ``[B, 4]`` or None; rnnt_type, delay_penalty : module docstring.
+    lm_only_scale, am_only_scale : k2's smoothing: ``(1 - l - a) *
+        combined + l * lm_only + a * am_only`` with ``lm_only`` the
+        log-softmax of ``lm`` alone and ``am_only`` the log-softmax of ``am``
+        under the batch-average unigram of ``softmax(lm)``; a scale of
+        exactly 0 counts as 1e-20 when the other is not 0 (k2).
+
+    Returns
+    -------
+    px ``[B, S, T + 1]`` (regular) or ``[B, S, T]``; py ``[B, S + 1, T]``.
+    """
+    _check_type(rnnt_type)
+    delay_penalty = _penalty(delay_penalty)
+    am, lm = _float(am, "am", 3), _float(lm, "lm", 3)
+    B, T, C = am.shape
+    if lm.shape[0] != B or lm.shape[2] != C or lm.shape[1] < 1:
+        raise ValueError(f"lm: expected shape ({B}, S + 1, {C}) for am of shape {tuple(am.shape)}, "
+                         f"got {tuple(lm.shape)}")
+    dtype = torch.promote_types(am.dtype, lm.dtype)
+    am, lm = am.to(dtype), lm.to(dtype)
+    S = lm.shape[1] - 1
+    sy = _symbols(symbols, B, S, C)
+    blank = _blank(blank, C)
+    _check_frames(rnnt_type, S, T)
+    bd = check_boundary(boundary, B, S, T)
+    am_max = am.amax(dim=2, keepdim=True)
+    lm_max = lm.amax(dim=2, keepdim=True)
+    # log sum_c exp(am[t, c] + lm[s, c]) as a product of exponentials: [B, S + 1, T]
+    norm = torch.matmul((lm - lm_max).exp(), (am - am_max).exp().transpose(1, 2))
+    norm = (norm + torch.finfo(dtype).tiny).log() + lm_max + am_max.transpose(1, 2)
+    idx = sy[:, :, None].expand(B, S, T)
+    px = torch.gather(am.transpose(1, 2), 1, sy[:, :, None].expand(B, S, T)) if S else am.new_zeros((B, 0, T))
+    px = px + torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S]
+    py = am[:, :, blank][:, None, :] + lm[:, :, blank][:, :, None] - norm
+    if lm_only_scale or am_only_scale:
+        l_s = float(lm_only_scale) or 1e-20
+        a_s = float(am_only_scale) or 1e-20
+        c_s = 1.0 - float(lm_only_scale) - float(am_only_scale)
+        lm_lp = lm.log_softmax(dim=2)
+        unigram = lm.softmax(dim=2).mean(dim=(0, 1)) + torch.finfo(dtype).tiny  # [C]
+        log_u = unigram.log()
+        am_norm = torch.logsumexp(am + log_u, dim=2)  # [B, T]
+        px_lm = torch.gather(lm_lp[:, :S], 2, sy[:, :, None])  # [B, S, 1]
+        px_am = torch.gather((am + log_u).transpose(1, 2), 1, idx) - am_norm[:, None, :]
+        py_lm = lm_lp[:, :, blank][:, :, None]
+        py_am = (am[:, :, blank] + log_u[blank] - am_norm)[:, None, :]
+        px = c_s * px + l_s * px_lm + a_s * px_am
+        py = c_s * py + l_s * py_lm + a_s * py_am
+    return _finish(px, py, bd, rnnt_type, delay_penalty, T)
+
+
+def rnnt_logprobs_joint(logits, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0):
+    """``(px, py)`` of the grid from full joiner logits ``[B, T, S + 1, C]``
+    (log-softmax over ``C``); arguments as :func:`rnnt_logprobs`."""
+    _check_type(rnnt_type)
+    delay_penalty = _penalty(delay_penalty)
+    x = _float(logits, "logits", 4)
+    B, T, S1, C = x.shape
+    S = S1 - 1
+    sy = _symbols(symbols, B, S, C)
+    blank = _blank(blank, C)
+    _check_frames(rnnt_type, S, T)
+    bd = check_boundary(boundary, B, S, T)
+    norm = torch.logsumexp(x, dim=3)  # [B, T, S + 1]
+    px = torch.gather(x[:, :, :S], 3, sy[:, None, :, None].expand(B, T, S, 1))[..., 0] - norm[:, :, :S]
+    py = x[:, :, :, blank] - norm
+    return _finish(px.transpose(1, 2), py.transpose(1, 2), bd, rnnt_type, delay_penalty, T)
+
+
+def _check_ranges(ranges, B, T, S):
+    if not isinstance(ranges, torch.Tensor):
+        raise TypeError(f"ranges: expected a torch.Tensor, got {type(ranges).__name__}")
+    if ranges.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"ranges: expected int32 or int64, got {ranges.dtype}")
+    if ranges.dim() != 3 or tuple(ranges.shape[:2]) != (B, T) or ranges.shape[2] < 1:
+        raise ValueError(f"ranges: expected shape ({B}, {T}, s_range >= 1), got {tuple(ranges.shape)}")
+    if ranges.numel():
+        lo, hi = int(ranges.min()), int(ranges.max())
+        if lo < 0 or hi > S:
+            raise ValueError(f"ranges: symbol positions must lie in [0, S={S}], got [{lo}, {hi}]")
+    return ranges.to(torch.int64)
+
+
+def rnnt_logprobs_pruned(logits, symbols, ranges, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0):
+    """``(px, py)`` of the full grid from joiner logits on a band.
+
+    Parameters
+    ----------
+    logits : ``[B, T, s_range, C]``: ``logits[b, t, k]`` is the joiner at
+        ``(s = ranges[b, t, k], t)``.
+    ranges : ``[B, T, s_range]`` int (from :func:`prune_ranges`), values in ``[0, S]``.
+    symbols : ``[B, S]``; blank, boundary, rnnt_type, delay_penalty as :func:`rnnt_logprobs`.
+
+    Returns
+    -------
+    px, py as :func:`rnnt_logprobs`, ``-inf`` outside the band.
+    """
+    _check_type(rnnt_type)
+    delay_penalty = _penalty(delay_penalty)
+    x = _float(logits, "logits", 4)
+    B, T, R, C = x.shape
+    if not isinstance(symbols, torch.Tensor) or symbols.dim() != 2:
+        raise ValueError("symbols: expected a [B, S] integer tensor")
+    S = symbols.shape[1]
+    sy = _symbols(symbols, B, S, C)
+    blank = _blank(blank, C)
+    rg = _check_ranges(ranges, B, T, S)
+    if rg.shape[2] != R:
+        raise ValueError(f"ranges: expected s_range = logits.shape[2] = {R}, got {rg.shape[2]}")
+    _check_frames(rnnt_type, S, T)
+    bd = check_boundary(boundary, B, S, T)
+    norm = torch.logsumexp(x, dim=3)  # [B, T, R]
+    with_blank = torch.cat([sy, sy.new_full((B, 1), blank)], dim=1)  # [B, S + 1]
+    sym = torch.gather(with_blank, 1, rg.reshape(B, T * R)).reshape(B, T, R)
+    px_band = torch.gather(x, 3, sym[..., None])[..., 0] - norm
+    py_band = x[..., blank] - norm
+    # scatter the band into the full [B, S + 1, T] grids (position S of px is dropped)
+    idx = rg.transpose(1, 2)  # [B, R, T]
+    px = x.new_full((B, S + 1, T), -np.inf).scatter(1, idx, px_band.transpose(1, 2))[:, :S]
+    py = x.new_full((B, S + 1, T), -np.inf).scatter(1, idx, py_band.transpose(1, 2))
+    return _finish(px, py, bd, rnnt_type, delay_penalty, T)
+
+
+def _reverse_cummin(x, dim):
+    return torch.flip(torch.cummin(torch.flip(x, (dim,)), dim=dim)[0], (dim,))
+
+
+def prune_ranges(px_grad, py_grad, boundary, s_range: int):
+    """k2's ``get_rnnt_prune_ranges``: per frame, the ``s_range`` consecutive
+    symbol positions that hold the most occupancy.
+
+    Parameters
+    ----------
+    px_grad : ``[B, S, T + 1]`` or ``[B, S, T]``; py_grad : ``[B, S + 1, T]``
+        arc occupancies (``return_grad`` of :func:`simple_rnnt_loss`).
+    boundary : ``[B, 4]`` or None.
+    s_range : int >= 1 (>= 2 for the regular topology); above ``S`` it becomes ``S + 1``.
+
+    Returns
+    -------
+    ranges : int64 ``[B, T, s_range]``, ``ranges[b, t, k] = start[b, t] + k``
+        with ``start[b, 0] = 0``, ``start`` non-decreasing in ``t``, rising
+        by at most ``s_range - 1`` per frame (1 when px has ``T`` columns) and
+        every entry in ``[0, S]``; from frame ``t_end - 1`` on the band ends
+        at ``s_end``.
+    """
+    if not isinstance(s_range, (int, np.integer)) or isinstance(s_range, bool):
+        raise TypeError(f"s_range: expected an int, got {type(s_range).__name__}")
+    for name, g in (("px_grad", px_grad), ("py_grad", py_grad)):
+        if not isinstance(g, torch.Tensor) or g.dim() != 3 or not g.dtype.is_floating_point:
+            raise ValueError(f"{name}: expected a 3-D float tensor")
+    B, S1, T = py_grad.shape
+    S = S1 - 1
+    T1 = px_grad.shape[2]
+    if px_grad.shape[:2] != (B, S) or T1 not in (T, T + 1):
+        raise ValueError(f"px_grad: expected shape ({B}, {S}, {T} or {T + 1}), got {tuple(px_grad.shape)}")
+    bd = check_boundary(boundary, B, S, T)
+    s_range = int(s_range)
+    if s_range > S:
+        s_range = S + 1
+    need = 1 if T1 == T else 2
+    if s_range < need:
+        raise ValueError(f"s_range: expected >= {need} for px_grad with {T1} columns, got {s_range}")
+    dev = py_grad.device
+    pyg = py_grad.detach().double()
+    pxg = px_grad.detach().double()[:, :, :T]
+    # score of the band starting at j: occupancy of its blank arcs minus the symbol arc entering it
+    cs = torch.cat([pyg.new_zeros((B, 1, T)), pyg.cumsum(dim=1)], dim=1)  # [B, S + 2, T]
+    J = S + 2 - s_range
+    score = cs[:, s_range:s_range + J] - cs[:, :J]
+    score[:, 1:] -= pxg[:, :J - 1]
+    start = score.argmax(dim=1)  # first maximum: [B, T]
+    t = torch.arange(T, device=dev)
+    s_end = torch.as_tensor(bd[:, 2], device=dev)
+    t_end = torch.as_tensor(bd[:, 3], device=dev)
+    last = (s_end - s_range + 1).clamp(min=0)
+    start = torch.where(t[None, :] >= (t_end - 1)[:, None], last[:, None], start)
+    r = 2 if T1 == T else s_range
+    x = _reverse_cummin(start, 1)
+    y = (r - 1) * t[None, :] - x
+    y = _reverse_cummin(y, 1).clamp(min=0)
+    start = (r - 1) * t[None, :] - y
+    return start[:, :, None] + torch.arange(s_range, device=dev)
+
+
+def prune(am, lm, ranges):
+    """k2's ``do_rnnt_pruning``: ``(am_pruned, lm_pruned)``, both ``[B, T,
+    s_range, D]``: ``am_pruned[b, t, k] = am[b, t]``, ``lm_pruned[b, t, k] =
+    lm[b, ranges[b, t, k]]`` (``am [B, T, D]``, ``lm [B, S + 1, D]``)."""
+    for name, x in (("am", am), ("lm", lm)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-D tensor")
+    B, T, D = am.shape
+    if lm.shape[0] != B or lm.shape[2] != D:
+        raise ValueError(f"lm: expected shape ({B}, S + 1, {D}), got {tuple(lm.shape)}")
+    rg = _check_ranges(ranges, B, T, lm.shape[1] - 1)
+    R = rg.shape[2]
+    am_pruned = am[:, :, None, :].expand(B, T, R, D)
+    lm_pruned = torch.gather(lm, 1, rg.reshape(B, T * R, 1).expand(B, T * R, D)).reshape(B, T, R, D)
+    return am_pruned, lm_pruned
+
+
+def boundary_from_lengths(logit_lengths, target_lengths) -> torch.Tensor:
+    """``[B, 4]`` int64 ``[0, 0, U_b, T_b]`` on ``logit_lengths``' device."""
+    T = torch.as_tensor(logit_lengths).to(torch.int64)
+    U = torch.as_tensor(target_lengths).to(device=T.device, dtype=torch.int64)
+    z = torch.zeros_like(T)
+    return torch.stack([z, z, U, T], dim=1)
+
+
+def _loss(px, py, boundary, reduction, return_grad, dtype):
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
+    out = grid_loglike(px, py, boundary, return_grad=return_grad)
+    total, grads = out if return_grad else (out, None)
+    loss = reduce_costs(-total, reduction).to(dtype)
+    return (loss, grads) if return_grad else loss
+
+
+def simple_rnnt_loss(am, lm, targets, logit_lengths, target_lengths, blank, rnnt_type="regular",
+                     delay_penalty=0.0, lm_only_scale=0.0, am_only_scale=0.0, reduction="mean",
+                     return_grad=False):
+    """RNN-T loss of the additive joiner ``am[t] + lm[s]`` (k2's simple /
+    smoothed loss), without a 4-D tensor.
+
+    Parameters
+    ----------
+    am : ``[B, T, C]``; lm : ``[B, U + 1, C]`` (float16/bfloat16/float32/float64).
+    targets : ``[B, U]`` ints; logit_lengths, target_lengths : ``[B]`` ints.
+    blank : int; rnnt_type, delay_penalty, lm_only_scale, am_only_scale:
+        see :func:`rnnt_logprobs`; reduction : ``"mean"`` (over the batch),
+        ``"sum"`` or ``"none"``.
+    return_grad : also return ``(px_grad, py_grad)``, the arc occupancies
+        that :func:`prune_ranges` needs.
+
+    Returns
+    -------
+    loss (``[B]`` or scalar, in ``am``'s dtype), or ``(loss, (px_grad, py_grad))``.
+    """
+    bd = boundary_from_lengths(logit_lengths, target_lengths)
+    px, py = rnnt_logprobs(am, lm, targets, blank, bd, rnnt_type, delay_penalty, lm_only_scale, am_only_scale)
+    return _loss(px, py, bd, reduction, return_grad, am.dtype)
+
+
+def pruned_rnnt_loss(logits, targets, ranges, logit_lengths, target_lengths, blank, rnnt_type="regular",
+                     delay_penalty=0.0, reduction="mean"):
+    """RNN-T loss from joiner logits on the band ``ranges`` (k2's pruned loss).
+
+    Parameters
+    ----------
+    logits : ``[B, T, s_range, C]``; ranges : ``[B, T, s_range]`` ints.
+    targets, logit_lengths, target_lengths, blank, rnnt_type, delay_penalty,
+    reduction : as :func:`simple_rnnt_loss`.
+    """
+    bd = boundary_from_lengths(logit_lengths, target_lengths)
+    px, py = rnnt_logprobs_pruned(logits, targets, ranges, blank, bd, rnnt_type, delay_penalty)
+    return _loss(px, py, bd, reduction, False, logits.dtype)
+
+
+def grid_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, rnnt_type="regular", delay_penalty=0.0,
+                   reduction="mean"):
+    """RNN-T loss of full joiner logits ``[B, T, U + 1, C]`` through the grid
+    lattice, for every ``rnnt_type`` and the delay penalty (for the regular
+    type without a penalty :func:`chainfb.rnnt_loss` gives the same numbers
+    with a fused gradient and less memory)."""
+    bd = boundary_from_lengths(logit_lengths, target_lengths)
+    px, py = rnnt_logprobs_joint(logits, targets, blank, bd, rnnt_type, delay_penalty)
+    return _loss(px, py, bd, reduction, False, logits.dtype)

@@ -1,0 +1,294 @@
+"""The pruned RNN-T family (chainfb.transducer.pruned, chainfb.compat.fast_rnnt)
+against the float64 reference in tests/oracles/fast_rnnt.py (plain loops
+over the grid), for every rnnt_type, the delay penalty, unequal lengths,
+S_b = 1 and T_b = S_b; gradcheck; bad inputs; and, per device, the whole
+pruned pipeline through the engine (CPU, CUDA, the emulated kernels)."""
+
+import numpy as np
+import pytest
+import torch
+
+import chainfb
+from chainfb.compat import fast_rnnt as fr
+from chainfb.transducer import pruned
+
+from devices import OnCPU, OnCUDA, OnEmulatedKernels
+from oracles import fast_rnnt as ref
+
+TYPES = ["regular", "modified", "constrained"]
+# unequal lengths, S_b = 1, T_b = S_b, S_b = 0
+BOUNDARY = torch.tensor([[0, 0, 4, 7], [0, 0, 1, 5], [0, 0, 3, 3], [0, 0, 0, 2]])
+
+
+def case(seed=0, B=4, S=4, T=7, C=6, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    am = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
+    lm = torch.randn(B, S + 1, C, generator=g, dtype=torch.float64).to(dtype)
+    symbols = torch.randint(1, C, (B, S), generator=g)
+    return am, lm, symbols, 0
+
+
+def close(a, b, tol=1e-10):
+    np.testing.assert_allclose(np.asarray(a.detach().double()), np.asarray(b.detach().double()), rtol=tol, atol=tol)
+
+
+# ------------------------------------------------------------------ the grid
+
+
+@pytest.mark.parametrize("modified", [False, True])
+def test_mutual_information_against_reference(modified):
+    g = torch.Generator().manual_seed(1)
+    B, S, T = 6, 3, 4
+    px = torch.randn(B, S, T if modified else T + 1, generator=g, dtype=torch.float64, requires_grad=True)
+    py = torch.randn(B, S + 1, T, generator=g, dtype=torch.float64, requires_grad=True)
+    bd = torch.tensor([[0, 0, 3, 4], [1, 0, 3, 4], [0, 1, 2, 3], [0, 0, 0, 2], [0, 0, 2, 2], [1, 2, 1, 2]])
+    total, (pxg, pyg) = fr.mutual_information_recursion(px, py, bd, return_grad=True)
+    t_ref, pxg_ref, pyg_ref = ref.mi_reference(px.detach(), py.detach(), bd)
+    close(total, t_ref)
+    close(pxg, pxg_ref)
+    close(pyg, pyg_ref)
+    total.sum().backward()
+    close(px.grad, pxg_ref)
+    close(py.grad, pyg_ref)
+    assert torch.autograd.gradcheck(lambda a, b: fr.mutual_information_recursion(a, b, bd), (px, py))
+
+
+def test_mutual_information_without_grad_and_returned_grads_are_fresh():
+    g = torch.Generator().manual_seed(2)
+    px = torch.randn(2, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    py = torch.randn(2, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    total, (pxg, pyg) = fr.mutual_information_recursion(px, py, return_grad=True)
+    keep = pxg.clone()
+    (3.0 * total.sum()).backward()  # scales the gradient saved by autograd, not the returned one
+    assert torch.equal(pxg, keep)
+    close(px.grad, 3.0 * pxg)
+    with torch.no_grad():
+        t2, (pxg2, _) = fr.mutual_information_recursion(px, py, return_grad=True)
+    close(t2, total)
+    close(pxg2, pxg)
+    assert fr.mutual_information_recursion(px.detach().float(), py.detach().float()).dtype == torch.float32
+
+
+# ------------------------------------------------------------ every function
+
+
+@pytest.mark.parametrize("rnnt_type", TYPES)
+@pytest.mark.parametrize("delay_penalty", [0.0, 0.25])
+@pytest.mark.parametrize("use_boundary", [False, True])
+def test_losses_against_reference(rnnt_type, delay_penalty, use_boundary):
+    am, lm, symbols, term = case()
+    bd = BOUNDARY if use_boundary else None
+    kw = dict(boundary=bd, rnnt_type=rnnt_type, delay_penalty=delay_penalty, reduction="none")
+    lm_, am_ = lm.clone().requires_grad_(), am.clone().requires_grad_()
+    loss, (pxg, pyg) = fr.rnnt_loss_simple(lm_, am_, symbols, term, return_grad=True, **kw)
+    want, (pxg_ref, pyg_ref) = ref.rnnt_loss_simple_reference(lm, am, symbols, term, return_grad=True, **kw)
+    close(loss, want)
+    close(pxg, pxg_ref)
+    close(pyg, pyg_ref)
+    close(fr.rnnt_loss_smoothed(lm, am, symbols, term, 0.2, 0.1, **kw),
+          ref.rnnt_loss_smoothed_reference(lm, am, symbols, term, 0.2, 0.1, **kw))
+    logits = am[:, :, None, :] + torch.tanh(lm[:, None, :, :])
+    close(fr.rnnt_loss(logits, symbols, term, **kw), ref.rnnt_loss_reference(logits, symbols, term, **kw))
+    bd2 = BOUNDARY if use_boundary else torch.tensor([[0, 0, 4, 7]] * 4)
+    ranges = fr.get_rnnt_prune_ranges(pxg, pyg, bd2, 3)
+    assert torch.equal(ranges, ref.prune_ranges_reference(pxg, pyg, bd2, 3))
+    am_p, lm_p = fr.do_rnnt_pruning(am, lm, ranges)
+    am_r, lm_r = ref.do_rnnt_pruning_reference(am, lm, ranges)
+    close(am_p, am_r)
+    close(lm_p, lm_r)
+    band = am_p + torch.tanh(lm_p)
+    close(fr.rnnt_loss_pruned(band, symbols, ranges, term, **kw),
+          ref.rnnt_loss_pruned_reference(band, symbols, ranges, term, **kw))
+    # the loss's gradient reaches the joiner inputs (its values: test_gradcheck)
+    loss.sum().backward()
+    assert torch.isfinite(lm_.grad).all() and torch.isfinite(am_.grad).all() and am_.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("rnnt_type", TYPES)
+def test_logprobs_against_reference(rnnt_type):
+    am, lm, symbols, term = case(seed=3)
+    for got, want in (
+        (fr.get_rnnt_logprobs(lm, am, symbols, term, BOUNDARY, rnnt_type),
+         ref.logprobs_simple(lm, am, symbols, term, BOUNDARY, rnnt_type)),
+        (fr.get_rnnt_logprobs_smoothed(lm, am, symbols, term, 0.3, 0.0, BOUNDARY, rnnt_type),
+         ref.logprobs_smoothed(lm, am, symbols, term, 0.3, 0.0, BOUNDARY, rnnt_type)),
+        (fr.get_rnnt_logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, BOUNDARY, rnnt_type),
+         ref.logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, BOUNDARY, rnnt_type)),
+    ):
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            fin = torch.isfinite(b)
+            assert torch.equal(torch.isfinite(a), fin)
+            close(a[fin], b[fin])
+
+
+@pytest.mark.parametrize("rnnt_type", TYPES)
+def test_gradcheck(rnnt_type):
+    am, lm, symbols, term = case(seed=4, B=3, S=2, T=4, C=4)
+    bd = torch.tensor([[0, 0, 2, 4], [0, 0, 1, 3], [0, 0, 2, 2]])
+    am.requires_grad_()
+    lm.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda a, m: fr.rnnt_loss_smoothed(m, a, symbols, term, 0.1, 0.2, bd, rnnt_type, 0.1, "sum"), (am, lm))
+    logits = (am[:, :, None] + lm[:, None]).detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: fr.rnnt_loss(x, symbols, term, bd, rnnt_type, 0.2, "mean"),
+                                    (logits,))
+    ranges = pruned.prune_ranges(*fr.rnnt_loss_simple(lm, am, symbols, term, bd, rnnt_type, return_grad=True)[1],
+                                 bd, 2)
+    band = torch.randn(3, 4, 2, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: fr.rnnt_loss_pruned(x, symbols, ranges, term, bd, rnnt_type), (band,))
+
+
+def test_regular_equals_chainfb_and_torchaudio_definition():
+    """rnnt_type="regular" is torchaudio's RNN-T: same numbers as chainfb.rnnt_loss
+    (fused route) and through the grid (with a zero delay penalty forced through it)."""
+    am, lm, symbols, term = case(seed=5)
+    logits = (am[:, :, None] + torch.tanh(lm[:, None])).requires_grad_()
+    T_b, U_b = BOUNDARY[:, 3], BOUNDARY[:, 2]
+    ours = fr.rnnt_loss(logits, symbols, term, BOUNDARY, reduction="none")
+    grid = pruned.grid_rnnt_loss(logits, symbols, T_b, U_b, term, reduction="none")
+    full = chainfb.rnnt_loss(logits, symbols.int(), T_b.int(), U_b.int(), blank=term, reduction="none")
+    close(ours, full)
+    close(grid, full)
+    g1, = torch.autograd.grad(grid.sum(), logits)
+    g2, = torch.autograd.grad(full.sum(), logits)
+    close(g1, g2)
+
+
+def test_full_band_pruned_equals_full_loss():
+    am, lm, symbols, term = case(seed=6)
+    for rnnt_type in TYPES:
+        _, grads = fr.rnnt_loss_simple(lm, am, symbols, term, BOUNDARY, rnnt_type, return_grad=True)
+        ranges = fr.get_rnnt_prune_ranges(*grads, BOUNDARY, 10)  # s_range >= S + 1: the whole grid
+        assert ranges.shape[2] == 5
+        am_p, lm_p = fr.do_rnnt_pruning(am, lm, ranges)
+        logits_p = am_p + torch.tanh(lm_p)
+        logits = am[:, :, None] + torch.tanh(lm[:, None])
+        close(fr.rnnt_loss_pruned(logits_p, symbols, ranges, term, BOUNDARY, rnnt_type, reduction="none"),
+              fr.rnnt_loss(logits, symbols, term, BOUNDARY, rnnt_type, reduction="none"))
+
+
+def test_ranges_satisfy_documented_constraints():
+    am, lm, symbols, term = case(seed=7, B=4, S=6, T=9)
+    bd = torch.tensor([[0, 0, 6, 9], [0, 0, 2, 8], [0, 0, 6, 6], [0, 0, 1, 4]])
+    for rnnt_type, s_range in (("regular", 2), ("regular", 4), ("modified", 1), ("constrained", 3)):
+        _, grads = fr.rnnt_loss_simple(lm, am, symbols, term, bd, rnnt_type, return_grad=True)
+        ranges = fr.get_rnnt_prune_ranges(*grads, bd, s_range)
+        step = s_range if rnnt_type == "regular" else 2
+        assert ranges.dtype == torch.int64 and ranges.shape == (4, 9, s_range)
+        assert (ranges == ranges[:, :, :1] + torch.arange(s_range)).all()
+        start = ranges[:, :, 0]
+        assert (start[:, 0] == 0).all() and (ranges >= 0).all() and (ranges <= 6).all()
+        d = start[:, 1:] - start[:, :-1]
+        assert (d >= 0).all() and (d <= step - 1).all()
+        # from the last frame on, the band reaches the end of the transcript
+        for b in range(4):
+            t_end, s_end = int(bd[b, 3]), int(bd[b, 2])
+            assert (ranges[b, t_end - 1:, -1] >= min(s_end, s_range - 1)).all()
+
+
+def test_native_lengths_api_matches_boundary_api():
+    am, lm, symbols, term = case(seed=8)
+    T_b, U_b = BOUNDARY[:, 3], BOUNDARY[:, 2]
+    loss, grads = pruned.simple_rnnt_loss(am, lm, symbols, T_b, U_b, term, rnnt_type="constrained",
+                                          delay_penalty=0.1, lm_only_scale=0.25, am_only_scale=0.0,
+                                          reduction="sum", return_grad=True)
+    want, grads_k2 = fr.rnnt_loss_smoothed(lm, am, symbols, term, 0.25, 0.0, BOUNDARY, "constrained", 0.1, "sum",
+                                           return_grad=True)
+    close(loss, want)
+    close(grads[0], grads_k2[0])
+    ranges = pruned.prune_ranges(*grads, BOUNDARY, 3)
+    am_p, lm_p = pruned.prune(am, lm, ranges)
+    close(pruned.pruned_rnnt_loss(am_p + lm_p, symbols, ranges, T_b, U_b, term, "constrained", 0.1),
+          fr.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, term, BOUNDARY, "constrained", 0.1))
+    assert chainfb.transducer.simple_rnnt_loss is pruned.simple_rnnt_loss
+
+
+def test_legacy_modified_keyword():
+    am, lm, symbols, term = case(seed=9)
+    close(fr.rnnt_loss_simple(lm, am, symbols, term, modified=True),
+          fr.rnnt_loss_simple(lm, am, symbols, term, rnnt_type="modified"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_inputs(dtype):
+    am, lm, symbols, term = case(seed=10)
+    want = fr.rnnt_loss_simple(lm.to(dtype).double(), am.to(dtype).double(), symbols, term, reduction="none")
+    a, m = am.to(dtype).requires_grad_(), lm.to(dtype).requires_grad_()
+    got = fr.rnnt_loss_simple(m, a, symbols, term, reduction="none")
+    assert got.dtype == dtype
+    got.sum().backward()
+    assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
+    np.testing.assert_allclose(got.double().detach().numpy(), want.numpy(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda a, l, s, r: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, r[:, :, :2], 0), ValueError, "ranges"),
+    (lambda a, l, s, r: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, r[:, :5], 0), ValueError, "ranges"),
+    (lambda a, l, s, r: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, r + 3, 0), ValueError, "ranges"),
+    (lambda a, l, s, r: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, r.float(), 0), TypeError, "ranges"),
+    (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 0),
+     ValueError, "s_range"),
+    (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 1),
+     ValueError, "s_range"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a[:, :3], s, 0, rnnt_type="modified"), ValueError, "T >= S"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s + 10, 0), ValueError, "symbols"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 6), ValueError, "blank"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 0, rnnt_type="pruned"), ValueError, "rnnt_type"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 0, reduction="avg"), ValueError, "reduction"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 0, boundary=torch.tensor([[0, 0, 5, 7]] * 4)),
+     ValueError, "boundary"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 0, boundary=torch.zeros(3, 4, dtype=torch.int64)),
+     ValueError, "boundary"),
+    (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 0, delay_penalty=float("nan")), ValueError, "delay_penalty"),
+    (lambda a, l, s, r: fr.mutual_information_recursion(torch.zeros(4, 4, 5), torch.zeros(4, 5, 7)),
+     ValueError, "px"),
+    (lambda a, l, s, r: fr.do_rnnt_pruning(a, l[:, :, :3], r), ValueError, "lm"),
+])
+def test_bad_inputs(call, exc, match):
+    am, lm, symbols, term = case(seed=11)
+    ranges = torch.zeros(4, 7, 3, dtype=torch.int64) + torch.arange(3)
+    with pytest.raises(exc, match=match):
+        call(am, lm, symbols, ranges)
+
+
+# ----------------------------------------------------------------- per device
+
+
+class PrunedPipelineTests:
+    """The whole pruned pipeline (simple loss -> ranges -> pruning -> joiner
+    on the band -> pruned loss) on the device, against the reference."""
+
+    @pytest.mark.parametrize("rnnt_type", TYPES)
+    def test_pipeline_matches_reference(self, rnnt_type):
+        am, lm, symbols, term = case(seed=12)
+        a, m = self.tensor(am.clone()).requires_grad_(), self.tensor(lm.clone()).requires_grad_()
+        sy, T_b, U_b = self.tensor(symbols), self.tensor(BOUNDARY[:, 3]), self.tensor(BOUNDARY[:, 2])
+        simple, (pxg, pyg) = pruned.simple_rnnt_loss(a, m, sy, T_b, U_b, term, rnnt_type=rnnt_type,
+                                                     delay_penalty=0.1, reduction="none", return_grad=True)
+        assert simple.device.type == self.device and pxg.device.type == self.device
+        want, (pxg_ref, _) = ref.rnnt_loss_simple_reference(lm, am, symbols, term, BOUNDARY, rnnt_type, 0.1,
+                                                            "none", return_grad=True)
+        close(simple.cpu(), want)
+        close(pxg.cpu(), pxg_ref)
+        ranges = pruned.prune_ranges(pxg, pyg, self.tensor(BOUNDARY), 3)
+        assert torch.equal(ranges.cpu(), ref.prune_ranges_reference(pxg.cpu(), pyg.cpu(), BOUNDARY, 3))
+        am_p, lm_p = pruned.prune(a, m, ranges)
+        band = am_p + torch.tanh(lm_p)
+        loss = pruned.pruned_rnnt_loss(band, sy, ranges, T_b, U_b, term, rnnt_type, 0.1, reduction="none")
+        close(loss.cpu(), ref.rnnt_loss_pruned_reference(band.detach().cpu(), symbols, ranges.cpu(), term,
+                                                         BOUNDARY, rnnt_type, 0.1, "none"))
+        (simple.sum() + loss.sum()).backward()
+        assert torch.isfinite(a.grad).all() and torch.isfinite(m.grad).all()
+
+
+class TestPrunedCPU(PrunedPipelineTests, OnCPU):
+    pass
+
+
+class TestPrunedCUDA(PrunedPipelineTests, OnCUDA):
+    pass
+
+
+class TestPrunedEmulated(PrunedPipelineTests, OnEmulatedKernels):
+    pass
