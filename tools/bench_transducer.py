@@ -19,6 +19,18 @@ floor for any implementation is ~1x the logits.  CUDA (``--device cuda``):
 ``torch.cuda.max_memory_allocated`` above the inputs.
 
     python tools/bench_transducer.py [--batch 8] [--repeat 3] [--device cpu|cuda]
+    python tools/bench_transducer.py --pruned [--repeat 3] [--s-range 5]
+
+``--pruned`` times the loss part of a training step with a joiner
+``Linear(H, V)(tanh(enc + dec))`` (H = 256, V = 500, B = 8, T <= 250,
+U <= 71): torchaudio's full loss, chainfb's full loss (both on the 4-D
+joiner output), and chainfb's pruned pipeline (simple loss of ``am =
+Linear(H, V)(enc)``, ``lm = Linear(H, V)(dec)`` with its arc occupancies,
+prune ranges, ``enc``/``dec`` pruned to the band, the joiner on ``[B, T,
+s_range, H]``, the pruned loss; loss = 0.5 simple + pruned, then
+``backward()``).  Each measurement runs in a fresh process (so each peak is
+that method's own), methods interleaved; memory = growth of the peak
+resident memory (``VmHWM``) during the step, above the inputs and weights.
     # the peers (torchaudio, warprnnt_numba) may need another torch version;
     # run the script from a separate virtual environment that has them, e.g.
     PYTHONPATH=$PWD venv-peers/bin/python tools/bench_transducer.py
@@ -112,8 +124,98 @@ def step(fn, inputs, device):
     return dt, peak, val
 
 
+PRUNED_METHODS = ("torchaudio full", "chainfb full", "chainfb pruned")
+
+
+def pruned_case(seed, batch=8, H=256, V=500, max_T=250, max_U=71):
+    """Encoder / decoder outputs, targets, lengths and the joiner's layers."""
+    rng = np.random.default_rng(seed)
+    T, U = draw_shapes(rng, batch)
+    T = np.minimum(T, max_T)
+    U = np.clip(np.minimum(U, max_U), 1, None)
+    torch.manual_seed(seed)
+    enc = torch.randn(batch, int(T.max()), H)
+    dec = torch.randn(batch, int(U.max()) + 1, H)
+    targets = torch.from_numpy(rng.integers(1, V, (batch, int(U.max())))).to(torch.int32)
+    layers = {k: torch.nn.Linear(H, V) for k in ("joiner", "am", "lm")}
+    return enc, dec, targets, torch.from_numpy(T).to(torch.int32), torch.from_numpy(U).to(torch.int32), layers
+
+
+def pruned_step(method, case, s_range):
+    """One loss + backward of ``method``; returns the loss value."""
+    from chainfb.transducer import prune, prune_ranges, pruned_rnnt_loss, simple_rnnt_loss
+
+    enc, dec, targets, T, U, layers = case
+    enc, dec = enc.detach().requires_grad_(), dec.detach().requires_grad_()
+    if method == "chainfb pruned":
+        am, lm = layers["am"](enc), layers["lm"](dec)
+        simple, grads = simple_rnnt_loss(am, lm, targets, T, U, blank=0, reduction="sum", return_grad=True)
+        boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+        ranges = prune_ranges(*grads, boundary, s_range)
+        enc_p, dec_p = prune(enc, dec, ranges)
+        logits = layers["joiner"](torch.tanh(enc_p + dec_p))
+        loss = 0.5 * simple + pruned_rnnt_loss(logits, targets, ranges, T, U, blank=0, reduction="sum")
+    else:
+        logits = layers["joiner"](torch.tanh(enc[:, :, None, :] + dec[:, None, :, :]))
+        if method == "torchaudio full":
+            import torchaudio.functional as taf
+
+            loss = taf.rnnt_loss(logits, targets, T, U, blank=0, reduction="sum")
+        else:
+            loss = chainfb.rnnt_loss(logits, targets, T, U, blank=0, reduction="sum")
+    loss.backward()
+    return float(loss)
+
+
+def pruned_worker(args):
+    """Measure one step of one method in this process; print 'time peak value'."""
+    case = pruned_case(args.seed)
+    pruned_step(args.worker, case, args.s_range)  # warm-up
+    _reset_peak()
+    base = _status("VmRSS")
+    t0 = time.perf_counter()
+    val = pruned_step(args.worker, case, args.s_range)
+    dt = time.perf_counter() - t0
+    print(f"{dt} {_status('VmHWM') - base} {val}")
+
+
+def run_pruned(args):
+    import subprocess
+    import sys
+
+    enc, dec, targets, T, U, _ = pruned_case(args.seed)
+    print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, B={len(T)} H=256 V=500 "
+          f"s_range={args.s_range}")
+    print(f"# T={T.tolist()} U={U.tolist()}; full logits {len(T)} x {int(T.max())} x {int(U.max()) + 1} x 500 "
+          f"float32 = {len(T) * int(T.max()) * (int(U.max()) + 1) * 500 * 4 / 2**20:.0f} MiB")
+    results = {m: [] for m in PRUNED_METHODS}
+    for _ in range(args.repeat):
+        for m in PRUNED_METHODS:
+            r = subprocess.run([sys.executable, __file__, "--pruned", "--worker", m, "--seed", str(args.seed),
+                                "--s-range", str(args.s_range)], capture_output=True, text=True)
+            if r.returncode:
+                last = (r.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"# {m} failed: {last}")
+                continue
+            dt, peak, val = r.stdout.split()[-3:]
+            results[m].append((float(dt), int(peak), float(val)))
+    ref = results["torchaudio full"]
+    ref_t = statistics.median([r[0] for r in ref]) if ref else None
+    ref_m = max(r[1] for r in ref) if ref else None
+    print(f"{'method':18s} {'time s':>8s} {'peak growth MiB':>16s} {'loss':>12s}  vs torchaudio (time, memory)")
+    for m, rs in results.items():
+        if not rs:
+            continue
+        t, p, v = statistics.median([r[0] for r in rs]), max(r[1] for r in rs), rs[-1][2]
+        rel = f"{t / ref_t:6.3f}x, {p / ref_m:6.3f}x" if ref else "(torchaudio not available)"
+        print(f"{m:18s} {t:8.3f} {p / 2**20:16.0f} {v:12.2f}  {rel}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pruned", action="store_true", help="the pruned-pipeline comparison (see above)")
+    ap.add_argument("--s-range", type=int, default=5)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=3)
@@ -121,6 +223,8 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--skip", default="", help="comma-separated name prefixes of methods to leave out")
     args = ap.parse_args()
+    if args.pruned:
+        return pruned_worker(args) if args.worker else run_pruned(args)
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
     T, U = draw_shapes(rng, args.batch)
