@@ -67,6 +67,8 @@ def check_lengths(lengths, N: int, T: int, name: str = "lengths") -> np.ndarray:
     elif is_cupy(lengths):
         lengths = lengths.get()
     lengths = np.asarray(lengths)
+    if lengths.size == 0 and N == 0:  # e.g. lengths=[] for an empty batch
+        return np.zeros(0, dtype=np.int64)
     if lengths.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected integer frame counts, got dtype {lengths.dtype}")
     if lengths.shape != (N,):

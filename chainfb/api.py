@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import engines
-from ._arrays import as_array, check_lengths, wrap_like
+from ._arrays import as_array, check_lengths, is_torch, wrap_like
 from .batch import FstBatch
 from .criterion import Criterion, apply
 from .lattice import Lattice
@@ -67,12 +67,20 @@ class PdfCriterion(Criterion):
     def finish(self, x, loglike, post):
         arr, xp = as_array(x, "scores")
         dtype = arr.dtype if self.value_dtype is None else self.value_dtype
-        value = wrap_like(xp.asarray(loglike).astype(dtype), x)
+        value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x, self.value_dtype is None)
         if post is None:
             return value, None
         grad = xp.zeros(arr.shape, dtype=arr.dtype)
         self.score_map.scatter_add(xp, grad, post, accumulate=False)
-        return value, wrap_like(grad, x)
+        return value, _like_input(wrap_like(grad, x), x)
+
+
+def _like_input(out, x, same_dtype=True):
+    """bfloat16 tensors are computed in float32 (NumPy and CuPy have no
+    bfloat16); results come back in bfloat16."""
+    if same_dtype and is_torch(x) and x.dtype == torch.bfloat16:
+        return out.to(torch.bfloat16)
+    return out
 
 
 def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
@@ -84,7 +92,8 @@ def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
         One Fst is shared by all sequences; a list has one graph per
         sequence; an FstBatch may map many sequences to one graph.
     scores : ``[N, T, P]`` NumPy/CuPy array or torch tensor, float32/float64
-        Pdf log-likelihoods (any strides).  CUDA inputs run on the GPU.
+        (or a bfloat16 tensor, computed in float32) -- pdf log-likelihoods
+        (any strides).  CUDA inputs run on the GPU.
     lengths : ``[N]`` ints in ``[0, T]``, optional
         Frames per sequence (default ``T``).
     need_posteriors : bool

@@ -43,6 +43,39 @@ def _parse_cost(field: str, lineno: int) -> float:
     return cost
 
 
+# a state id this far beyond the states actually used needs an explicit num_states
+_SPARSE_SLACK = 1024
+_MAX_ID = 2**62
+
+
+def _id_array(values, where: str, what: str) -> np.ndarray:
+    """int64 array of non-negative integer ids; fractional, boolean, huge or
+    non-numeric values are errors naming ``where`` (no silent coercion)."""
+    arr = np.asarray(values) if len(values) else np.zeros(0, dtype=np.int64)
+    if arr.ndim == 1 and (arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and np.isfinite(arr).all()
+                                                     and (arr == np.floor(arr)).all())):
+        if arr.size and (arr.min() < 0 or arr.max() >= _MAX_ID):
+            i = int(np.argmax((arr < 0) | (arr >= _MAX_ID)))
+            return _id_array_slow(values[i:i + 1], where.replace("{i}", str(i)), what)
+        return arr.astype(np.int64)
+    return _id_array_slow(values, where, what)
+
+
+def _id_array_slow(values, where: str, what: str) -> np.ndarray:
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)):
+            raise TypeError(f"{where.format(i=i)}: {what} must be an integer, got {v!r}")
+        if isinstance(v, (float, np.floating)) and not float(v).is_integer():
+            raise ValueError(f"{where.format(i=i)}: {what} must be an integer, got {v!r}")
+        if v < 0:
+            raise ValueError(f"{where.format(i=i)}: {what} {int(v)} is negative")
+        if v >= _MAX_ID:
+            raise ValueError(f"{where.format(i=i)}: {what} {int(v)} is outside [0, 2**62)")
+        out[i] = int(v)
+    return out
+
+
 def _parse_int(field: str, what: str, lineno: int) -> int:
     try:
         value = int(field)
@@ -127,11 +160,16 @@ class Fst:
 
         States are numbered from 0.  Without ``num_states`` the FST has
         ``1 + `` the largest state id used by ``start``, ``finals`` or an arc,
-        so ids between those used are states without arcs.  With
-        ``num_states`` every state id must lie in ``[0, num_states)``; an id
-        outside it is a ``ValueError`` naming the argument (``arcs[i]``,
-        ``finals`` or ``start``) instead of a silently added state; states
-        above the largest id used are states without arcs.
+        so ids between those used are states without arcs; an id more than
+        1024 beyond the number of distinct states used (e.g. ``2**31 - 1`` in
+        a three-state graph, which would allocate gigabytes) is a
+        ``ValueError`` unless ``num_states`` is given.  With ``num_states``
+        every state id must lie in ``[0, num_states)``; an id outside it is a
+        ``ValueError`` naming the argument (``arcs[i]``, ``finals`` or
+        ``start``) instead of a silently added state; states above the
+        largest id used are states without arcs.  State ids and pdfs must be
+        integers (``1.9`` is an error, not state 1); ids above ``2**62`` are
+        a ``ValueError``.
         """
         arcs = list(arcs)
         for i, arc in enumerate(arcs):
@@ -141,12 +179,15 @@ class Fst:
             raise TypeError(f"finals: expected a mapping {{state: log_prob}}, got {type(finals).__name__}")
         if len(finals) == 0:
             raise ValueError("finals: the FST has no final state")
-        src = np.array([a[0] for a in arcs], dtype=np.int64)
-        dst = np.array([a[1] for a in arcs], dtype=np.int64)
-        pdf = np.array([a[2] for a in arcs], dtype=np.int64)
-        lp = np.array([a[3] for a in arcs], dtype=np.float64)
-        start = int(start)
-        final_ids = [int(s) for s in finals]
+        src = _id_array([a[0] for a in arcs], "arcs[{i}]", "source state")
+        dst = _id_array([a[1] for a in arcs], "arcs[{i}]", "destination state")
+        pdf = _id_array([a[2] for a in arcs], "arcs[{i}]", "pdf")
+        try:
+            lp = np.array([a[3] for a in arcs], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError("arcs: log_prob must be a number in every arc") from None
+        start = int(_id_array([start], "start", "state")[0])
+        final_ids = [int(s) for s in _id_array(list(finals), "finals", "state")]
         if num_states is not None:
             if isinstance(num_states, bool) or int(num_states) != num_states or num_states < 1:
                 raise ValueError(f"num_states: expected a positive integer, got {num_states!r}")
@@ -168,6 +209,11 @@ class Fst:
         check("start", "state", start)
         if num_states is None:
             num_states = 1 + max([start, *final_ids, *(int(ids.max()) for ids in (src, dst) if ids.size)])
+            used = len(set(np.concatenate([src, dst]).tolist()) | {start, *final_ids})
+            if num_states > used + _SPARSE_SLACK:
+                raise ValueError(
+                    f"state id {num_states - 1} is far beyond the {used} states used; renumber the states or pass "
+                    f"num_states explicitly")
         final = np.full(num_states, -np.inf)
         for s, w in finals.items():
             final[int(s)] = float(w)
@@ -233,8 +279,15 @@ class Fst:
     @classmethod
     def read(cls, path: str | os.PathLike, acceptor: bool | None = None) -> "Fst":
         """Read an OpenFst/Kaldi text FST from ``path``."""
-        with open(path, "r", encoding="utf-8") as f:
-            return cls.from_openfst_text(f.read(), acceptor=acceptor)
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"{os.fspath(path)}: not an OpenFst/Kaldi text FST (binary data); binary Kaldi FST archives are "
+                f"read by chainfb.chain.read_kaldi_fst_archive") from None
+        return cls.from_openfst_text(text, acceptor=acceptor)
 
     # ----------------------------------------------------------------- output
     def to_openfst_text(self) -> str:
@@ -263,7 +316,8 @@ class Fst:
         used = [self.start, *finals]
         if self.num_arcs:
             used += [int(self.src.max()), int(self.dst.max())]
-        if max(used) < self.num_states - 1:
+        if max(used) < self.num_states - 1 or (start_has_arcs and not finals):
+            # trailing isolated states, or no final state at all: an impossible final keeps the text readable
             lines.append(f"{self.num_states - 1}\tInfinity")
         return "\n".join(lines) + "\n"
 

@@ -237,3 +237,95 @@ def test_other_vocabulary_short_word_sequences(tmp_path):
     assert {"Y", "EH", "S", "N", "OW", "T", "AA", "P"} <= set(r.phones)
     for t in data["train"].texts:
         assert r.numerator(t)[1] >= 1
+
+
+# ------------------------------------------------------- interrupted runs
+
+
+def test_corrupted_or_incomplete_cache_entry_is_synthesized_again(tmp_path):
+    cfg = C.CorpusConfig(num_train=4, num_test=2, max_words=2, seed=5)
+    d = str(tmp_path)
+    first = C.load_or_create(cfg, d, progress=False)
+    entry = os.path.join(d, cfg.key())
+    logs = []
+    for damage in ("truncate-npz", "empty-text", "no-meta", "garbage-npz"):
+        if damage == "truncate-npz":
+            with open(os.path.join(entry, "test.npz"), "r+b") as f:
+                f.truncate(100)
+        elif damage == "empty-text":
+            open(os.path.join(entry, "test.text"), "w").close()
+        elif damage == "no-meta":
+            os.unlink(os.path.join(entry, "meta.json"))
+        else:
+            meta = json.load(open(os.path.join(entry, "meta.json")))
+            size = meta["files"]["train.npz"]
+            with open(os.path.join(entry, "train.npz"), "wb") as f:
+                f.write(b"\0" * size)  # right size, wrong bytes
+        again = C.load_or_create(cfg, d, progress=False, log=logs.append)
+        assert logs and "synthesizing it again" in logs[-1], damage
+        assert again["train"].texts == first["train"].texts
+        logs.clear()
+        C.load_or_create(cfg, d, progress=False, log=logs.append)
+        assert not logs  # the entry is valid again
+    assert not [n for n in os.listdir(entry) if n.endswith(".tmp")]
+
+
+def test_rerun_after_a_kill_rewrites_outputs_from_the_checkpoint(tiny, tmp_path):
+    _, data = tiny
+    cfg = TrainConfig(epochs=1, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False)
+    out = str(tmp_path / "exp")
+    res = train(data["train"], data["test"], cfg, out, log=lambda *_: None)
+    hyps_path = os.path.join(out, "test_hyps.txt")
+    good = open(hyps_path).read()
+    # a kill after the checkpoint but before the outputs: stale hypotheses, no plot, no results
+    with open(hyps_path, "w") as f:
+        f.write("stale\n")
+    for name in ("results.json", "training.png"):
+        if os.path.exists(os.path.join(out, name)):
+            os.unlink(os.path.join(out, name))
+    logs = []
+    res2 = train(data["train"], data["test"], cfg, out, log=logs.append)
+    assert any("resumed" in line for line in logs)
+    assert open(hyps_path).read() == good
+    assert res2["test_wer"] == res["test_wer"]
+    assert json.load(open(os.path.join(out, "results.json")))["test_wer"] == res["test_wer"]
+
+
+def test_corrupted_checkpoint_restarts_with_a_message(tiny, tmp_path):
+    _, data = tiny
+    cfg = TrainConfig(epochs=1, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False,
+                      max_steps=1)
+    out = str(tmp_path / "exp")
+    os.makedirs(out)
+    with open(os.path.join(out, "checkpoint.pt"), "wb") as f:
+        f.write(b"PK\x03\x04 truncated")
+    logs = []
+    res = train(data["train"], data["test"], cfg, out, log=logs.append)
+    assert any("checkpoint.pt is unreadable" in line for line in logs)
+    assert os.path.exists(os.path.join(out, "checkpoint.pt.corrupt")) and res["epochs"] == 1
+
+
+def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
+    from chainfb.recipes.files import DirectoryBusy, DirLock, atomic_write
+
+    _, data = tiny
+    out = str(tmp_path / "exp")
+    cfg = TrainConfig(epochs=1, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False,
+                      max_steps=1)
+    with DirLock(out, wait=False):
+        with pytest.raises(DirectoryBusy, match="in use by another run"):
+            train(data["train"], data["test"], cfg, out, log=lambda *_: None)
+        with pytest.raises(DirectoryBusy):
+            with DirLock(out, wait=False):
+                pass
+    train(data["train"], data["test"], cfg, out, log=lambda *_: None)  # free again
+    # atomic writes: an error leaves the old file and no temporary behind
+    p = os.path.join(out, "x.txt")
+    with atomic_write(p) as f:
+        f.write("old")
+    with pytest.raises(RuntimeError):
+        with atomic_write(p) as f:
+            f.write("new")
+            raise RuntimeError("killed")
+    assert open(p).read() == "old"
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]

@@ -86,7 +86,12 @@ def main(argv=None):
                        model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
                        leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
                        seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress)
-    res = train(data["train"], data["test"], tcfg, a.out, resume=not a.no_resume)
+    from chainfb.recipes.files import DirectoryBusy
+
+    try:
+        res = train(data["train"], data["test"], tcfg, a.out, resume=not a.no_resume)
+    except DirectoryBusy as e:
+        raise SystemExit(f"train_digits.py: error: --out {e}") from None
     t2 = time.time()
     print(f"WER on held-out voices: {res['test_wer']:.2f}% ({res['test_words']} words, {res['test_utts']} "
           f"utterances); total wall time {t2 - t0:.0f} s "

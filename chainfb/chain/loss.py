@@ -23,7 +23,11 @@ gradient of.
 Fallback (Kaldi): a sequence whose ``num_n - den_n`` is not finite (e.g.
 its transcript does not fit its frames) gets ``-10 * w_n * L_n`` as its
 chain objective and zero chain derivative, and a ``warnings.warn``; the
-regularisers still apply.
+regularisers still apply.  A sequence whose output is not finite (NaN or
+inf) in a valid frame gets the same fallback for the whole sequence: the
+objective ``-10 * w_n * L_n`` with no regulariser terms and a zero
+derivative, so the loss and the gradient stay finite.  (The NumPy
+reference :func:`chain_objective` does not apply this second rule.)
 
 :class:`ChainLoss` is a composition on the input's device: the numerator
 (:func:`chainfb.fst_loglike`) and the leaky denominator
@@ -151,8 +155,9 @@ class ChainLoss(torch.nn.Module):
         self.den_graph = den_graph if isinstance(den_graph, DenominatorGraph) else DenominatorGraph(den_graph)
         if not 0.0 <= leaky_hmm_coefficient < 1.0:
             raise ValueError(f"leaky_hmm_coefficient: expected a value in [0, 1), got {leaky_hmm_coefficient}")
-        if l2_regularize < 0 or out_of_range_regularize < 0:
-            raise ValueError("l2_regularize and out_of_range_regularize must be >= 0")
+        for name, v in (("l2_regularize", l2_regularize), ("out_of_range_regularize", out_of_range_regularize)):
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
         if reduction not in ("sum", "frame", "none"):
             raise ValueError(f"reduction: expected 'sum', 'frame' or 'none', got {reduction!r}")
         self.leaky_hmm_coefficient = float(leaky_hmm_coefficient)
@@ -189,21 +194,27 @@ class ChainLoss(torch.nn.Module):
             w = torch.as_tensor(weights, dtype=torch.float64).to(dev)
             if w.shape != (N,) or not bool(torch.isfinite(w).all()):
                 raise ValueError(f"weights: expected {N} finite numbers, got shape {tuple(w.shape)}")
+        mask = (torch.arange(T, device=dev)[None, :] < torch.as_tensor(L, device=dev)[:, None])[:, :, None]
+        # Kaldi's fallback covers a sequence whose output is not finite in a valid frame too: the whole
+        # sequence gets the default objective and zero derivative (its output is replaced by 0 below, so
+        # no NaN reaches the numerator, the denominator or the regularisers)
+        broken = ~torch.where(mask, torch.isfinite(y), True).all(dim=2).all(dim=1)
+        if bool(broken.any()):
+            y = torch.where(broken[:, None, None], 0.0, y)
         num = apply(y, PdfCriterion(num_graphs, y.shape, L, value_dtype=np.float64))
         den = self.den_graph.loglike(y, L, self.leaky_hmm_coefficient, self.den_engine)
         frames = w * torch.as_tensor(L, dtype=torch.float64, device=dev)
         chain = w * (num - den)
-        bad = ~torch.isfinite(chain)
+        bad = ~torch.isfinite(chain) | broken
         objf = torch.where(bad, DEFAULT_OBJF * frames, chain)
-        mask = (torch.arange(T, device=dev)[None, :] < torch.as_tensor(L, device=dev)[:, None])[:, :, None]
         zero = torch.zeros((), dtype=torch.float64, device=dev)
         l2 = oor = torch.zeros(N, dtype=torch.float64, device=dev)
         if self.l2_regularize:
             ym = torch.where(mask, y, 0.0).double()
-            l2 = -0.5 * self.l2_regularize * w * (ym * ym).sum(dim=(1, 2))
+            l2 = torch.where(broken, zero, -0.5 * self.l2_regularize * w * (ym * ym).sum(dim=(1, 2)))
         if self.out_of_range_regularize:
             excess = torch.where(mask, y - y.clamp(-CLAMP, CLAMP), 0.0).double()
-            oor = -0.5 * self.out_of_range_regularize * w * (excess * excess).sum(dim=(1, 2))
+            oor = torch.where(broken, zero, -0.5 * self.out_of_range_regularize * w * (excess * excess).sum(dim=(1, 2)))
         total = objf + l2 + oor
         good = ~bad
         summary = torch.stack([

@@ -21,9 +21,10 @@ Quirks reproduced from the NeMo code (ESPnet vendors a copy):
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..transducer.loss import multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
+from ..transducer.loss import check_number, multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
 
 __all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba"]
 
@@ -38,11 +39,13 @@ def _nemo_reduce(costs, reduction):
 def _check(reduction, fastemit_lambda, clamp):
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
-    if not isinstance(fastemit_lambda, (int, float)) or fastemit_lambda < 0:
-        raise ValueError(f"fastemit_lambda: expected a number >= 0, got {fastemit_lambda!r}")
-    if not isinstance(clamp, (int, float)):
-        raise TypeError(f"clamp: expected a number, got {type(clamp).__name__}")
-    return float(clamp) if clamp > 0 else 0.0
+    lam = check_number(fastemit_lambda, "fastemit_lambda")
+    if not (np.isfinite(lam) and lam >= 0):
+        raise ValueError(f"fastemit_lambda: expected a finite number >= 0, got {fastemit_lambda!r}")
+    clamp = check_number(clamp, "clamp")
+    if np.isnan(clamp):
+        raise ValueError("clamp: expected a number, got NaN")
+    return clamp if clamp > 0 else 0.0
 
 
 def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean", fastemit_lambda=0.0, clamp=0.0):

@@ -9,7 +9,11 @@ padding, SNR, noise) is a function of ``seed`` and the utterance index; eSpeak N
 call (its output may differ by a sample or in low-level noise), so regenerated features match closely, not exactly.
 
 The corpus is generated on first use into a cache directory (``~/.cache/chainfb/digits`` by default) as one
-``.npz`` per split plus a ``meta.json`` recording the configuration; a later call with the same configuration reuses it.
+``.npz`` per split, a Kaldi ``text`` file per split, and a ``meta.json`` written last that records the configuration
+and the size of every file; a later call with the same configuration reuses the entry after checking it (every file
+there, with its recorded size, and readable).  An entry that fails the check -- a run killed while writing it, a
+truncated or corrupted file -- is reported and synthesized again.  Concurrent runs on one cache entry take turns
+(a lock in the entry's directory); every file is written through a unique temporary name and renamed into place.
 """
 from __future__ import annotations
 
@@ -93,8 +97,8 @@ class Corpus:
         return Corpus(feats, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
                       [self.texts[i] for i in idx], [self.utt_ids[i] for i in idx], [self.voices[i] for i in idx])
 
-    def save(self, path: str) -> None:
-        """Write to an ``.npz`` (texts as space-joined strings)."""
+    def save(self, path) -> None:
+        """Write to an ``.npz`` path or binary file object (texts as space-joined strings)."""
         np.savez(path, feats=self.feats, offsets=self.offsets, texts=np.array([" ".join(t) for t in self.texts]),
                  utt_ids=np.array(self.utt_ids), voices=np.array(self.voices))
 
@@ -105,11 +109,14 @@ class Corpus:
             return cls(z["feats"], z["offsets"].astype(np.int64), [str(t).split() for t in z["texts"]],
                        [str(u) for u in z["utt_ids"]], [str(v) for v in z["voices"]])
 
-    def write_kaldi_text(self, path: str) -> None:
-        """Kaldi ``text`` file: ``utt_id word word ...`` per line."""
-        with open(path, "w") as f:
+    def write_kaldi_text(self, path) -> None:
+        """Kaldi ``text`` file (a path or a text file object): ``utt_id word word ...`` per line."""
+        if not isinstance(path, (str, os.PathLike)):
             for u, t in zip(self.utt_ids, self.texts):
-                f.write(u + " " + " ".join(t) + "\n")
+                path.write(u + " " + " ".join(t) + "\n")
+            return
+        with open(path, "w") as f:
+            self.write_kaldi_text(f)
 
 
 def _stable_hash(s: str) -> int:
@@ -203,29 +210,71 @@ def _make_split(name: str, n: int, voices: List[str], cfg: CorpusConfig, progres
                   texts, ids, used)
 
 
+def _load_entry(d: str) -> Dict[str, Corpus]:
+    """The cache entry in ``d``, checked against its ``meta.json``; raises ``ValueError`` naming the bad file."""
+    meta_path = os.path.join(d, "meta.json")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{meta_path}: missing or unreadable ({type(e).__name__})") from None
+    names = meta.get("files") or {n: None for n in ("train.npz", "test.npz", "train.text", "test.text")}
+    for name, size in names.items():
+        path = os.path.join(d, name)
+        if not os.path.exists(path):
+            raise ValueError(f"{path}: missing")
+        if size is not None and os.path.getsize(path) != size:
+            raise ValueError(f"{path}: {os.path.getsize(path)} bytes, expected {size} (truncated or overwritten)")
+        if size is None and name.endswith(".text") and os.path.getsize(path) == 0:
+            raise ValueError(f"{path}: empty")
+    out = {}
+    for s in ("train", "test"):
+        path = os.path.join(d, f"{s}.npz")
+        try:
+            out[s] = Corpus.load(path)
+        except Exception as e:  # noqa: BLE001 -- zipfile, numpy and OS errors alike mean a corrupt file
+            raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    return out
+
+
 def load_or_create(cfg: Optional[CorpusConfig] = None, cache_dir: Optional[str] = None,
-                   progress: bool = True) -> Dict[str, Corpus]:
+                   progress: bool = True, log=print) -> Dict[str, Corpus]:
     """Return ``{"train": Corpus, "test": Corpus}`` for ``cfg``, synthesizing into ``cache_dir/<cfg.key()>`` the
-    first time and loading from there afterwards."""
+    first time and loading from there afterwards (see the module docstring for the checks and the lock)."""
+    from .files import DirLock
     cfg = cfg or CorpusConfig()
     if cfg.num_train < 1 or cfg.num_test < 1:
         raise ValueError("num_train/num_test: expected at least one utterance each")
     if not 1 <= cfg.min_words <= cfg.max_words:
         raise ValueError(f"min_words/max_words: expected 1 <= min <= max, got {cfg.min_words}, {cfg.max_words}")
     d = os.path.join(cache_dir or default_cache_dir(), cfg.key())
-    paths = {s: os.path.join(d, f"{s}.npz") for s in ("train", "test")}
-    if all(os.path.exists(p) for p in paths.values()):
-        return {s: Corpus.load(p) for s, p in paths.items()}
-    os.makedirs(d, exist_ok=True)
+    with DirLock(d, wait=True):
+        if os.path.exists(os.path.join(d, "meta.json")) or os.path.exists(os.path.join(d, "train.npz")):
+            try:
+                return _load_entry(d)
+            except ValueError as e:
+                log(f"corpus cache entry {d} is incomplete or corrupted ({e}); synthesizing it again")
+        return _create_entry(d, cfg, progress)
+
+
+def _create_entry(d: str, cfg: CorpusConfig, progress: bool) -> Dict[str, Corpus]:
+    from .files import atomic_write
+
+    meta_path = os.path.join(d, "meta.json")
+    if os.path.exists(meta_path):
+        os.unlink(meta_path)  # the entry is invalid until meta.json is written again, last
     train_voices, test_voices = split_voices(cfg.test_voice_fraction, cfg.seed)
     out = {"train": _make_split("train", cfg.num_train, train_voices, cfg, progress),
            "test": _make_split("test", cfg.num_test, test_voices, cfg, progress)}
+    files = {}
     for s, c in out.items():
-        tmp = paths[s] + ".tmp.npz"
-        c.save(tmp)
-        os.replace(tmp, paths[s])
-        c.write_kaldi_text(os.path.join(d, f"{s}.text"))
-    with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump(dict(config=dataclasses.asdict(cfg), train_voices=train_voices, test_voices=test_voices), f,
-                  indent=1)
+        with atomic_write(os.path.join(d, f"{s}.npz"), "wb", suffix=".npz") as f:
+            c.save(f)
+        with atomic_write(os.path.join(d, f"{s}.text")) as f:
+            c.write_kaldi_text(f)
+        for name in (f"{s}.npz", f"{s}.text"):
+            files[name] = os.path.getsize(os.path.join(d, name))
+    with atomic_write(meta_path) as f:
+        json.dump(dict(config=dataclasses.asdict(cfg), train_voices=train_voices, test_voices=test_voices,
+                       files=files), f, indent=1)
     return out

@@ -17,6 +17,7 @@ from ..chain.graphs.normalization import add_normalization, normalization_fst
 from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import viterbi_batch, wer
+from .files import DirLock, atomic_write
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import build_model, subsampled_lengths
 
@@ -169,9 +170,41 @@ def plot_history(history: List[dict], path: str) -> bool:
         a.xaxis.get_major_locator().set_params(integer=True)
         a.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_write(path, "wb", suffix=".png") as f:
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
     return True
+
+
+def _write_json(path: str, obj) -> None:
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=1)
+
+
+def write_outputs(out_dir: str, history: List[dict], hyps, test_set: Corpus, results: Optional[dict]) -> None:
+    """``test_hyps.txt`` and ``training.png`` (and, given ``results``, ``results.json`` and ``history.json``) of one
+    checkpoint, each written atomically."""
+    with atomic_write(os.path.join(out_dir, "test_hyps.txt")) as f:
+        for u, r, hy in zip(test_set.utt_ids, test_set.texts, hyps):
+            f.write(f"{u}\tREF: {' '.join(r)}\tHYP: {' '.join(hy)}\n")
+    plot_history(history, os.path.join(out_dir, "training.png"))
+    if results is not None:
+        _write_json(os.path.join(out_dir, "results.json"), results)
+        _write_json(os.path.join(out_dir, "history.json"), history)
+
+
+def _load_checkpoint(path: str, device, log):
+    """The checkpoint's state, or None: an unreadable file (a truncated or corrupted write) is reported, moved
+    aside to ``<path>.corrupt`` and training starts from scratch."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+        if not isinstance(state, dict) or "model" not in state or "epoch" not in state:
+            raise ValueError("not a checkpoint of this recipe")
+        return state
+    except Exception as e:  # noqa: BLE001 -- pickle, zip and OS errors alike mean an unusable file
+        os.replace(path, path + ".corrupt")
+        log(f"{path} is unreadable ({type(e).__name__}: {e}); moved to {path}.corrupt, starting from scratch")
+        return None
 
 
 def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, resume: bool = True,
@@ -181,8 +214,17 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     ``resume`` (also when only ``epochs`` changed: the run is extended, the learning-rate decay of the checkpoint
     continues). Writes ``results.json``, ``history.json``, ``test_hyps.txt``, ``training.png`` and the graphs
     (lexicon.txt, phones.txt, den.fst, decode.fst) into ``out_dir``; returns the results dict. Utterances whose
-    transcript needs more frames than they have after subsampling are skipped and counted in the log."""
+    transcript needs more frames than they have after subsampling are skipped and counted in the log.
+
+    Every output belongs to the checkpoint it reports: the checkpoint holds the test hypotheses of its epoch,
+    and the outputs are (re)written from it, atomically; a rerun after a kill rewrites them. ``out_dir`` is locked
+    for the run: a second run on it raises :class:`chainfb.recipes.files.DirectoryBusy`."""
     os.makedirs(out_dir, exist_ok=True)
+    with DirLock(out_dir, wait=False):
+        return _train(train_set, test_set, cfg, out_dir, resume, log)
+
+
+def _train(train_set, test_set, cfg, out_dir, resume, log):
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
     vocab = sorted({w for t in train_set.texts for w in t})
@@ -205,15 +247,17 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
                         reduction="sum")
     ckpt = os.path.join(out_dir, "checkpoint.pt")
     history: List[dict] = []
+    hyps = None
     start_epoch = 0
     elapsed_before = 0.0
-    if resume and os.path.exists(ckpt):
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+    state = _load_checkpoint(ckpt, device, log) if resume and os.path.exists(ckpt) else None
+    if state is not None:
         if state.get("config") == dataclasses.asdict(cfg) or state.get("config_model") == _model_key(cfg):
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["scheduler"])
             history = state["history"]
+            hyps = state.get("hyps")
             start_epoch = state["epoch"]
             elapsed_before = state.get("elapsed", 0.0)
             log(f"resumed from {ckpt} after epoch {start_epoch}")
@@ -266,23 +310,22 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
         log(f"epoch {epoch + 1}: train objf/frame {h['train_objf_per_frame']:.4f}  test WER {test_wer:.2f}%  "
             f"({h['elapsed_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more frames "
                                            f"than they have" if skipped else ""))
-        torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
-                        history=history, epoch=epoch + 1, config=dataclasses.asdict(cfg),
-                        config_model=_model_key(cfg), elapsed=h["elapsed_s"]), ckpt + ".tmp")
-        os.replace(ckpt + ".tmp", ckpt)
-        with open(os.path.join(out_dir, "test_hyps.txt"), "w") as f:
-            for u, r, hy in zip(test_set.utt_ids, test_set.texts, hyps):
-                f.write(f"{u}\tREF: {' '.join(r)}\tHYP: {' '.join(hy)}\n")
-        plot_history(history, os.path.join(out_dir, "training.png"))
+        with atomic_write(ckpt, "wb") as f:
+            torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
+                            history=history, hyps=hyps, epoch=epoch + 1, config=dataclasses.asdict(cfg),
+                            config_model=_model_key(cfg), elapsed=h["elapsed_s"]), f)
+        write_outputs(out_dir, history, hyps, test_set, None)
+    if history and (hyps is None or len(hyps) != len(test_set)):
+        # a checkpoint without its hypotheses (or for another test set): decode again
+        test_wer, hyps = evaluate(model, recipe, test_set, device=device, progress=cfg.progress)
+        history[-1] = dict(history[-1], test_wer=test_wer)
     final_wer = history[-1]["test_wer"] if history else float("nan")
     results = dict(test_wer=final_wer, epochs=len(history), train_utts=len(train_set), test_utts=len(test_set),
                    test_words=int(sum(len(t) for t in test_set.texts)),
                    device=str(device), train_seconds=history[-1]["elapsed_s"] if history else 0.0,
                    config=dataclasses.asdict(cfg), history=history)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, "history.json"), "w") as f:
-        json.dump(history, f, indent=1)
+    if history:
+        write_outputs(out_dir, history, hyps, test_set, results)
     return results
 
 

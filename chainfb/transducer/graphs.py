@@ -47,13 +47,17 @@ __all__ = [
 ]
 
 
-def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.0, possible: bool = True) -> Fst:
+def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.0, possible: bool = True,
+               max_duration: int | None = None) -> Fst:
     """The step graph of one utterance with ``num_labels`` (``U_b``) labels.
 
     ``durations`` are the big-blank durations (empty for plain RNN-T),
     ``sigma`` the log-prob subtracted on every real arc.  ``possible=False``
     (an utterance with no frames) gives the same graph with no final state
-    weight (``-inf``), i.e. an impossible sequence.
+    weight (``-inf``), i.e. an impossible sequence.  Big blanks longer than
+    ``max_duration`` (the batch's longest utterance: they can never be
+    taken) get no arc, so the auxiliary chains stay at most that long
+    whatever durations are asked for.
     """
     U = int(num_labels)
     if U < 0:
@@ -61,7 +65,8 @@ def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.
     durations = [int(d) for d in durations]
     M = len(durations)
     W = M + 2
-    Dm = max(durations) if durations else 1
+    usable = [d for d in durations if max_duration is None or d <= max_duration]
+    Dm = max(usable) if usable else 1
     naux = Dm - 1
     S = (U + 1) * (1 + naux)
     zero_pdf = (U + 1) * W
@@ -73,6 +78,8 @@ def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.
         return U + 1 + u * naux + (k - 1)
 
     for i, d in enumerate(durations):
+        if d > Dm:
+            continue  # longer than any utterance of the batch: never taken
         srcs.append(u), dsts.append(aux(d - 1)), pdfs.append(u * W + 2 + i), lps.append(np.full(U + 1, -sigma))
     for k in range(1, Dm):
         srcs.append(aux(k)), dsts.append(aux(k - 1) if k > 1 else u)
@@ -88,10 +95,11 @@ def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.
 def _graphs(target_lengths, logit_lengths, durations, sigma) -> FstBatch:
     U = np.asarray(target_lengths, dtype=np.int64).reshape(-1)
     ok = np.ones_like(U, dtype=bool) if logit_lengths is None else np.asarray(logit_lengths).reshape(-1) > 0
+    cap = None if logit_lengths is None or not len(U) else max(int(np.max(logit_lengths)), 1)
     keys = list(zip(U.tolist(), ok.tolist()))
     distinct = sorted(set(keys))
     index = {k: i for i, k in enumerate(distinct)}
-    fsts = [step_graph(u, durations, sigma, possible=o) for u, o in distinct]
+    fsts = [step_graph(u, durations, sigma, possible=o, max_duration=cap) for u, o in distinct]
     return FstBatch(fsts, np.array([index[k] for k in keys], dtype=np.int64))
 
 

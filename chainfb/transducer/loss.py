@@ -8,6 +8,8 @@ gradient.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -117,15 +119,20 @@ def reduce_costs(costs: torch.Tensor, reduction: str) -> torch.Tensor:
     raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
 
 
+def check_number(value, name: str) -> float:
+    """``value`` as a float: any real number (Python or NumPy scalar), not a
+    bool, a string or a tensor; NaN is left to the caller."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    return float(value)
+
+
 def _check_common(reduction, clamp, fastemit_lambda):
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
-    if not isinstance(clamp, (int, float)) or isinstance(clamp, bool):
-        raise TypeError(f"clamp: expected a number, got {type(clamp).__name__}")
-    if np.isnan(clamp):
+    if np.isnan(check_number(clamp, "clamp")):
         raise ValueError("clamp: expected a number (<= 0 disables clamping), got NaN")
-    if not isinstance(fastemit_lambda, (int, float)) or isinstance(fastemit_lambda, bool):
-        raise TypeError(f"fastemit_lambda: expected a number, got {type(fastemit_lambda).__name__}")
+    fastemit_lambda = check_number(fastemit_lambda, "fastemit_lambda")
     if fastemit_lambda < 0 or not np.isfinite(fastemit_lambda):
         raise ValueError(f"fastemit_lambda: expected a finite value >= 0, got {fastemit_lambda}")
 
@@ -176,13 +183,18 @@ def rnnt_loss(
     return reduce_costs(apply(logits, crit), reduction)
 
 
-def check_durations(big_blank_durations, V):
-    try:
-        durations = [int(d) for d in big_blank_durations]
-    except TypeError:
-        raise TypeError(
-            f"big_blank_durations: expected a sequence of ints, got {type(big_blank_durations).__name__}"
-        ) from None
+def check_durations(big_blank_durations, V, T=None, name="big_blank_durations"):
+    """The big-blank durations as a list of ints: a sequence of integers (no
+    strings, no fractions), each ``>= 2`` and, given the logits' time
+    dimension ``T`` (a longer big blank can never be taken: the step graphs
+    leave it out, so memory stays bounded whatever the durations)."""
+    if isinstance(big_blank_durations, (str, bytes)) or not hasattr(big_blank_durations, "__iter__"):
+        raise TypeError(f"{name}: expected a sequence of ints, got {type(big_blank_durations).__name__}")
+    durations = []
+    for d in big_blank_durations:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (numbers.Integral, np.integer)):
+            raise TypeError(f"{name}: expected integer durations, got {d!r}")
+        durations.append(int(d))
     if not durations:
         raise ValueError("big_blank_durations: expected at least one big-blank duration (use rnnt_loss otherwise)")
     if any(d < 2 for d in durations):
@@ -229,8 +241,8 @@ def multiblank_rnnt_loss(
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits: expected a torch.Tensor, got {type(logits).__name__}")
     V = logits.shape[-1] if logits.dim() == 4 else 0
-    durations = check_durations(big_blank_durations, max(V, 1))
-    if not isinstance(sigma, (int, float)) or not np.isfinite(sigma):
+    durations = check_durations(big_blank_durations, max(V, 1), logits.shape[1] if logits.dim() == 4 else None)
+    if not np.isfinite(check_number(sigma, "sigma")):
         raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank, len(durations))
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, tuple(durations), float(sigma),
