@@ -98,15 +98,14 @@ def grid_reference(logits, targets, T, U, blank, durations, sigma=0.0, fastemit=
         sym = blank if kind == 0 else int(targets[u])
         return tok[t, u, sym] - sigma + dur[t, u, i]
 
-    maxd = max(durations)
-    alpha = np.full((T + maxd + 1, U + 2), -np.inf)
+    alpha = np.full((T + 1, U + 1), -np.inf)  # every move lands inside the grid
     alpha[0, 0] = 0.0
     for t in range(T):
         for u in range(U + 1):
             for kind, i, t2, u2 in moves(t, u, T, U, durations):
                 alpha[t2, u2] = np.logaddexp(alpha[t2, u2], alpha[t, u] + score(t, u, kind, i))
     logP = alpha[T, U]
-    beta = np.full((T + maxd + 1, U + 2), -np.inf)
+    beta = np.full((T + 1, U + 1), -np.inf)
     beta[T, U] = 0.0
     for t in range(T - 1, -1, -1):
         for u in range(U, -1, -1):
