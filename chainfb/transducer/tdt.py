@@ -189,9 +189,7 @@ def _softmax_(a: torch.Tensor) -> torch.Tensor:
     s = a.sum(dim=-1, keepdim=True)
     a.div_(s)
     norm = (safe + s.log()).squeeze(-1)
-    bad = ~torch.isfinite(norm)
-    if bool(bad.any()):
-        a[bad] = 0.0
+    a.masked_fill_(~torch.isfinite(norm)[..., None], 0.0)  # no host sync
     return norm
 
 
@@ -296,9 +294,7 @@ class TDTCriterion(Criterion):
         durg = g[..., V:]
         durg.mul_((Pb + Pl).to(ct)[..., None])
         durg.sub_(A.sum(-2).to(ct))
-        bad = ~torch.isfinite(ll)
-        if bool(bad.any()):
-            g[bad] = 0.0
+        g.masked_fill_(~torch.isfinite(ll).view(-1, 1, 1, 1), 0.0)  # impossible utterances: zero gradient
         return value, g.to(x.dtype) if g.dtype != x.dtype else g
 
 
