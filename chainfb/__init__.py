@@ -15,7 +15,7 @@ from .chain import ChainLoss, DenominatorGraph
 from .fst import Fst
 from .kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
 from .lattice import Lattice
-from .transducer import multiblank_rnnt_loss, rnnt_loss
+from .transducer import multiblank_rnnt_loss, rnnt_loss, tdt_loss
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,7 @@ __all__ = [
     "DenominatorComputation",
     "rnnt_loss",
     "multiblank_rnnt_loss",
+    "tdt_loss",
     "chain",
     "ChainLoss",
     "DenominatorGraph",

@@ -1,7 +1,8 @@
 """NeMo / ESPnet numba RNN-T losses (``RNNTLossNumba``,
-``MultiblankRNNTLossNumba``) computed by chainfb's engine through the
-public :func:`chainfb.rnnt_loss` / :func:`chainfb.multiblank_rnnt_loss`
-(CPU, or the GPU kernels for CUDA tensors).
+``MultiblankRNNTLossNumba``, ``TDTLossNumba``) computed by chainfb's engine
+through the public :func:`chainfb.rnnt_loss` /
+:func:`chainfb.multiblank_rnnt_loss` / :func:`chainfb.tdt_loss` (CPU, or the
+GPU for CUDA tensors).
 
 Quirks reproduced from the NeMo code (ESPnet vendors a copy):
 
@@ -17,6 +18,14 @@ Quirks reproduced from the NeMo code (ESPnet vendors a copy):
   "off", the functional ``rnnt_loss`` rejects a negative clamp.
 - Multi-blank: standard blank at ``blank`` (NeMo puts it last), big blank
   ``i`` at ``blank - 1 - i``; every arc carries ``lp - sigma``.
+- TDT: ``acts [B, T, U + 1, V + D]`` (token logits, then one logit per
+  duration); every token arc carries ``lp - sigma`` (the blank too), the
+  duration log-softmax is not shifted.  ``omega`` is NeMo's *sampling*
+  probability: each call draws ``random.uniform(0, 1)`` (Python's
+  ``random``, as NeMo) and computes the plain RNN-T loss of the token logits
+  (no sigma, zero duration gradient) for the whole batch when the draw is
+  below ``omega``, the TDT loss otherwise.  FastEmit scales only the token
+  gradient of label arcs; ``clamp`` clamps only the token gradient.
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ import numpy as np
 import torch
 
 from ..transducer.loss import check_number, multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
+from ..transducer.tdt import sample_rnnt, tdt_loss
 
-__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba"]
+__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba", "TDTLossNumba"]
 
 
 def _nemo_reduce(costs, reduction):
@@ -96,4 +106,34 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
         costs = multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank,
                                      big_blank_durations=self.big_blank_durations, sigma=self.sigma,
                                      fastemit_lambda=self.fastemit_lambda, clamp=self.clamp, reduction="none")
+        return _nemo_reduce(costs, self.reduction)
+
+
+class TDTLossNumba(torch.nn.Module):
+    """NeMo's ``TDTLossNumba(blank, durations=None, reduction="mean",
+    fastemit_lambda=0.0, clamp=-1, sigma=0.0, omega=0.0)``;
+    ``forward(acts [B, T, U + 1, V + D], labels, act_lens, label_lens)``.
+    ``blank`` indexes the ``V`` token logits (NeMo: ``V - 1``).  Runs on the
+    CPU too (NeMo's version needs CUDA).  ``omega`` samples the RNN-T loss
+    per call as NeMo does (module docstring); :func:`chainfb.tdt_loss`
+    takes its expectation instead."""
+
+    def __init__(self, blank, durations=None, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0,
+                 omega=0.0):
+        super().__init__()
+        self.clamp = _check(reduction, fastemit_lambda, clamp)
+        self.blank = blank
+        self.durations = list(durations) if durations is not None else []
+        self.reduction = reduction
+        self.fastemit_lambda = float(fastemit_lambda)
+        self.sigma = float(sigma)
+        if isinstance(omega, bool) or not isinstance(omega, (int, float)) or not 0 <= omega <= 1:
+            raise ValueError(f"omega: expected a probability in [0, 1], got {omega!r}")
+        self.omega = float(omega)
+
+    def forward(self, acts, labels, act_lens, label_lens):
+        rnnt = sample_rnnt(self.omega)  # drawn on every call, like NeMo
+        costs = tdt_loss(acts, labels, act_lens, label_lens, blank=self.blank, durations=self.durations,
+                         sigma=self.sigma, omega=1.0 if rnnt else 0.0, fastemit_lambda=self.fastemit_lambda,
+                         clamp=self.clamp, reduction="none")
         return _nemo_reduce(costs, self.reduction)

@@ -1,5 +1,5 @@
 """Transducer losses compiled into the generic engine: RNN-T, multi-blank
-RNN-T (and, through :mod:`chainfb.compat`, the torchaudio, NeMo/ESPnet and
+RNN-T, TDT (and, through :mod:`chainfb.compat`, the torchaudio, NeMo/ESPnet and
 SpeechBrain flavours).
 
 - :mod:`.graphs`: the compilers (``rnnt_graphs``, ``multiblank_graphs``
@@ -10,6 +10,8 @@ SpeechBrain flavours).
 - :mod:`.loss`: the public losses;
 - :mod:`.grid`: the ``(s, t)`` grid lattice of k2's mutual-information
   recursion as a step-graph criterion over ``(px, py)``;
+- :mod:`.tdt`: the Token-and-Duration Transducer (``tdt_loss``; step graphs
+  with duration arcs and a score map over token and duration logits);
 - :mod:`.pruned`: the pruned RNN-T family (simple / smoothed / full / pruned
   losses, prune ranges) on that grid.
 """
@@ -22,6 +24,7 @@ from .pruned import (
     rnnt_logprobs_pruned, simple_rnnt_loss,
 )
 from .score_map import TransducerCriterion, symbol_table
+from .tdt import TDTCriterion, tdt_graphs, tdt_loss, tdt_step_graph
 
 __all__ = [
     "step_graph",
@@ -35,6 +38,11 @@ __all__ = [
     "multiblank_rnnt_loss",
     "check_inputs",
     "reduce_costs",
+    # TDT
+    "tdt_step_graph",
+    "tdt_graphs",
+    "TDTCriterion",
+    "tdt_loss",
     # the (s, t) grid and the pruned family (k2 / fast_rnnt)
     "GridCriterion",
     "grid_loglike",
