@@ -14,6 +14,7 @@ from .batch import FstBatch
 from .chain import ChainLoss, DenominatorGraph
 from .fst import Fst
 from .kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
+from .ctc import ctc_graph, ctc_loss
 from .lattice import Lattice
 from .transducer import multiblank_rnnt_loss, rnnt_loss
 
@@ -33,6 +34,8 @@ __all__ = [
     "DenominatorComputation",
     "rnnt_loss",
     "multiblank_rnnt_loss",
+    "ctc_loss",
+    "ctc_graph",
     "chain",
     "ChainLoss",
     "DenominatorGraph",
