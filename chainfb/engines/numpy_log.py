@@ -363,15 +363,14 @@ def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, le
             v = alpha[t].take(dense.other)
             v += wx[t % chunk]
             lse = _logsumexp_slots(v)[0]
+            a = alpha[t + 1]  # -inf where no arc enters
             if dense.all_rows:
-                a = lse
+                a[:] = lse
             else:
-                a = np.full(S, -np.inf)
                 a[dense.rows] = lse
             if leak is not None:
-                a = leak.alpha(a)
+                a[:] = leak.alpha(a)
             offset[t + 1] = offset[t] + _normalise(plan, sos, a)
-            alpha[t + 1] = a
             continue
         if t % chunk == 0:
             wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
