@@ -14,6 +14,7 @@ from .batch import FstBatch
 from .chain import ChainLoss, DenominatorGraph
 from .fst import Fst
 from .kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
+from .ctc import ctc_graph, ctc_loss
 from .lattice import Lattice
 from .transducer import multiblank_rnnt_loss, rnnt_loss, tdt_loss
 
@@ -34,6 +35,8 @@ __all__ = [
     "rnnt_loss",
     "multiblank_rnnt_loss",
     "tdt_loss",
+    "ctc_loss",
+    "ctc_graph",
     "chain",
     "ChainLoss",
     "DenominatorGraph",

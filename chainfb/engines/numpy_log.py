@@ -26,6 +26,16 @@ offsets, so per-frame posterior sums stay at 1 to ~1e-9 even for
 ``T = 20000`` and scores of magnitude ``1e4``.  A sequence with no complete
 path gets ``-inf`` and zero posteriors.
 
+Arc layouts: when every state has at most :data:`DENSE_MAX_DEGREE` arcs in
+(forward) or out (backward) and padding costs little, a side's arcs are laid
+out densely as ``[R, K]`` (one row per state, padded with ``-inf`` arcs), so
+each frame's reduction is a fixed-axis log-sum-exp instead of a segment
+reduction, and the backward pass keeps each frame's normalised out-arc
+weights so that the posteriors of a chunk of frames are formed and summed
+per column in a few array operations (one sparse product) after the
+chunk's betas; other graphs use the segment layout.  Both give the same
+numbers (to rounding).
+
 Semirings: the forward recursion is written once (:func:`_forward`), with
 log-sum (``semiring="log"``, forward-backward) or max with back-pointers
 (``semiring="max"``, :func:`best_path`) as the per-destination reduction, as
@@ -47,6 +57,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..lattice import Lattice
+
+try:  # y += A @ x for a CSR matrix, without scipy.sparse's per-call overhead
+    from scipy.sparse._sparsetools import csr_matvec as _csr_matvec
+except ImportError:  # pragma: no cover - other SciPy layouts
+    def _csr_matvec(n_row, n_col, indptr, indices, data, x, y):
+        from scipy.sparse import csr_matrix
+
+        y += csr_matrix((data, indices, indptr), shape=(n_row, n_col)) @ x
 
 __all__ = ["forward_backward", "best_path", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
 
@@ -106,6 +124,31 @@ def logsumexp_segments(v: np.ndarray, segs: Segments) -> np.ndarray:
     return s
 
 
+def _logsumexp_slots(v: np.ndarray):
+    """Log-sum-exp over the first axis of ``v`` ``[K, R]`` (``v`` is
+    overwritten by ``exp(v - max)``); columns of all ``-inf`` give
+    ``-inf``.  Returns ``(lse [R], sums [R])``."""
+    m = v[0].copy()
+    for k in range(1, len(v)):
+        np.maximum(m, v[k], out=m)
+    np.maximum(m, -1e300, out=m)  # all -inf: exp(-inf - m) = 0, log(0) + m = -inf
+    v -= m
+    np.exp(v, out=v)
+    ssum = v[0].copy()
+    for k in range(1, len(v)):
+        ssum += v[k]
+    lse = np.log(ssum)
+    lse += m
+    return lse, ssum
+
+
+def _dense_scores(X, t0, t1, d: _Dense):
+    """``w(arc) + X[t, col(arc)]`` in the dense layout: ``[t1 - t0, K, R]``."""
+    wx = X[t0:t1].take(d.col, axis=1)
+    wx += d.log_prob
+    return wx
+
+
 def _arc_scores(X, t0, t1, side):
     """``w(arc) + X[t, col(arc)]`` for frames ``t0 <= t < t1``: ``[t1 - t0, A]``."""
     wx = X[t0:t1].take(side.col, axis=1)
@@ -123,18 +166,75 @@ def _mask_past_lengths(lat: Lattice, X: np.ndarray, lengths: np.ndarray) -> int:
     return Tmax
 
 
-def _chunk_frames(lat: Lattice, Tmax: int) -> int:
-    """Frames whose arc scores are gathered at once (about 32 MB)."""
-    return max(1, min(max(Tmax, 1), 4_000_000 // max(1, lat.num_arcs)))
+def _chunk_frames(lat: Lattice, Tmax: int, arcs: int | None = None) -> int:
+    """Frames whose arc scores are gathered at once (about 32 MB; ``arcs``
+    per frame, default the lattice's)."""
+    arcs = lat.num_arcs if arcs is None else arcs
+    return max(1, min(max(Tmax, 1), 4_000_000 // max(1, arcs)))
+
+
+#: the largest in/out-degree for which a side's arcs are laid out densely
+DENSE_MAX_DEGREE = 16
+# ... and the most padding allowed (padded slots / arcs)
+_DENSE_MAX_PAD = 2.0
+
+
+class _Dense:
+    """One side's arcs (``lat.fwd``: by destination, ``lat.bwd``: by source)
+    as ``[K, R]`` (slot-major, so that reductions over slots run over
+    contiguous rows): column ``r`` holds the arcs of state ``rows[r]`` (the
+    side's key states), padded with arcs of weight ``-inf``.  ``other`` is each
+    arc's other end (padding: state 0), ``col`` its column (padding: 0),
+    ``log_prob`` its weight; ``all_rows``: every state is a row, in order."""
+
+    def __init__(self, side, other, num_states: int, num_columns: int):
+        starts = side.seg_starts
+        n = len(side.src)
+        lens = np.diff(np.append(starts, n))
+        R, K = len(starts), int(lens.max())
+        slot = np.arange(K)
+        valid = slot[:, None] < lens[None, :]
+        pos = np.where(valid, starts[None, :] + slot[:, None], 0)
+        self.rows, self.K = side.key_states, K
+        self.all_rows = R == num_states and bool((self.rows == np.arange(num_states)).all())
+        self.other = np.where(valid, other[pos], 0)
+        self.col = np.where(valid, side.col[pos], 0)
+        self.log_prob = np.where(valid, side.log_prob[pos], -np.inf)
+        self._valid, self._num_columns = valid, num_columns
+        self._to_columns = None
+
+    @staticmethod
+    def fits(side) -> bool:
+        n = len(side.src)
+        if n == 0:
+            return False
+        lens = np.diff(np.append(side.seg_starts, n))
+        K = int(lens.max())
+        return K <= DENSE_MAX_DEGREE and len(lens) * K <= _DENSE_MAX_PAD * n + 64
+
+    def to_columns(self):
+        """Sparse ``[C, K*R]``: sums arc slots into their columns."""
+        if self._to_columns is None:
+            from scipy.sparse import csr_matrix
+
+            slots = np.flatnonzero(self._valid.ravel())
+            cols = self.col.ravel()[slots]
+            self._to_columns = csr_matrix((np.ones(len(slots)), (cols, slots)),
+                                          shape=(self._num_columns, self._valid.size))
+        return self._to_columns
 
 
 class _Plan:
-    """Per-lattice segment structures the frame loop reuses."""
+    """Per-lattice segment structures (and dense layouts, where they fit)
+    the frame loop reuses."""
 
     def __init__(self, lat: Lattice):
         self.fwd = Segments(lat.fwd.seg_starts, len(lat.fwd.src))  # arcs by destination
         self.bwd = Segments(lat.bwd.seg_starts, len(lat.bwd.src))  # arcs by source
         self.seqs = Segments(lat.state_offsets[:-1], lat.num_states)  # states by sequence
+        S, C = lat.num_states, lat.num_columns
+        self.dense_fwd = _Dense(lat.fwd, lat.fwd.src, S, C) if _Dense.fits(lat.fwd) else None
+        self.dense_bwd = _Dense(lat.bwd, lat.bwd.dst, S, C) if _Dense.fits(lat.bwd) else None
 
 
 def _plan(lat: Lattice) -> _Plan:
@@ -253,7 +353,25 @@ def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, le
     else:
         alpha[0] = leak.alpha(leak.log_init)
         offset[0] = _normalise(plan, sos, alpha[0])
+    dense = plan.dense_fwd if not viterbi else None
+    if dense is not None:
+        chunk = _chunk_frames(lat, Tmax, dense.log_prob.size)
     for t in range(Tmax):
+        if dense is not None:
+            if t % chunk == 0:
+                wx = _dense_scores(X, t, min(Tmax, t + chunk), dense)
+            v = alpha[t].take(dense.other)
+            v += wx[t % chunk]
+            lse = _logsumexp_slots(v)[0]
+            a = alpha[t + 1]  # -inf where no arc enters
+            if dense.all_rows:
+                a[:] = lse
+            else:
+                a[dense.rows] = lse
+            if leak is not None:
+                a[:] = leak.alpha(a)
+            offset[t + 1] = offset[t] + _normalise(plan, sos, a)
+            continue
         if t % chunk == 0:
             wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
         v = alpha[t].take(f.src)
@@ -306,6 +424,9 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
         final = lat.final if leak is None else leak.beta(lat.final)
         beta = np.where(state_len == Tmax, final, -np.inf)
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
+        if plan.dense_bwd is not None:
+            _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post)
+            return loglike, post
         for t in range(Tmax - 1, -1, -1):
             if t == Tmax - 1 or t % chunk == chunk - 1:
                 c0 = t - t % chunk
@@ -327,6 +448,60 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
                 beta[idx] = final[idx]
             _normalise(plan, sos, beta)
     return loglike, post
+
+
+def _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post):
+    """The backward pass in the dense layout, filling ``post`` (see
+    :func:`_forward_backward_serial` for the definitions).  For each frame
+    it keeps the betas before the leaky map and normalisation, ``B_t(i) =
+    logsum_{arcs i->j} w + X + beta_{t+1}(j)``, and the arcs' shares of
+    them, ``e / sum(e)``; once a chunk of frames is done, the arc posteriors
+    are ``exp(alpha_t(i) + B_t(i) - Z_t) * share`` with ``Z_t = logsum_i
+    alpha_t(i) + B_t(i)`` per sequence, summed into columns."""
+    d = plan.dense_bwd
+    S, sos = lat.num_states, lat.seq_of_state
+    Tmax = alpha.shape[0] - 1
+    K, R = d.other.shape
+    chunk = max(1, _chunk_frames(lat, Tmax, d.log_prob.size) // 2)
+    seq_starts = lat.state_offsets[:-1]
+    to_cols = d.to_columns()
+    C = post.shape[1]
+    for c1 in range(Tmax, 0, -chunk):
+        c0 = max(0, c1 - chunk)
+        wx = _dense_scores(X, c0, c1, d)  # becomes the arcs' shares e
+        sums = np.empty((c1 - c0, R))
+        B = np.full((c1 - c0, S), -np.inf) if not d.all_rows else np.empty((c1 - c0, S))
+        for t in range(c1 - 1, c0 - 1, -1):
+            w = wx[t - c0]
+            w += beta.take(d.other)
+            lse, sums[t - c0] = _logsumexp_slots(w)
+            if d.all_rows:
+                B[t - c0] = lse
+                beta = lse.copy()
+            else:
+                B[t - c0, d.rows] = lse
+                beta = B[t - c0].copy()
+            if leak is not None:
+                beta = leak.beta(beta)
+            idx = ends_at.get(t)
+            if idx is not None:
+                beta[idx] = final[idx]
+            _normalise(plan, sos, beta)
+        # per-frame totals and state occupancies of the chunk, then arc posteriors
+        occ = alpha[c0:c1] + B
+        m = np.maximum.reduceat(occ, seq_starts, axis=1)
+        m[~np.isfinite(m)] = 0.0
+        z = np.exp(occ - m.take(sos, axis=1))
+        z = np.log(np.add.reduceat(z, seq_starts, axis=1)) + m
+        z[np.isneginf(z)] = np.inf  # no path through frame t: posteriors 0
+        occ -= z.take(sos, axis=1)
+        np.exp(occ, out=occ)
+        sums[sums == 0] = 1.0
+        q = occ.take(d.rows, axis=1) if not d.all_rows else occ
+        q /= sums
+        wx *= q[:, None, :]
+        for t in range(c0, c1):  # post[t] = to_cols @ shares (a frame's slots are contiguous)
+            _csr_matvec(C, K * R, to_cols.indptr, to_cols.indices, to_cols.data, wx[t - c0].reshape(-1), post[t])
 
 
 def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):

@@ -1,0 +1,207 @@
+"""CTC compiled into the engine: chainfb.ctc_loss against
+torch.nn.functional.ctc_loss, against alignment enumeration, gradcheck, the
+graph's structure, bad inputs; per device (CPU, CUDA, emulated kernels)."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import chainfb
+from tests.devices import OnCPU, OnCUDA, OnEmulatedKernels
+from tests.oracles.fst import brute_force
+
+
+def alignment_enumeration(lp: np.ndarray, labels, blank: int) -> float:
+    """log p(labels | lp [T, C]) by summing over every frame labelling that
+    collapses (merge repeats, drop blanks) to ``labels``."""
+    T, C = lp.shape
+    total = -math.inf
+    for path in itertools.product(range(C), repeat=T):
+        out, prev = [], None
+        for c in path:
+            if c != prev and c != blank:
+                out.append(c)
+            prev = c
+        if out == list(labels):
+            total = np.logaddexp(total, sum(lp[t, c] for t, c in enumerate(path)))
+    return total
+
+
+def batch(rng, T=9, N=5, C=6, blank=0):
+    """Logits [T, N, C] and padded targets with a repeated label, an
+    impossible pair (too few frames), a zero-length input and a zero-length
+    target."""
+    logits = torch.from_numpy(rng.normal(size=(T, N, C)))
+    labels = [c for c in range(C) if c != blank]
+    tg = torch.from_numpy(rng.choice(labels, size=(N, 4))).long()
+    tg[0, 1] = tg[0, 2]  # a repeat: needs a blank between
+    il = torch.tensor([T, T - 2, 3, 0, 5][:N])
+    tl = torch.tensor([4, 3, 3, 0, 0][:N])
+    tg[2, :3] = tg[2, 0]  # three equal labels in 3 frames: impossible
+    return logits, tg, il, tl
+
+
+class CtcTests:
+    def compare(self, logits, tg, il, tl, blank=0, reduction="none", zero_infinity=False, dtype=torch.float64,
+                concatenated=False, rtol=1e-9):
+        x = logits.to(dtype)
+        if concatenated:
+            tg = torch.cat([tg[n, : tl[n]] for n in range(len(tl))])
+        ref = F.ctc_loss(x.log_softmax(-1), tg, il, tl, blank=blank, reduction=reduction,
+                         zero_infinity=zero_infinity)
+        xd = self.tensor(x.clone()).requires_grad_()
+        out = chainfb.ctc_loss(xd.log_softmax(-1), self.tensor(tg), self.tensor(il), self.tensor(tl), blank=blank,
+                               reduction=reduction, zero_infinity=zero_infinity)
+        assert out.dtype == dtype and out.device.type == self.device and out.shape == ref.shape
+        np.testing.assert_allclose(self.numpy(out), ref.numpy(), rtol=rtol)
+        finite = torch.isfinite(ref) if ref.dim() else torch.tensor(bool(torch.isfinite(ref)))
+        if bool(finite.all()):
+            xr = x.clone().requires_grad_()
+            g_ref, = torch.autograd.grad(F.ctc_loss(xr.log_softmax(-1), tg, il, tl, blank=blank, reduction=reduction,
+                                                    zero_infinity=zero_infinity).sum(), xr)
+            g, = torch.autograd.grad(out.sum(), xd)
+            np.testing.assert_allclose(self.numpy(g), g_ref.numpy(), atol=1e-9 if dtype == torch.float64 else 2e-5)
+        return out
+
+    @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+    @pytest.mark.parametrize("zero_infinity", [False, True])
+    def test_against_torch(self, rng, reduction, zero_infinity):
+        logits, tg, il, tl = batch(rng)
+        out = self.compare(logits, tg, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+        if reduction == "none":
+            assert (out[2] == 0) if zero_infinity else torch.isinf(out[2])  # the impossible pair
+            assert out[4].item() != 0 and out[3].item() == 0  # T=5, U=0: all blanks; T=0, U=0: 0
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    @pytest.mark.parametrize("concatenated", [False, True])
+    def test_dtypes_and_target_layouts(self, rng, dtype, concatenated):
+        logits, tg, il, tl = batch(rng)
+        self.compare(logits, tg, il, tl, reduction="mean", zero_infinity=True, dtype=dtype,
+                     concatenated=concatenated, rtol=1e-9 if dtype == torch.float64 else 1e-5)
+
+    @pytest.mark.parametrize("blank", [2, 5])
+    def test_blank_not_zero(self, rng, blank):
+        logits, tg, il, tl = batch(rng, blank=blank)
+        self.compare(logits, tg, il, tl, blank=blank, reduction="sum", zero_infinity=True)
+
+    def test_repeated_labels_need_a_blank(self):
+        # "a a" needs at least 3 frames; "a b" 2
+        logits = torch.zeros(2, 2, 3, dtype=torch.float64)
+        out = chainfb.ctc_loss(self.tensor(logits.log_softmax(-1)), self.tensor(torch.tensor([[1, 1], [1, 2]])),
+                               self.tensor(torch.tensor([2, 2])), self.tensor(torch.tensor([2, 2])),
+                               reduction="none")
+        assert torch.isinf(out[0]) and out[1].item() == pytest.approx(2 * math.log(3))
+
+    def test_against_alignment_enumeration(self, rng):
+        T, C = 4, 3
+        lp = torch.from_numpy(rng.normal(size=(T, 3, C))).log_softmax(-1)
+        tg = torch.tensor([[1, 2], [1, 1], [2, 0]])
+        tl = torch.tensor([2, 2, 1])
+        il = torch.tensor([4, 4, 3])
+        out = chainfb.ctc_loss(self.tensor(lp), self.tensor(tg), self.tensor(il), self.tensor(tl), reduction="none")
+        for n in range(3):
+            ref = alignment_enumeration(lp[: il[n], n].numpy(), tg[n, : tl[n]].tolist(), 0)
+            assert out[n].item() == pytest.approx(-ref, rel=1e-12)
+
+    def test_gradcheck(self, rng):
+        # the gradient w.r.t. free (unnormalised) log-probs is exact
+        x = self.tensor(torch.from_numpy(rng.normal(size=(5, 2, 4)))).requires_grad_()
+        tg, il, tl = self.tensor(torch.tensor([[1, 1], [2, 3]])), self.tensor(torch.tensor([5, 4])), \
+            self.tensor(torch.tensor([2, 1]))
+        assert torch.autograd.gradcheck(lambda z: chainfb.ctc_loss(z, tg, il, tl, reduction="mean"), (x,))
+
+    def test_unbatched(self, rng):
+        lp = torch.from_numpy(rng.normal(size=(6, 4))).log_softmax(-1)
+        tg = torch.tensor([1, 3])
+        ref = F.ctc_loss(lp, tg, torch.tensor(6), torch.tensor(2), reduction="mean")
+        out = chainfb.ctc_loss(self.tensor(lp), self.tensor(tg), torch.tensor(6), torch.tensor(2), reduction="mean")
+        assert out.shape == ref.shape and out.item() == pytest.approx(ref.item(), rel=1e-12)
+
+
+class TestCtcCPU(CtcTests, OnCPU):
+    pass
+
+
+class TestCtcCUDA(CtcTests, OnCUDA):
+    pass
+
+
+class TestCtcEmulated(CtcTests, OnEmulatedKernels):
+    pass
+
+
+# --------------------------------------------------------------- the graph
+def test_ctc_graph_structure():
+    g = chainfb.ctc_graph(torch.tensor([[3, 3, 4, 0], [5, 0, 0, 0]]), torch.tensor([3, 0]), blank=0)
+    assert isinstance(g, chainfb.FstBatch) and g.num_sequences == 2
+    f, e = g.fsts
+    assert f.num_states == 2 * 3 + 2 and e.num_states == 2
+    arcs = {(int(s), int(d), int(p)) for s, d, p in zip(f.src, f.dst, f.pdf)}
+    # positions: 1 blank, 2 '3', 3 blank, 4 '3', 5 blank, 6 '4', 7 blank
+    assert (0, 1, 0) in arcs and (0, 2, 3) in arcs
+    assert all((s, s, p) in arcs for s, p in zip(range(1, 8), [0, 3, 0, 3, 0, 4, 0]))
+    assert (2, 4, 3) not in arcs  # no skip between equal labels
+    assert (4, 6, 4) in arcs  # a skip between different labels
+    assert len(arcs) == f.num_arcs == 2 + 7 + 6 + 1
+    assert np.flatnonzero(f.final > -np.inf).tolist() == [6, 7]
+    assert np.flatnonzero(e.final > -np.inf).tolist() == [0, 1]  # U = 0: the start is final
+    assert all(np.all(x.log_prob == 0) for x in g.fsts)
+
+
+def test_ctc_graph_inputs():
+    a = chainfb.ctc_graph([[1, 2], [3]])
+    b = chainfb.ctc_graph(torch.tensor([1, 2, 3]), [2, 1])
+    c = chainfb.ctc_graph(np.array([[1, 2], [3, 0]]), np.array([2, 1]))
+    for x, y in ((a, b), (a, c)):
+        for f1, f2 in zip(x.fsts, y.fsts):
+            assert np.array_equal(f1.pdf, f2.pdf) and np.array_equal(f1.src, f2.src)
+
+
+def test_ctc_graph_mixes_with_the_engine(rng):
+    # the CTC graph through the generic API equals ctc_loss, and path enumeration
+    lp = torch.from_numpy(rng.normal(size=(4, 2, 3))).log_softmax(-1)
+    tg = torch.tensor([[1, 2], [2, 2]])
+    g = chainfb.ctc_graph(tg, blank=0)
+    ll = chainfb.fst_loglike(lp.transpose(0, 1), g, lengths=[4, 4])
+    ref = chainfb.ctc_loss(lp, tg, torch.tensor([4, 4]), torch.tensor([2, 2]), reduction="none")
+    np.testing.assert_allclose(-ll.numpy(), ref.numpy(), rtol=1e-12)
+    for n in range(2):
+        Z, post = brute_force(g.fsts[n], lp[:, n].numpy(), 4)
+        assert ll[n].item() == pytest.approx(Z, rel=1e-12)
+        _, p = chainfb.forward_backward(g, lp.transpose(0, 1).numpy())
+        np.testing.assert_allclose(p[n], post, atol=1e-12)
+
+
+# --------------------------------------------------------------- bad inputs
+def _args(**kw):
+    a = dict(log_probs=torch.zeros(4, 2, 3).log_softmax(-1), targets=torch.tensor([[1, 2], [1, 0]]),
+             input_lengths=torch.tensor([4, 3]), target_lengths=torch.tensor([2, 1]))
+    a.update(kw)
+    return a
+
+
+@pytest.mark.parametrize("kw, exc, name", [
+    (dict(log_probs=np.zeros((4, 2, 3))), TypeError, "log_probs"),
+    (dict(log_probs=torch.zeros(4, 2, 3, dtype=torch.int32)), TypeError, "log_probs"),
+    (dict(log_probs=torch.zeros(4, 2, 3, 1)), ValueError, "log_probs"),
+    (dict(targets=torch.tensor([[1, 2]])), ValueError, "targets"),
+    (dict(targets=torch.tensor([[1, 3], [1, 0]])), ValueError, "targets"),
+    (dict(targets=torch.tensor([[1.0, 2.0], [1.0, 0.0]])), TypeError, "targets"),
+    (dict(targets=torch.tensor([1, 2, 1, 2])), ValueError, "target_lengths"),
+    (dict(input_lengths=torch.tensor([5, 3])), ValueError, "input_lengths"),
+    (dict(input_lengths=torch.tensor([4])), ValueError, "input_lengths"),
+    (dict(input_lengths=torch.tensor([4.0, 3.0])), TypeError, "input_lengths"),
+    (dict(target_lengths=torch.tensor([3, 1])), ValueError, "target_lengths"),
+    (dict(target_lengths=torch.tensor([-1, 1])), ValueError, "target_lengths"),
+    (dict(blank=3), ValueError, "blank"),
+    (dict(blank=-1), ValueError, "blank"),
+    (dict(blank=1.0), TypeError, "blank"),
+    (dict(reduction="batchmean"), ValueError, "reduction"),
+])
+def test_bad_inputs(kw, exc, name):
+    with pytest.raises(exc, match=name):
+        chainfb.ctc_loss(**_args(**kw))
