@@ -329,3 +329,69 @@ def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
             raise RuntimeError("killed")
     assert open(p).read() == "old"
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
+# ------------------------------------------------------- every criterion
+
+
+@pytest.mark.parametrize("criterion", ["ctc", "rnnt", "pruned-rnnt", "tdt"])
+def test_each_criterion_trains_decodes_and_resumes(tiny, tmp_path, criterion):
+    _, data = tiny
+    cfg = TrainConfig(epochs=2, batch_size=8, hidden=32, num_layers=1, lr=5e-3, progress=False, criterion=criterion,
+                      encoder_dim=32, decoder_dim=16, joiner_dim=32, warm_steps=2)
+    out = str(tmp_path / criterion)
+    res = train(data["train"], data["test"], cfg, out, log=lambda *_: None)
+    h = res["history"]
+    assert res["criterion"] == criterion and len(h) == 2
+    assert all(np.isfinite(e["train_objf_per_frame"]) for e in h)
+    assert h[1]["train_objf_per_frame"] > h[0]["train_objf_per_frame"]  # the objective improves
+    assert 0 <= res["test_wer"] and os.path.getsize(os.path.join(out, "test_hyps.txt")) > 0
+    if criterion == "ctc":
+        assert "test_wer_greedy" in h[-1]
+    cfg3 = TrainConfig(**{**cfg.__dict__, "epochs": 3})
+    logs = []
+    res3 = train(data["train"], data["test"], cfg3, out, log=logs.append)
+    assert any("resumed" in line for line in logs) and [e["epoch"] for e in res3["history"]] == [1, 2, 3]
+
+
+def test_criterion_all_writes_the_comparison(tiny, tmp_path):
+    """--criterion all: one process per criterion, compare.json with the five names."""
+    import subprocess
+    import sys
+
+    cache, _ = tiny
+    out = str(tmp_path / "all")
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
+    r = subprocess.run([sys.executable, tool, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
+                        "--max-words", "3", "--corpus-seed", "3", "--epochs", "1", "--max-steps", "1", "--hidden",
+                        "16", "--phone-lm-order", "2", "--criterion", "all", "--out", out, "--no-progress"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    comp = json.load(open(os.path.join(out, "compare.json")))
+    assert sorted(comp) == sorted(["chain", "ctc", "rnnt", "pruned-rnnt", "tdt"])
+    for row in comp.values():
+        assert {"test_wer", "seconds_per_epoch", "peak_rss_mb"} <= set(row) and row["peak_rss_mb"] > 0
+    if os.environ.get("MPLBACKEND") != "none":
+        pytest.importorskip("matplotlib")
+        assert os.path.getsize(os.path.join(out, "compare.png")) > 1000
+
+
+def test_torchrun_two_processes(tiny, tmp_path):
+    """The recipe under torch.distributed (DDP, gloo) with 2 CPU processes, each on its shard of the batches."""
+    import subprocess
+    import sys
+
+    cache, _ = tiny
+    out = str(tmp_path / "ddp")
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", tool,
+                        "--cache-dir", cache, "--num-train", "24", "--num-test", "6", "--max-words", "3",
+                        "--corpus-seed", "3", "--epochs", "2", "--hidden", "16", "--phone-lm-order", "2",
+                        "--criterion", "ctc", "--out", out, "--no-progress", "--threads", "1"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    res = json.load(open(os.path.join(out, "results.json")))
+    assert res["processes"] == 2 and res["epochs"] == 2
+    assert np.isfinite(res["history"][-1]["train_objf_per_frame"])
+    assert res["history"][1]["train_objf_per_frame"] > res["history"][0]["train_objf_per_frame"]

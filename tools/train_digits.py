@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""Train a spoken-digit recognizer end to end with chainfb's LF-MMI objective, decode held-out voices, report WER.
+"""Train a spoken-digit recognizer end to end with one of chainfb's criteria (--criterion chain, ctc, rnnt,
+pruned-rnnt or tdt; default chain = LF-MMI), decode held-out voices, report WER; --criterion all trains each in
+turn and writes a comparison (compare.json, compare.png).
 
 The corpus (eSpeak NG voices, noise, Kaldi fbank) is synthesized on first run into the cache directory and reused.
 Defaults finish in well under 15 minutes on a 2-core CPU. Outputs go to --out (results.json, history.json,
 test_hyps.txt, training.png, checkpoint.pt, graphs). Re-running with the same --out resumes from the checkpoint.
+Under torchrun (torch.distributed, DDP: gloo on CPU, nccl on GPU) each process trains on its shard of the batches:
+    torchrun --standalone --nproc_per_node 2 tools/train_digits.py --criterion ctc
 """
 import argparse
 import os
@@ -13,9 +17,49 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _child_argv(argv, criterion, out):
+    """``argv`` with ``--criterion`` and ``--out`` replaced (for one run of ``--criterion all``)."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--criterion", "--out"):
+            skip = True
+            continue
+        if arg.startswith(("--criterion=", "--out=")):
+            continue
+        rest.append(arg)
+    return rest + ["--criterion", criterion, "--out", out]
+
+
+def run_all(argv, out, criteria):
+    """Train every criterion in its own process (so each peak memory is its own), then write
+    ``<out>/compare.json`` and ``<out>/compare.png``."""
+    import json
+    import subprocess
+
+    from chainfb.recipes.compare import write_comparison
+
+    results = {}
+    for c in criteria:
+        print(f"=== criterion {c} ===", flush=True)
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), *_child_argv(argv, c, os.path.join(out, c))])
+        if r.returncode:
+            raise SystemExit(f"train_digits.py: error: --criterion {c} failed (exit {r.returncode})")
+        with open(os.path.join(out, c, "results.json")) as f:
+            results[c] = json.load(f)
+    table = write_comparison(out, results)
+    print(table)
+    return results
+
+
 def main(argv=None):
     from chainfb.recipes.corpus import CorpusConfig, default_cache_dir, load_or_create
+    from chainfb.recipes.tasks import CRITERIA
     from chainfb.recipes.train import TrainConfig, train
+
+    argv = sys.argv[1:] if argv is None else list(argv)
 
     dc, dt = CorpusConfig(), TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -29,6 +73,9 @@ def main(argv=None):
     g.add_argument("--min-snr", type=float, default=dc.snr_db[0], help="lowest SNR in dB")
     g.add_argument("--corpus-seed", type=int, default=dc.seed)
     g = p.add_argument_group("training")
+    g.add_argument("--criterion", default="chain", choices=[*CRITERIA, "all"],
+                   help="training criterion; 'all' trains each in turn (one process each) and writes "
+                        "<out>/compare.json and <out>/compare.png")
     g.add_argument("--out", default="exp/digits", help="output directory (checkpoints, results, plot)")
     g.add_argument("--epochs", type=int, default=dt.epochs)
     g.add_argument("--batch-size", type=int, default=dt.batch_size)
@@ -76,16 +123,21 @@ def main(argv=None):
         p.error(f"argument --words: {str(exc).removeprefix('words: ')}")
     if a.threads > 0:
         torch.set_num_threads(a.threads)
+    if a.criterion == "all" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        p.error("argument --criterion: 'all' runs one process per criterion; under torchrun name one criterion")
     t0 = time.time()
     ccfg = CorpusConfig(words=words, num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
                         snr_db=(a.min_snr, max(a.min_snr, dc.snr_db[1])), seed=a.corpus_seed)
     data = load_or_create(ccfg, a.cache_dir, progress=not a.no_progress)
     t1 = time.time()
     print(f"corpus ready in {t1 - t0:.1f} s ({os.path.join(a.cache_dir, ccfg.key())})")
+    if a.criterion == "all":
+        return run_all(argv, a.out, CRITERIA)
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10,
                        model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
                        leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
-                       seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress)
+                       seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress,
+                       criterion=a.criterion)
     from chainfb.recipes.files import DirectoryBusy
 
     try:
@@ -93,6 +145,8 @@ def main(argv=None):
     except DirectoryBusy as e:
         raise SystemExit(f"train_digits.py: error: --out {e}") from None
     t2 = time.time()
+    if res is None:  # a rank other than 0 under torchrun
+        return res
     print(f"WER on held-out voices: {res['test_wer']:.2f}% ({res['test_words']} words, {res['test_utts']} "
           f"utterances); total wall time {t2 - t0:.0f} s "
           f"(corpus {t1 - t0:.0f} s, training+decoding {t2 - t1:.0f} s); results in {a.out}")

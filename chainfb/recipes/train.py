@@ -11,8 +11,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+from torch import nn
 
-from ..chain import ChainLoss, DenominatorGraph, Topology, min_frames, numerator_graph, word_loop_graph
+from ..chain import DenominatorGraph, Topology, min_frames, numerator_graph, word_loop_graph
 from ..chain.graphs.normalization import add_normalization, normalization_fst
 from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
@@ -20,6 +21,7 @@ from .decode import viterbi_batch, wer
 from .files import DirLock, atomic_write
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import build_model, subsampled_lengths
+from .tasks import CRITERIA, make_task
 
 __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
 
@@ -46,6 +48,11 @@ class TrainConfig:
     device: str = "auto"
     max_steps: int = 0  # > 0: stop each epoch after this many batches (tests / smoke runs)
     progress: bool = True
+    criterion: str = "chain"  # one of tasks.CRITERIA
+    encoder_dim: int = 256  # transducers: encoder output size
+    decoder_dim: int = 128  # transducers: stateless decoder embedding size
+    joiner_dim: int = 256  # transducers: joiner hidden size
+    warm_steps: int = 100  # pruned RNN-T: steps with the pruned loss scaled by 0.1
 
 
 class Recipe:
@@ -132,20 +139,25 @@ def _tqdm(it, **kw):
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, recipe: Recipe, corpus: Corpus, batch_size: int = 64, device="cpu",
+def evaluate(model: torch.nn.Module, task, corpus: Corpus, batch_size: int = 64, device="cpu",
              progress: bool = False):
-    """Decode ``corpus`` with Viterbi over the recipe's word loop. Returns (WER %, hypotheses as word lists)."""
+    """Decode ``corpus`` with the task's decoder (chain: Viterbi over the word loop; CTC: Viterbi over a
+    CTC word loop, and greedy; transducers: greedy search). Returns ``(WER %, hypotheses as word lists,
+    greedy WER % or None)``."""
     model.eval()
     hyps: List[Optional[List[str]]] = [None] * len(corpus)
+    greedy: List[Optional[List[str]]] = [None] * len(corpus)
     bs = _batches(corpus, batch_size, None)
     for idx in (_tqdm(bs, desc="decoding", leave=False) if progress else bs):
         x, lens = _pad(corpus, idx)
         y, olens = model(x.to(device), lens.to(device))
-        y = y.double().cpu().numpy()
-        labs, _ = viterbi_batch(recipe.decode_graph, recipe.decode_labels, y, olens.cpu().numpy())
+        words, greedy_words = task.decode(y, olens)
         for k, i in enumerate(idx):
-            hyps[i] = [recipe.words[j] for j in labs[k]]
-    return wer(corpus.texts, hyps), hyps
+            hyps[i] = words[k]
+            if greedy_words is not None:
+                greedy[i] = greedy_words[k]
+    greedy_wer = wer(corpus.texts, greedy) if len(corpus) and greedy[0] is not None else None
+    return wer(corpus.texts, hyps), hyps, greedy_wer
 
 
 def plot_history(history: List[dict], path: str) -> bool:
@@ -209,7 +221,7 @@ def _load_checkpoint(path: str, device, log):
 
 def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, resume: bool = True,
           log=print) -> dict:
-    """Train with :class:`chainfb.ChainLoss`, decoding ``test_set`` after every epoch (the decoding vocabulary is
+    """Train with ``cfg.criterion`` (:mod:`.tasks`: chain, ctc, rnnt, pruned-rnnt, tdt), decoding ``test_set`` after every epoch (the decoding vocabulary is
     the training vocabulary); checkpoint to ``out_dir/checkpoint.pt`` after every epoch and resume from it when
     ``resume`` (also when only ``epochs`` changed: the run is extended, the learning-rate decay of the checkpoint
     continues). Writes ``results.json``, ``history.json``, ``test_hyps.txt``, ``training.png`` and the graphs
@@ -220,31 +232,67 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     and the outputs are (re)written from it, atomically; a rerun after a kill rewrites them. ``out_dir`` is locked
     for the run: a second run on it raises :class:`chainfb.recipes.files.DirectoryBusy`."""
     os.makedirs(out_dir, exist_ok=True)
+    if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 writes (and holds the lock)
+        return _train(train_set, test_set, cfg, out_dir, resume, log)
     with DirLock(out_dir, wait=False):
         return _train(train_set, test_set, cfg, out_dir, resume, log)
 
 
+class _Net(nn.Module):
+    """The encoder and the criterion's extra modules (decoder, joiner, simple
+    heads) as one module, so one optimizer, one checkpoint and one DDP
+    wrapper cover everything; ``forward`` runs the encoder."""
+
+    def __init__(self, encoder: nn.Module, heads: nn.ModuleDict):
+        super().__init__()
+        self.encoder = encoder
+        self.heads = heads
+
+    def forward(self, feats, lengths):
+        return self.encoder(feats, lengths)
+
+
+def _distributed():
+    """``(rank, world_size)`` under ``torchrun`` (process group started), else ``(0, 1)``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
 def _train(train_set, test_set, cfg, out_dir, resume, log):
+    rank, world = _distributed()
+    if rank:
+        log = _silent
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
+    if world > 1 and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     vocab = sorted({w for t in train_set.texts for w in t})
     if set(vocab) <= set(DIGIT_WORDS):
         vocab = [w for w in DIGIT_WORDS if w in vocab]
-    recipe = Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
-                    normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
-    recipe.write(out_dir)
-    model = build_model(cfg.model, train_set.feats.shape[1], recipe.num_pdfs, cfg.hidden, cfg.num_layers,
-                        cfg.dropout).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+    def make_recipe():
+        return Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
+                      normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
+
+    task = make_task(cfg.criterion, make_recipe, vocab, cfg)
+    if rank == 0:
+        task.write(out_dir)
+    encoder = build_model(cfg.model, train_set.feats.shape[1], task.out_dim, cfg.hidden, cfg.num_layers, cfg.dropout)
+    net = _Net(encoder, task.modules).to(device)
+    task.modules = net.heads
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
     if cfg.max_steps > 0:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps)
     total = max(1, cfg.epochs * steps_per_epoch)
     gamma = (cfg.final_lr / cfg.lr) ** (1.0 / total)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma)
-    loss_fn = ChainLoss(recipe.den, leaky_hmm_coefficient=cfg.leaky_hmm_coefficient,
-                        l2_regularize=cfg.l2_regularize, out_of_range_regularize=cfg.out_of_range_regularize,
-                        reduction="sum")
     ckpt = os.path.join(out_dir, "checkpoint.pt")
     history: List[dict] = []
     hyps = None
@@ -253,7 +301,8 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
     state = _load_checkpoint(ckpt, device, log) if resume and os.path.exists(ckpt) else None
     if state is not None:
         if state.get("config") == dataclasses.asdict(cfg) or state.get("config_model") == _model_key(cfg):
-            model.load_state_dict(state["model"])
+            encoder.load_state_dict(state["model"])
+            net.heads.load_state_dict(state.get("heads", {}))
             opt.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["scheduler"])
             history = state["history"]
@@ -263,72 +312,104 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             log(f"resumed from {ckpt} after epoch {start_epoch}")
         else:
             log(f"{ckpt} was written with a different model configuration; starting from scratch")
-    log(f"device {device}; {len(train_set)} train / {len(test_set)} test utterances; {len(recipe.phones)} phones, "
-        f"{recipe.num_pdfs} pdfs; phone LM order {cfg.phone_lm_order}, den graph {recipe.den.num_states} states / "
-        f"{recipe.den.num_arcs} arcs; {sum(p.numel() for p in model.parameters())} parameters")
+    what = (f"{len(task.recipe.phones)} phones, {task.recipe.num_pdfs} pdfs; phone LM order {cfg.phone_lm_order}, "
+            f"den graph {task.recipe.den.num_states} states / {task.recipe.den.num_arcs} arcs"
+            if cfg.criterion == "chain" else f"{len(task.units)} character units")
+    log(f"criterion {cfg.criterion}; device {device}" + (f" x {world} processes" if world > 1 else "") +
+        f"; {len(train_set)} train / {len(test_set)} test utterances; {what}; "
+        f"{sum(p.numel() for p in net.parameters())} parameters")
+    model = net
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     t0 = time.time()
     rng = np.random.default_rng(cfg.seed + 1)
     for _ in range(start_epoch):  # keep the batch order of a resumed run identical to an uninterrupted one
         rng.permutation(len(_batches(train_set, cfg.batch_size, None)))
+    step = start_epoch * steps_per_epoch
     for epoch in range(start_epoch, cfg.epochs):
-        model.train()
-        bs = _batches(train_set, cfg.batch_size, rng)[:steps_per_epoch]
+        net.train()
+        bs = _batches(train_set, cfg.batch_size, rng)[:steps_per_epoch][rank::world]
         tot_obj, tot_frames, skipped = 0.0, 0, 0
-        bar = _tqdm(bs, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if cfg.progress else bs
+        bar = _tqdm(bs, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if cfg.progress and not rank else bs
         for idx in bar:
             x, lens = _pad(train_set, idx)
             olens = subsampled_lengths(lens)
-            keep, nums = [], []
-            for k, i in enumerate(idx):
-                g, mf = recipe.numerator(train_set.texts[i])
-                if mf <= int(olens[k]):
-                    keep.append(k)
-                    nums.append(g)
+            keep = [k for k, i in enumerate(idx) if task.fits(train_set.texts[i], int(olens[k]))]
             skipped += len(idx) - len(keep)
             if not keep:
                 continue
             keep_t = torch.tensor(keep)
             x, lens = x[keep_t].to(device), lens[keep_t].to(device)
             y, ylens = model(x, lens)
-            loss = loss_fn(y.double(), nums, ylens.cpu())
-            obj = loss_fn.info["num"] - loss_fn.info["den"]  # chain objective without regularizers
+            loss, obj = task.loss(y, ylens, [train_set.texts[idx[k]] for k in keep], step)
             frames = int(ylens.sum())
             opt.zero_grad()
             (loss / frames).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
             sched.step()
+            step += 1
             tot_obj += obj
             tot_frames += frames
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(objf=f"{tot_obj / max(tot_frames, 1):.4f}")
-        test_wer, hyps = evaluate(model, recipe, test_set, device=device, progress=cfg.progress)
-        h = dict(epoch=epoch + 1, train_objf_per_frame=tot_obj / max(tot_frames, 1), test_wer=test_wer,
-                 skipped_too_short=skipped, lr=sched.get_last_lr()[0],
-                 elapsed_s=elapsed_before + time.time() - t0)
-        history.append(h)
-        log(f"epoch {epoch + 1}: train objf/frame {h['train_objf_per_frame']:.4f}  test WER {test_wer:.2f}%  "
-            f"({h['elapsed_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more frames "
-                                           f"than they have" if skipped else ""))
-        with atomic_write(ckpt, "wb") as f:
-            torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
-                            history=history, hyps=hyps, epoch=epoch + 1, config=dataclasses.asdict(cfg),
-                            config_model=_model_key(cfg), elapsed=h["elapsed_s"]), f)
-        write_outputs(out_dir, history, hyps, test_set, None)
-    if history and (hyps is None or len(hyps) != len(test_set)):
-        # a checkpoint without its hypotheses (or for another test set): decode again
-        test_wer, hyps = evaluate(model, recipe, test_set, device=device, progress=cfg.progress)
-        history[-1] = dict(history[-1], test_wer=test_wer)
-    final_wer = history[-1]["test_wer"] if history else float("nan")
-    results = dict(test_wer=final_wer, epochs=len(history), train_utts=len(train_set), test_utts=len(test_set),
-                   test_words=int(sum(len(t) for t in test_set.texts)),
-                   device=str(device), train_seconds=history[-1]["elapsed_s"] if history else 0.0,
-                   config=dataclasses.asdict(cfg), history=history)
-    if history:
-        write_outputs(out_dir, history, hyps, test_set, results)
+        if world > 1:
+            tot_obj, tot_frames, skipped = _all_sum([tot_obj, tot_frames, skipped])
+        if rank == 0:
+            test_wer, hyps, greedy_wer = evaluate(net, task, test_set, device=device, progress=cfg.progress)
+            h = dict(epoch=epoch + 1, train_objf_per_frame=tot_obj / max(tot_frames, 1), test_wer=test_wer,
+                     skipped_too_short=int(skipped), lr=sched.get_last_lr()[0],
+                     elapsed_s=elapsed_before + time.time() - t0)
+            if greedy_wer is not None:
+                h["test_wer_greedy"] = greedy_wer
+            history.append(h)
+            log(f"epoch {epoch + 1}: train objf/frame {h['train_objf_per_frame']:.4f}  test WER {test_wer:.2f}%"
+                + (f" (greedy {greedy_wer:.2f}%)" if greedy_wer is not None else "")
+                + f"  ({h['elapsed_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more "
+                                                   f"frames than they have" if skipped else ""))
+            with atomic_write(ckpt, "wb") as f:
+                torch.save(dict(model=encoder.state_dict(), heads=net.heads.state_dict(), optimizer=opt.state_dict(),
+                                scheduler=sched.state_dict(), history=history, hyps=hyps, epoch=epoch + 1,
+                                config=dataclasses.asdict(cfg), config_model=_model_key(cfg),
+                                elapsed=h["elapsed_s"]), f)
+            write_outputs(out_dir, history, hyps, test_set, None)
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+    results = None
+    if rank == 0:
+        if history and (hyps is None or len(hyps) != len(test_set)):
+            # a checkpoint without its hypotheses (or for another test set): decode again
+            test_wer, hyps, _ = evaluate(net, task, test_set, device=device, progress=cfg.progress)
+            history[-1] = dict(history[-1], test_wer=test_wer)
+        final_wer = history[-1]["test_wer"] if history else float("nan")
+        import resource
+
+        results = dict(criterion=cfg.criterion, test_wer=final_wer, epochs=len(history), train_utts=len(train_set),
+                       test_utts=len(test_set), test_words=int(sum(len(t) for t in test_set.texts)),
+                       device=str(device), processes=world,
+                       train_seconds=history[-1]["elapsed_s"] if history else 0.0,
+                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                       config=dataclasses.asdict(cfg), history=history)
+        if history:
+            write_outputs(out_dir, history, hyps, test_set, results)
     return results
+
+
+def _silent(*_args, **_kw):
+    return None
+
+
+def _all_sum(values):
+    import torch.distributed as dist
+
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def _model_key(cfg: TrainConfig) -> dict:
     return dict(model=cfg.model, hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size,
-                seed=cfg.seed)
+                seed=cfg.seed, criterion=cfg.criterion, encoder_dim=cfg.encoder_dim, decoder_dim=cfg.decoder_dim,
+                joiner_dim=cfg.joiner_dim)
