@@ -17,12 +17,18 @@ namespace chainfb {
 
 typedef long long i64;
 
+// A length read from device memory, clamped to [0, hi] (device-side lengths
+// are not checked on the host: out-of-range values must not move any access
+// out of bounds).
+__device__ __forceinline__ int clamp_len(i64 v, int hi) { return v < 0 ? 0 : (v > (i64)hi ? hi : (int)v); }
+
 template <typename R>
 struct Num;
 
 template <>
 struct Num<float> {
   static __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+  static __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
   static __device__ __forceinline__ float exp_(float x) { return expf(x); }
   static __device__ __forceinline__ float log_(float x) { return logf(x); }
   static __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
@@ -31,21 +37,26 @@ struct Num<float> {
 template <>
 struct Num<double> {
   static __device__ __forceinline__ double neg_inf() { return -__longlong_as_double(0x7ff0000000000000LL); }
+  static __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
   static __device__ __forceinline__ double exp_(double x) { return exp(x); }
   static __device__ __forceinline__ double log_(double x) { return log(x); }
   static __device__ __forceinline__ double log1p_(double x) { return log1p(x); }
 };
 
-// log(exp(a) + exp(b)), -inf when both are -inf.
+// log(exp(a) + exp(b)), -inf when both are -inf, NaN when either is NaN
+// (as numpy.logaddexp).
 template <typename R>
 __device__ __forceinline__ R log_add(R a, R b) {
+  if (a != a || b != b) return a + b;
   R m = a > b ? a : b;
   R d = a > b ? b - a : a - b;
   if (!(m > Num<R>::neg_inf())) return Num<R>::neg_inf();
   return m + Num<R>::log1p_(Num<R>::exp_(d));
 }
 
-// Online log-sum-exp: running max m and sum s of exp(v - m).
+// Online log-sum-exp: running max m and sum s of exp(v - m).  NaN is
+// sticky (a NaN term makes the result NaN, as in NumPy): once m is NaN every
+// comparison with it is false and the result is m + log(s) = NaN.
 template <typename R>
 struct LogAcc {
   R m, s;
@@ -59,6 +70,8 @@ struct LogAcc {
       m = v;
     } else if (v > Num<R>::neg_inf()) {
       s += Num<R>::exp_(v - m);
+    } else if (v != v) {
+      m = v;
     }
   }
   __device__ __forceinline__ void merge(R om, R os) {
@@ -67,10 +80,13 @@ struct LogAcc {
       m = om;
     } else if (om > Num<R>::neg_inf()) {
       s += os * Num<R>::exp_(om - m);
+    } else if (om != om) {
+      m = om;
     }
   }
+  __device__ __forceinline__ bool is_nan() const { return m != m; }
   __device__ __forceinline__ R result() const {
-    return m > Num<R>::neg_inf() ? m + Num<R>::log_(s) : Num<R>::neg_inf();
+    return m == Num<R>::neg_inf() ? Num<R>::neg_inf() : m + Num<R>::log_(s);
   }
 };
 
