@@ -100,3 +100,81 @@ def test_transducer_gather_nan_row(be, kind):
     assert np.isnan(lse_e[0, 1, 2]) and np.isnan(lse_e).sum() == 1
     np.testing.assert_array_equal(np.isnan(Xe), np.isnan(Xt))
     assert np.isnan(Xe).sum() == (args["colidx"][0, 2] >= 0).sum()
+
+
+# ---------------------------------------------------------------- out-of-range device inputs
+
+
+def device_inputs(monkeypatch_setattr):
+    """Treat every array as device memory (no host-side checks), as CuPy
+    inputs are: the kernels alone must keep every access in bounds."""
+    import chainfb.cuda.transducer_maps as tm
+    import chainfb.engines.cuda as ce
+
+    monkeypatch_setattr(ce, "host_array", lambda x: None)
+    monkeypatch_setattr(tm, "_host", lambda x: None)
+
+
+def out_of_range_checks(be):
+    """Run the kernels on out-of-range lengths, columns and symbols and check
+    that they behave as the clamped / ignored inputs (run directly and, in a
+    child process, under AddressSanitizer)."""
+    from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
+    from test_cuda_emulated import _case
+
+    rng = np.random.default_rng(6)
+    fsts = [random_fst(rng, num_states=5, num_arcs=12) for _ in range(4)]
+    lat = Lattice.of(FstBatch(fsts))
+    T = 5
+    X = rng.normal(size=(T, lat.num_columns))
+    bad = np.array([T + 7, -3, 2, 2**40])
+    ok = np.clip(bad, 0, T)
+    for leaky in (None, (0.1, np.log(np.full(lat.num_states, 0.2)))):
+        for block in (1, 4):
+            ll, post = forward_backward_on(be, lat, X.copy(), bad, leaky=leaky, block_size=block)
+            llr, postr = forward_backward_numpy(lat, X.copy(), ok, leaky=leaky)
+            np.testing.assert_allclose(ll, llr, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(post, postr, rtol=1e-10, atol=1e-12)
+
+    logits, args, C, rows, zc = _case(rng, M=2)
+    B, Tl, U1, V = logits.shape
+    sym, colidx = args["sym"].copy(), args["colidx"].copy()
+    used = colidx >= 0
+    pick = used & (rng.random(sym.shape) < 0.3)
+    pick2 = used & ~pick & (rng.random(sym.shape) < 0.3)
+    assert pick.any() and pick2.any()
+    sym_bad = np.where(pick, np.where(rng.random(sym.shape) < 0.5, V + 3, -7), sym)
+    col_bad = np.where(pick2, np.where(rng.random(sym.shape) < 0.5, C + 5, 2**30), colidx)
+    cut = np.where(pick | pick2, -1, colidx)  # the same entries, unused
+    T_bad = np.array([Tl + 100, -2, 2**31 - 1])
+    U_bad = np.array([U1 + 5, 2**31 - 1, -1])
+    T_ok, U_ok = np.clip(T_bad, 0, Tl), np.clip(U_bad, -1, U1 - 1)
+    zc_bad = np.array([C + 1, -5, 2**31 - 1], dtype=np.int32)
+    kw = dict(num_rows=rows, num_columns=C, threads_per_row=2, block_size=4)
+    Xb, lseb = transducer_gather_on(be, logits, sym_bad, col_bad, T_bad, U_bad, zero_col=zc_bad, **kw)
+    Xr, lser = transducer_gather_on(be, logits, sym, cut, T_ok, U_ok, **kw)
+    np.testing.assert_array_equal(Xb, Xr)
+    np.testing.assert_array_equal(lseb, lser)
+    post = rng.random((rows, C)).astype(np.float32)
+    gk = dict(post=post, lse=lseb, scale=1.0, kind_weight=np.ones(4), threads_per_row=2, block_size=4)
+    gb = transducer_grad_on(be, logits, sym_bad, col_bad, T_bad, U_bad, **gk)
+    gr = transducer_grad_on(be, logits, sym, cut, T_ok, U_ok, **gk)
+    np.testing.assert_array_equal(gb, gr)
+
+
+def test_out_of_range_device_inputs(be, monkeypatch):
+    device_inputs(monkeypatch.setattr)
+    out_of_range_checks(be)
+
+
+def test_host_inputs_are_checked(be):
+    from chainfb.cuda.transducer_maps import transducer_gather_on
+    from test_cuda_emulated import _case
+
+    rng = np.random.default_rng(7)
+    logits, args, C, rows, zc = _case(rng, M=0)
+    T, U1 = logits.shape[1:3]
+    for name, bad in (("logit_lengths", [T + 1, 1, 1]), ("logit_lengths", [-1, 1, 1]),
+                      ("target_lengths", [U1, 0, 0]), ("target_lengths", [0, -1, 0])):
+        with pytest.raises(ValueError, match=name):
+            transducer_gather_on(be, logits, num_rows=rows, num_columns=C, **dict(args, **{name: np.array(bad)}))
