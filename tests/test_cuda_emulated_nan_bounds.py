@@ -178,3 +178,36 @@ def test_host_inputs_are_checked(be):
                       ("target_lengths", [U1, 0, 0]), ("target_lengths", [0, -1, 0])):
         with pytest.raises(ValueError, match=name):
             transducer_gather_on(be, logits, num_rows=rows, num_columns=C, **dict(args, **{name: np.array(bad)}))
+
+
+def test_gather_offsets_above_2_31(be, tmp_path):
+    """The gather reads a row that starts past element 2^31 of the logits
+    (a sparse memory-mapped file: no disk is used) with 64-bit offsets.
+    (The gradient kernel writes every element of a gradient as large as the
+    logits, too big for a test; its row offsets use the same arithmetic.)"""
+    from chainfb.cuda.transducer_maps import transducer_gather_on
+
+    B, V = 2049, 2**20
+    try:
+        logits = np.memmap(tmp_path / "logits.f16", dtype=np.float16, mode="w+", shape=(B, 1, 1, V))
+    except OSError as e:
+        pytest.skip(f"no sparse file: {e}")
+    assert (B - 1) * V >= 2**31
+    row = np.zeros(V, dtype=np.float16)
+    row[[0, 7, V - 1]] = [1.5, -2.0, 3.0]
+    logits[B - 1, 0, 0, :] = row
+    logits.flush()
+    sym = np.zeros((B, 1, 2), dtype=np.int32)
+    sym[:, :, 0], sym[:, :, 1] = V - 1, 7
+    colidx = -np.ones((B, 1, 2), dtype=np.int32)
+    colidx[B - 1, 0] = [0, 1]
+    T_len = np.zeros(B, dtype=np.int32)
+    T_len[B - 1] = 1  # only the last row is live
+    X, lse = transducer_gather_on(be, logits, sym, colidx, T_len, np.zeros(B, dtype=np.int32), num_rows=1,
+                                  num_columns=2, threads_per_row=1, block_size=1024)
+    r = row.astype(np.float64)
+    want_lse = np.log(np.exp(r).sum())
+    # (float32 sums of 2^20 terms in one thread: loose tolerances; a wrong row would be off by 2 or more)
+    np.testing.assert_allclose(lse[B - 1, 0, 0], want_lse, atol=0.02)
+    np.testing.assert_allclose(X[0], [3.0 - want_lse, -2.0 - want_lse], atol=0.02)
+    assert not lse[: B - 1].any()

@@ -13,6 +13,20 @@
 #define CHAINFB_MAX_THREADS 1024
 #endif
 
+// Every kernel is declared __launch_bounds__(CHAINFB_MAX_THREADS): the
+// compiler then keeps its register use low enough for 1024-thread blocks.
+#define CHAINFB_KERNEL __global__ __launch_bounds__(CHAINFB_MAX_THREADS)
+
+// A statically sized shared-memory array `T name[n]`.  In the host emulation
+// each block gets its own copy, poisoned at block start (see emulate.h).
+#ifdef CHAINFB_EMULATE
+#define CHAINFB_SHARED_ARRAY(T, name, n)  \
+  static char name##_site;                \
+  T* name = ::cfb_emu::shared_array<T>(&name##_site, (n))
+#else
+#define CHAINFB_SHARED_ARRAY(T, name, n) __shared__ T name[n]
+#endif
+
 namespace chainfb {
 
 typedef long long i64;
@@ -96,8 +110,8 @@ struct LogAcc {
 // bit-identical from run to run.  Returns the group's result to every thread.
 template <typename R>
 __device__ R group_logsum(LogAcc<R> a, unsigned group) {
-  __shared__ R sm_m[CHAINFB_MAX_THREADS];
-  __shared__ R sm_s[CHAINFB_MAX_THREADS];
+  CHAINFB_SHARED_ARRAY(R, sm_m, CHAINFB_MAX_THREADS);
+  CHAINFB_SHARED_ARRAY(R, sm_s, CHAINFB_MAX_THREADS);
   unsigned tid = threadIdx.x;
   unsigned lane = tid % group;
   sm_m[tid] = a.m;

@@ -46,7 +46,7 @@ __device__ void leak_beta(R* b, const R* log_init, R log_c, int s0, int s1) {
 }
 
 template <typename R>
-__global__ void fb_forward(const int* state_off, const int* col_off, const int* start, const R* final_,
+CHAINFB_KERNEL void fb_forward(const int* state_off, const int* col_off, const int* start, const R* final_,
                            const int* in_ptr, const int* in_src, const R* in_lp, const int* in_col,
                            const i64* lengths, R* X, int T, int C, R* alpha, int S, const R* log_init,
                            R log_c, R* loglike) {
@@ -96,7 +96,7 @@ __global__ void fb_forward(const int* state_off, const int* col_off, const int* 
 // Posteriors post[t, c] for t < lengths[n] (the caller zero-fills post).
 // beta_buf [2, S] (R) holds beta_{t+1} and beta_t.
 template <typename R>
-__global__ void fb_backward(const int* state_off, const int* col_off, const R* final_, const int* out_ptr,
+CHAINFB_KERNEL void fb_backward(const int* state_off, const int* col_off, const R* final_, const int* out_ptr,
                             const int* out_dst, const R* out_lp, const int* out_col, const int* ca_ptr,
                             const int* ca_src, const int* ca_dst, const R* ca_lp, const i64* lengths,
                             const R* X, int T, int C, const R* alpha, int S, const R* log_init, R log_c,

@@ -28,7 +28,7 @@ namespace chainfb {
 // fills X with -inf); lse_out[b,t,u] = logsumexp_k logits[b,t,u,k] (0 when
 // !fused) for live rows.
 template <typename In, typename R>
-__global__ void transducer_gather(const In* logits, int B, int T, int U1, int V, const int* sym,
+CHAINFB_KERNEL void transducer_gather(const In* logits, int B, int T, int U1, int V, const int* sym,
                                   const int* colidx, int J, const int* T_len, const int* U_len, int fused, int tpr,
                                   R* X, int num_rows, int C, R* lse_out) {
   const int lane = threadIdx.x % tpr;
@@ -64,7 +64,7 @@ __global__ void transducer_gather(const In* logits, int B, int T, int U1, int V,
 // X[n, zero_col[b]] = 0 for n < T_b + U_b (a column that scores 0 on every
 // step of utterance b, e.g. a multi-blank "no pdf" column).
 template <typename R>
-__global__ void transducer_zero_col(const int* zero_col, const int* T_len, const int* U_len, int B, R* X,
+CHAINFB_KERNEL void transducer_zero_col(const int* zero_col, const int* T_len, const int* U_len, int B, R* X,
                                     int num_rows, int C) {
   const i64 total = (i64)B * num_rows;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
@@ -81,7 +81,7 @@ __global__ void transducer_zero_col(const int* zero_col, const int* T_len, const
 // every row of an utterance with scale[b] == 0 (even where the formula is NaN);
 // clamp to [-clamp, clamp] only when clamp > 0.
 template <typename In, typename R>
-__global__ void transducer_grad(const In* logits, int B, int T, int U1, int V, const int* sym, const int* colidx,
+CHAINFB_KERNEL void transducer_grad(const In* logits, int B, int T, int U1, int V, const int* sym, const int* colidx,
                                 int J, const int* T_len, const int* U_len, int fused, int tpr, const R* post,
                                 int num_rows, int C, const R* lse, const R* scale, const R* kind_weight, R clamp,
                                 In* grad) {
