@@ -1,12 +1,16 @@
 // Shared device helpers for chainfb's kernels: -inf, exp/log per real type,
 // an online log-sum-exp accumulator, a deterministic block-wide log-sum-exp
-// (shared-memory tree, no warp shuffles), and 16-bit float storage types with
-// exact bit-level conversions (so the host emulation gives identical bits).
+// (shared-memory tree, no warp shuffles), and 16-bit float storage types
+// (hardware conversions on the device, a bit-exact software twin in the host
+// emulation).
 #ifndef CHAINFB_COMMON_CUH
 #define CHAINFB_COMMON_CUH
 
 #ifdef CHAINFB_EMULATE
 #include "emulate.h"
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #endif
 
 #ifndef CHAINFB_MAX_THREADS
@@ -136,7 +140,8 @@ __device__ R group_logsum(LogAcc<R> a, unsigned group) {
   return out;
 }
 
-// 16-bit float storage (IEEE half and bfloat16), converted bit-exactly.
+// 16-bit float storage (IEEE half and bfloat16) as raw bits, converted
+// bit-exactly with round to nearest even.
 struct F16 {
   unsigned short bits;
 };
@@ -159,6 +164,30 @@ struct Storage<double> {
   static __device__ __forceinline__ double store(double v) { return v; }
 };
 
+#ifndef CHAINFB_EMULATE
+// On the device: the hardware conversions (round to nearest even).
+template <>
+struct Storage<BF16> {
+  static __device__ __forceinline__ float load(BF16 v) { return __bfloat162float(__ushort_as_bfloat16(v.bits)); }
+  static __device__ __forceinline__ BF16 store(float f) {
+    BF16 r;
+    r.bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return r;
+  }
+};
+
+template <>
+struct Storage<F16> {
+  static __device__ __forceinline__ float load(F16 v) { return __half2float(__ushort_as_half(v.bits)); }
+  static __device__ __forceinline__ F16 store(float f) {
+    F16 r;
+    r.bits = __half_as_ushort(__float2half_rn(f));
+    return r;
+  }
+};
+#else
+// The software twin of the hardware conversions, for the host emulation
+// (bit-exact, round to nearest even).
 template <>
 struct Storage<BF16> {
   static __device__ __forceinline__ float load(BF16 v) { return __int_as_float(((int)v.bits) << 16); }
@@ -220,6 +249,8 @@ struct Storage<F16> {
     return r;
   }
 };
+
+#endif  // CHAINFB_EMULATE
 
 }  // namespace chainfb
 

@@ -75,9 +75,33 @@ def load_source(name: str) -> str:
     return expand(name)
 
 
+def cuda_include_dirs() -> list:
+    """Directories holding ``cuda_fp16.h`` / ``cuda_bf16.h`` for NVRTC: the
+    toolkit of ``$CUDA_PATH`` / ``$CUDA_HOME`` or of ``nvcc`` on the PATH,
+    the ``nvidia-cuda-runtime`` wheel (installed by CuPy's ``ctk``
+    extra), ``/usr/local/cuda*``; the first that has them."""
+    import shutil
+    import sys
+
+    cands = [os.path.join(os.environ[v], "include") for v in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(v)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
+    for p in sys.path:
+        cands += [os.path.join(p, "nvidia", sub, "include") for sub in ("cuda_runtime", "cu13", "cu12")]
+    import glob
+
+    cands += ["/usr/local/cuda/include"] + sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    out = []
+    for d in cands:
+        if os.path.isfile(os.path.join(d, "cuda_fp16.h")) and d not in out:
+            out.append(d)
+    return out[:1]
+
+
 def nvrtc_options(arch: str | None = None) -> tuple:
     """NVRTC options for chainfb's kernels (``arch`` like ``"sm_90"``)."""
-    opts = ["--std=c++17", "-default-device"]
+    opts = ["--std=c++17", "-default-device"] + [f"-I{d}" for d in cuda_include_dirs()]
     if arch is not None:
         opts.append(f"--gpu-architecture={arch}")
     return tuple(opts)
