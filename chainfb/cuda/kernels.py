@@ -22,6 +22,8 @@ __all__ = [
     "nvrtc_options",
     "CupyBackend",
     "cupy_backend",
+    "require_cupy",
+    "cuda_include_dirs",
 ]
 
 #: Kernel files (compiled separately) and the instantiations each provides.
@@ -107,11 +109,56 @@ def nvrtc_options(arch: str | None = None) -> tuple:
     return tuple(opts)
 
 
+def _torch_cuda_major():
+    """CUDA major version torch was built with, or None (CPU build / no torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    v = getattr(torch.version, "cuda", None)
+    return int(str(v).split(".")[0]) if v else None
+
+
+def _cupy_cuda_major(cupy):
+    """CUDA major version of CuPy's runtime (e.g. 12 for 12080)."""
+    return int(cupy.cuda.runtime.runtimeGetVersion()) // 1000
+
+
+def _import_cupy():
+    import cupy
+
+    return cupy
+
+
+def require_cupy():
+    """Import CuPy for chainfb's GPU path, checking that its CUDA major
+    version matches torch's; a clear error with the install line otherwise."""
+    major = _torch_cuda_major()
+    want = major if major is not None else 13
+    line = f"pip install 'chainfb[gpu-cu{want}]'  (or: pip install 'cupy-cuda{want}x[ctk]')"
+    try:
+        cupy = _import_cupy()
+    except ImportError as e:
+        raise ImportError(f"chainfb's GPU path needs CuPy built for CUDA {want}: {line}") from e
+    have = _cupy_cuda_major(cupy)
+    if major is not None and have != major:
+        raise RuntimeError(
+            f"CuPy is built for CUDA {have} but torch for CUDA {major} (torch.version.cuda = "
+            f"{_torch_version_cuda()}); install the matching CuPy: pip uninstall cupy-cuda{have}x && {line}")
+    return cupy
+
+
+def _torch_version_cuda():
+    import torch
+
+    return torch.version.cuda
+
+
 class CupyBackend:
     """Launch chainfb kernels on the current CUDA device through CuPy."""
 
     def __init__(self):
-        import cupy
+        cupy = require_cupy()
 
         self.xp = cupy
         self._modules = {}
