@@ -69,3 +69,27 @@ def test_sources_are_package_data():
     for src in set(KERNELS.values()) | {"common.cuh", "emulate.h", "emulate_launch.cpp"}:
         assert os.path.isfile(os.path.join(here, src)), src
     assert '#include "common.cuh"' not in load_source("engine.cu")  # inlined for NVRTC
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not available")
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("src", sorted(SOURCES))
+def test_kernels_fit_1024_thread_blocks(src, arch, tmp_path):
+    """Every kernel (declared __launch_bounds__(1024)) can be launched with
+    1024 threads: at most 64 registers per thread (64K per SM) and at most
+    48 KiB of static shared memory, read from ptxas' resource report."""
+    import re
+
+    refs = ",\n".join(f"  (const void*)&{name}" for name in SOURCES[src])
+    cu = tmp_path / src
+    cu.write_text(load_source(src) + f"\nconst void* chainfb_instantiate[] = {{\n{refs}\n}};\n")
+    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "--resource-usage", "-o", str(tmp_path / "out.cubin"),
+           str(cu)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    report = res.stdout + res.stderr
+    used = re.findall(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?", report)
+    assert len(used) >= len(SOURCES[src]), report
+    for regs, smem in used:
+        assert int(regs) * 1024 <= 65536, report
+        assert int(smem or 0) <= 48 * 1024, report

@@ -511,8 +511,9 @@ def test_transducer_kind_weight_scales_per_formula(be, fused):
 
 
 def test_emulation_under_asan(tmp_path):
-    """No out-of-bounds access in any kernel on small cases: the emulation
-    built with AddressSanitizer, run in a child process with libasan preloaded
+    """No out-of-bounds access in any kernel on small cases, nor on
+    out-of-range device lengths, columns and symbols: the emulation built
+    with AddressSanitizer, run in a child process with libasan preloaded
     (NumPy's buffers then get red zones)."""
     import os
     import subprocess
@@ -548,6 +549,9 @@ for kind in ("f16", "bf16", "f32", "f64"):
         t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                              kind_weight=np.linspace(0.5, 1.5, M + 2), clamp=0.5, threads_per_row=2, block_size=4,
                              **args)
+import test_cuda_emulated_nan_bounds as nb  # out-of-range lengths, columns and symbols, as device inputs
+nb.device_inputs(setattr)
+nb.out_of_range_checks(be)
 print("ASAN-CLEAN")
 """)
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")

@@ -1,21 +1,44 @@
 // Shared device helpers for chainfb's kernels: -inf, exp/log per real type,
 // an online log-sum-exp accumulator, a deterministic block-wide log-sum-exp
-// (shared-memory tree, no warp shuffles), and 16-bit float storage types with
-// exact bit-level conversions (so the host emulation gives identical bits).
+// (shared-memory tree, no warp shuffles), and 16-bit float storage types
+// (hardware conversions on the device, a bit-exact software twin in the host
+// emulation).
 #ifndef CHAINFB_COMMON_CUH
 #define CHAINFB_COMMON_CUH
 
 #ifdef CHAINFB_EMULATE
 #include "emulate.h"
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #endif
 
 #ifndef CHAINFB_MAX_THREADS
 #define CHAINFB_MAX_THREADS 1024
 #endif
 
+// Every kernel is declared __launch_bounds__(CHAINFB_MAX_THREADS): the
+// compiler then keeps its register use low enough for 1024-thread blocks.
+#define CHAINFB_KERNEL __global__ __launch_bounds__(CHAINFB_MAX_THREADS)
+
+// A statically sized shared-memory array `T name[n]`.  In the host emulation
+// each block gets its own copy, poisoned at block start (see emulate.h).
+#ifdef CHAINFB_EMULATE
+#define CHAINFB_SHARED_ARRAY(T, name, n)  \
+  static char name##_site;                \
+  T* name = ::cfb_emu::shared_array<T>(&name##_site, (n))
+#else
+#define CHAINFB_SHARED_ARRAY(T, name, n) __shared__ T name[n]
+#endif
+
 namespace chainfb {
 
 typedef long long i64;
+
+// A length read from device memory, clamped to [0, hi] (device-side lengths
+// are not checked on the host: out-of-range values must not move any access
+// out of bounds).
+__device__ __forceinline__ int clamp_len(i64 v, int hi) { return v < 0 ? 0 : (v > (i64)hi ? hi : (int)v); }
 
 template <typename R>
 struct Num;
@@ -23,6 +46,7 @@ struct Num;
 template <>
 struct Num<float> {
   static __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+  static __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
   static __device__ __forceinline__ float exp_(float x) { return expf(x); }
   static __device__ __forceinline__ float log_(float x) { return logf(x); }
   static __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
@@ -31,21 +55,26 @@ struct Num<float> {
 template <>
 struct Num<double> {
   static __device__ __forceinline__ double neg_inf() { return -__longlong_as_double(0x7ff0000000000000LL); }
+  static __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
   static __device__ __forceinline__ double exp_(double x) { return exp(x); }
   static __device__ __forceinline__ double log_(double x) { return log(x); }
   static __device__ __forceinline__ double log1p_(double x) { return log1p(x); }
 };
 
-// log(exp(a) + exp(b)), -inf when both are -inf.
+// log(exp(a) + exp(b)), -inf when both are -inf, NaN when either is NaN
+// (as numpy.logaddexp).
 template <typename R>
 __device__ __forceinline__ R log_add(R a, R b) {
+  if (a != a || b != b) return a + b;
   R m = a > b ? a : b;
   R d = a > b ? b - a : a - b;
   if (!(m > Num<R>::neg_inf())) return Num<R>::neg_inf();
   return m + Num<R>::log1p_(Num<R>::exp_(d));
 }
 
-// Online log-sum-exp: running max m and sum s of exp(v - m).
+// Online log-sum-exp: running max m and sum s of exp(v - m).  NaN is
+// sticky (a NaN term makes the result NaN, as in NumPy): once m is NaN every
+// comparison with it is false and the result is m + log(s) = NaN.
 template <typename R>
 struct LogAcc {
   R m, s;
@@ -59,6 +88,8 @@ struct LogAcc {
       m = v;
     } else if (v > Num<R>::neg_inf()) {
       s += Num<R>::exp_(v - m);
+    } else if (v != v) {
+      m = v;
     }
   }
   __device__ __forceinline__ void merge(R om, R os) {
@@ -67,10 +98,13 @@ struct LogAcc {
       m = om;
     } else if (om > Num<R>::neg_inf()) {
       s += os * Num<R>::exp_(om - m);
+    } else if (om != om) {
+      m = om;
     }
   }
+  __device__ __forceinline__ bool is_nan() const { return m != m; }
   __device__ __forceinline__ R result() const {
-    return m > Num<R>::neg_inf() ? m + Num<R>::log_(s) : Num<R>::neg_inf();
+    return m == Num<R>::neg_inf() ? Num<R>::neg_inf() : m + Num<R>::log_(s);
   }
 };
 
@@ -80,8 +114,8 @@ struct LogAcc {
 // bit-identical from run to run.  Returns the group's result to every thread.
 template <typename R>
 __device__ R group_logsum(LogAcc<R> a, unsigned group) {
-  __shared__ R sm_m[CHAINFB_MAX_THREADS];
-  __shared__ R sm_s[CHAINFB_MAX_THREADS];
+  CHAINFB_SHARED_ARRAY(R, sm_m, CHAINFB_MAX_THREADS);
+  CHAINFB_SHARED_ARRAY(R, sm_s, CHAINFB_MAX_THREADS);
   unsigned tid = threadIdx.x;
   unsigned lane = tid % group;
   sm_m[tid] = a.m;
@@ -106,7 +140,8 @@ __device__ R group_logsum(LogAcc<R> a, unsigned group) {
   return out;
 }
 
-// 16-bit float storage (IEEE half and bfloat16), converted bit-exactly.
+// 16-bit float storage (IEEE half and bfloat16) as raw bits, converted
+// bit-exactly with round to nearest even.
 struct F16 {
   unsigned short bits;
 };
@@ -129,6 +164,30 @@ struct Storage<double> {
   static __device__ __forceinline__ double store(double v) { return v; }
 };
 
+#ifndef CHAINFB_EMULATE
+// On the device: the hardware conversions (round to nearest even).
+template <>
+struct Storage<BF16> {
+  static __device__ __forceinline__ float load(BF16 v) { return __bfloat162float(__ushort_as_bfloat16(v.bits)); }
+  static __device__ __forceinline__ BF16 store(float f) {
+    BF16 r;
+    r.bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return r;
+  }
+};
+
+template <>
+struct Storage<F16> {
+  static __device__ __forceinline__ float load(F16 v) { return __half2float(__ushort_as_half(v.bits)); }
+  static __device__ __forceinline__ F16 store(float f) {
+    F16 r;
+    r.bits = __half_as_ushort(__float2half_rn(f));
+    return r;
+  }
+};
+#else
+// The software twin of the hardware conversions, for the host emulation
+// (bit-exact, round to nearest even).
 template <>
 struct Storage<BF16> {
   static __device__ __forceinline__ float load(BF16 v) { return __int_as_float(((int)v.bits) << 16); }
@@ -190,6 +249,8 @@ struct Storage<F16> {
     return r;
   }
 };
+
+#endif  // CHAINFB_EMULATE
 
 }  // namespace chainfb
 

@@ -1,19 +1,36 @@
 // Host emulation of the small CUDA subset chainfb's kernels use, so the SAME
 // .cu sources build with g++ (-std=c++20 -x c++ -DCHAINFB_EMULATE) and run on
-// the CPU in tests.  Blocks run one after another; the threads of a block run
-// as std::threads; __syncthreads() is a std::barrier across them; __shared__
-// variables become function statics (one copy, used by one block at a time).
-// A thread that returns from the kernel drops out of the barrier, as an exited
-// thread does on the GPU.
+// the CPU in tests.  The threads of a block run as std::threads and
+// __syncthreads() is a std::barrier across them.  To catch more than a GPU
+// run would by chance:
+//   - several blocks run at once, in a random order (CHAINFB_EMULATE_SEED,
+//     CHAINFB_EMULATE_CONCURRENT_BLOCKS), each with its own shared memory;
+//   - shared memory (CHAINFB_SHARED_ARRAY, see common.cuh; a bare
+//     __shared__ does not compile here) is poisoned with all-ones bytes (NaN
+//     for float and double, -1 for integers) when the block starts;
+//   - a barrier completed after any thread of the block has exited is an
+//     error (a thread that returns drops out of the barrier, as on the GPU,
+//     but the kernel then relies on undefined behaviour);
+//   - launch limits: 1..1024 threads per block, 1..2^31-1 blocks, at most
+//     48 KiB of static shared memory per block.
+// Errors are collected per launch and reported by cfb_launch.
 #ifndef CHAINFB_EMULATE_H
 #define CHAINFB_EMULATE_H
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,32 +41,122 @@ struct uint3 {
 };
 using dim3 = uint3;
 
+constexpr unsigned kMaxThreads = 1024;
+constexpr std::size_t kMaxStaticShared = 48 * 1024;
+
+// Errors of the current launch (first one kept).
+struct Errors {
+  std::mutex mu;
+  std::string first;
+  void add(const std::string& e) {
+    std::lock_guard<std::mutex> g(mu);
+    if (first.empty()) first = e;
+  }
+};
+
+struct Block;
+
+struct OnPhase {
+  Block* blk;
+  void operator()() noexcept;
+};
+
+struct Block {
+  unsigned index;
+  Errors* errors;
+  std::atomic<unsigned> exited{0};
+  std::atomic<unsigned> waiting{0};  // threads at __syncthreads() in the current phase
+  std::barrier<OnPhase> bar;
+  std::mutex mu;
+  std::map<const void*, std::unique_ptr<unsigned char[]>> shared;
+  std::size_t shared_bytes = 0;
+  Block(unsigned i, unsigned threads, Errors* e) : index(i), errors(e), bar((std::ptrdiff_t)threads, OnPhase{this}) {}
+
+  // The block's copy of the shared array declared at `tag`, poisoned on first use.
+  void* shared_array(const void* tag, std::size_t bytes) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = shared.find(tag);
+    if (it != shared.end()) return it->second.get();
+    shared_bytes += bytes;
+    if (shared_bytes > kMaxStaticShared)
+      errors->add("block uses " + std::to_string(shared_bytes) + " bytes of static shared memory (limit " +
+                  std::to_string(kMaxStaticShared) + ")");
+    auto mem = std::make_unique<unsigned char[]>(bytes ? bytes : 1);
+    std::memset(mem.get(), 0xff, bytes);
+    void* p = mem.get();
+    shared.emplace(tag, std::move(mem));
+    return p;
+  }
+};
+
+// A phase completed only by exiting threads is fine; one with a thread
+// waiting at __syncthreads() while another has exited is not.
+inline void OnPhase::operator()() noexcept {
+  if (blk->waiting.exchange(0) > 0 && blk->exited.load() > 0)
+    blk->errors->add("__syncthreads() reached after a thread of block " + std::to_string(blk->index) +
+                     " had exited");
+}
+
 inline thread_local uint3 t_threadIdx{0, 0, 0};
 inline thread_local uint3 t_blockIdx{0, 0, 0};
 inline thread_local uint3 t_blockDim{1, 1, 1};
 inline thread_local uint3 t_gridDim{1, 1, 1};
-inline thread_local std::barrier<>* t_barrier = nullptr;
+inline thread_local Block* t_block = nullptr;
 
-// Run `body` as a 1-D grid of `grid` blocks of `block` threads.
+inline void syncthreads() {
+  t_block->waiting.fetch_add(1);
+  t_block->bar.arrive_and_wait();
+}
+
+template <class T>
+inline T* shared_array(const void* tag, std::size_t n) {
+  return static_cast<T*>(t_block->shared_array(tag, n * sizeof(T)));
+}
+
+inline unsigned env_unsigned(const char* name, unsigned dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? (unsigned)std::strtoul(v, nullptr, 10) : dflt;
+}
+
+// Run `body` as a 1-D grid of `grid` blocks of `block` threads; returns ""
+// or the first error.
 template <class F>
-void launch(unsigned grid, unsigned block, F&& body) {
-  for (unsigned b = 0; b < grid; ++b) {
-    std::barrier<> bar(static_cast<std::ptrdiff_t>(block));
+std::string launch(unsigned grid, unsigned block, F&& body) {
+  if (block < 1 || block > kMaxThreads)
+    return "block size " + std::to_string(block) + " outside 1.." + std::to_string(kMaxThreads);
+  if (grid < 1 || grid > 0x7fffffffu) return "grid size " + std::to_string(grid) + " outside 1..2^31-1";
+  static std::atomic<unsigned> launches{0};
+  const unsigned seed = env_unsigned("CHAINFB_EMULATE_SEED", 12345u) + launches.fetch_add(1);
+  const unsigned concurrent = std::max(1u, env_unsigned("CHAINFB_EMULATE_CONCURRENT_BLOCKS", 4u));
+  std::vector<unsigned> order(grid);
+  std::iota(order.begin(), order.end(), 0u);
+  std::mt19937 gen(seed);
+  std::shuffle(order.begin(), order.end(), gen);
+  Errors errors;
+  for (unsigned first = 0; first < grid; first += concurrent) {
+    const unsigned last = std::min(grid, first + concurrent);
+    std::vector<std::unique_ptr<Block>> blocks;
     std::vector<std::thread> threads;
-    threads.reserve(block);
-    for (unsigned t = 0; t < block; ++t) {
-      threads.emplace_back([&, t] {
-        t_threadIdx = {t, 0, 0};
-        t_blockIdx = {b, 0, 0};
-        t_blockDim = {block, 1, 1};
-        t_gridDim = {grid, 1, 1};
-        t_barrier = &bar;
-        body();
-        bar.arrive_and_drop();
-      });
+    threads.reserve((std::size_t)(last - first) * block);
+    for (unsigned i = first; i < last; ++i) {
+      blocks.push_back(std::make_unique<Block>(order[i], block, &errors));
+      Block* blk = blocks.back().get();
+      for (unsigned t = 0; t < block; ++t) {
+        threads.emplace_back([&body, blk, t, block, grid] {
+          t_threadIdx = {t, 0, 0};
+          t_blockIdx = {blk->index, 0, 0};
+          t_blockDim = {block, 1, 1};
+          t_gridDim = {grid, 1, 1};
+          t_block = blk;
+          body();
+          blk->exited.fetch_add(1);
+          blk->bar.arrive_and_drop();
+        });
+      }
     }
     for (auto& th : threads) th.join();
   }
+  return errors.first;
 }
 
 inline float int_as_float(int v) { return std::bit_cast<float>(v); }
@@ -67,13 +174,13 @@ inline T atomic_add(T* p, T v) {
 #define blockIdx (::cfb_emu::t_blockIdx)
 #define blockDim (::cfb_emu::t_blockDim)
 #define gridDim (::cfb_emu::t_gridDim)
-#define __syncthreads() (::cfb_emu::t_barrier->arrive_and_wait())
+#define __syncthreads() (::cfb_emu::syncthreads())
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
-#define __shared__ static
+#define __launch_bounds__(...)
 
 inline float __int_as_float(int v) { return cfb_emu::int_as_float(v); }
 inline int __float_as_int(float v) { return cfb_emu::float_as_int(v); }

@@ -5,11 +5,15 @@
 // of parameter i, like CUDA's kernelParams.
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "engine.cu"
 #include "transducer.cu"
+#ifdef CHAINFB_EMULATE_SELFTEST
+#include "emulate_selftest.h"
+#endif
 
 namespace {
 
@@ -19,18 +23,20 @@ void call_with(void (*k)(A...), void** args, std::index_sequence<I...>) {
 }
 
 template <class... A>
-void run(void (*k)(A...), unsigned grid, unsigned block, void** args) {
-  cfb_emu::launch(grid, block, [&] { call_with(k, args, std::index_sequence_for<A...>{}); });
+std::string run(void (*k)(A...), unsigned grid, unsigned block, void** args) {
+  return cfb_emu::launch(grid, block, [&] { call_with(k, args, std::index_sequence_for<A...>{}); });
 }
 
-typedef void (*Runner)(unsigned, unsigned, void**);
+typedef std::string (*Runner)(unsigned, unsigned, void**);
+
+thread_local std::string last_error;
 struct Entry {
   const char* name;
   Runner fn;
 };
 
 #define CFB_ENTRY(NAME, ...) \
-  Entry { NAME, [](unsigned g, unsigned b, void** a) { run(&__VA_ARGS__, g, b, a); } }
+  Entry { NAME, [](unsigned g, unsigned b, void** a) { return run(&__VA_ARGS__, g, b, a); } }
 
 using chainfb::BF16;
 using chainfb::F16;
@@ -50,6 +56,12 @@ const Entry kTable[] = {
     CFB_ENTRY("chainfb::transducer_grad<chainfb::BF16, float>", chainfb::transducer_grad<BF16, float>),
     CFB_ENTRY("chainfb::transducer_zero_col<float>", chainfb::transducer_zero_col<float>),
     CFB_ENTRY("chainfb::transducer_zero_col<double>", chainfb::transducer_zero_col<double>),
+#ifdef CHAINFB_EMULATE_SELFTEST
+    CFB_ENTRY("cfb_selftest::early_exit_then_sync", cfb_selftest::early_exit_then_sync),
+    CFB_ENTRY("cfb_selftest::read_shared_first", cfb_selftest::read_shared_first),
+    CFB_ENTRY("cfb_selftest::too_much_shared", cfb_selftest::too_much_shared),
+    CFB_ENTRY("cfb_selftest::block_order", cfb_selftest::block_order),
+#endif
 };
 
 }  // namespace
@@ -58,12 +70,16 @@ extern "C" int cfb_num_kernels() { return (int)(sizeof(kTable) / sizeof(kTable[0
 
 extern "C" const char* cfb_kernel_name(int i) { return kTable[i].name; }
 
+// 0: done; -1: unknown kernel; 1: the launch failed or the kernel broke a
+// rule the emulation checks (message in cfb_last_error()).
 extern "C" int cfb_launch(const char* name, unsigned grid, unsigned block, void** args) {
   for (const Entry& e : kTable) {
     if (std::strcmp(e.name, name) == 0) {
-      e.fn(grid, block, args);
-      return 0;
+      last_error = e.fn(grid, block, args);
+      return last_error.empty() ? 0 : 1;
     }
   }
   return -1;
 }
+
+extern "C" const char* cfb_last_error() { return last_error.c_str(); }

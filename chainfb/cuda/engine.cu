@@ -14,6 +14,10 @@
 // alpha [(T+1), S] (R): alpha_t of sequence n at row t for t <= lengths[n]
 // Leaky HMM when log_init != nullptr: alpha'(i) = alpha(i) + c*sum_j alpha(j)*init(i)
 // and beta'(i) = beta(i) + c*sum_j init(j)*beta(j), sums per sequence.
+// lengths are clamped to [0, T] in the kernels (device lengths are unchecked).
+// NaN as in the NumPy engine: a NaN score of sequence n in a frame < lengths[n]
+// makes loglike[n] NaN and every posterior of n's columns at frames
+// t < max(lengths) NaN; other sequences are unaffected.
 #include "common.cuh"
 
 namespace chainfb {
@@ -42,7 +46,7 @@ __device__ void leak_beta(R* b, const R* log_init, R log_c, int s0, int s1) {
 }
 
 template <typename R>
-__global__ void fb_forward(const int* state_off, const int* col_off, const int* start, const R* final_,
+CHAINFB_KERNEL void fb_forward(const int* state_off, const int* col_off, const int* start, const R* final_,
                            const int* in_ptr, const int* in_src, const R* in_lp, const int* in_col,
                            const i64* lengths, R* X, int T, int C, R* alpha, int S, const R* log_init,
                            R log_c, R* loglike) {
@@ -50,14 +54,18 @@ __global__ void fb_forward(const int* state_off, const int* col_off, const int* 
   const int tid = threadIdx.x, nt = blockDim.x;
   const int s0 = state_off[n], s1 = state_off[n + 1];
   const int c0 = col_off[n], nc = col_off[n + 1] - c0;
-  const int L = (int)lengths[n];
+  const int L = clamp_len(lengths[n], T);
   const R ninf = Num<R>::neg_inf();
+  bool nan = false;  // this thread saw a NaN alpha (NumPy's normalisation spreads it to the whole sequence)
 
   // frames past the length never contribute (and the caller sees them as -inf)
   const i64 masked = (i64)(T - L) * nc;
   for (i64 i = tid; i < masked; i += nt) X[(i64)(L + (int)(i / nc)) * C + c0 + (int)(i % nc)] = ninf;
 
-  for (int s = s0 + tid; s < s1; s += nt) alpha[s] = log_init ? log_init[s] : (s == start[n] ? R(0) : ninf);
+  for (int s = s0 + tid; s < s1; s += nt) {
+    alpha[s] = log_init ? log_init[s] : (s == start[n] ? R(0) : ninf);
+    nan = nan || alpha[s] != alpha[s];
+  }
   __syncthreads();
   if (log_init) leak_alpha<R>(alpha, log_init, log_c, s0, s1);
 
@@ -70,6 +78,7 @@ __global__ void fb_forward(const int* state_off, const int* col_off, const int* 
       acc.init();
       for (int a = in_ptr[s], e = in_ptr[s + 1]; a < e; ++a) acc.add(prev[in_src[a]] + in_lp[a] + x[in_col[a]]);
       cur[s] = acc.result();
+      nan = nan || acc.is_nan();
     }
     __syncthreads();
     if (log_init) leak_alpha<R>(cur, log_init, log_c, s0, s1);
@@ -79,6 +88,7 @@ __global__ void fb_forward(const int* state_off, const int* col_off, const int* 
   acc.init();
   const R* last = alpha + (i64)L * S;
   for (int s = s0 + tid; s < s1; s += nt) acc.add(last[s] + final_[s]);
+  if (nan) acc.add(Num<R>::nan());
   R tot = group_logsum<R>(acc, blockDim.x);
   if (tid == 0) loglike[n] = tot;
 }
@@ -86,7 +96,7 @@ __global__ void fb_forward(const int* state_off, const int* col_off, const int* 
 // Posteriors post[t, c] for t < lengths[n] (the caller zero-fills post).
 // beta_buf [2, S] (R) holds beta_{t+1} and beta_t.
 template <typename R>
-__global__ void fb_backward(const int* state_off, const int* col_off, const R* final_, const int* out_ptr,
+CHAINFB_KERNEL void fb_backward(const int* state_off, const int* col_off, const R* final_, const int* out_ptr,
                             const int* out_dst, const R* out_lp, const int* out_col, const int* ca_ptr,
                             const int* ca_src, const int* ca_dst, const R* ca_lp, const i64* lengths,
                             const R* X, int T, int C, const R* alpha, int S, const R* log_init, R log_c,
@@ -95,8 +105,18 @@ __global__ void fb_backward(const int* state_off, const int* col_off, const R* f
   const int tid = threadIdx.x, nt = blockDim.x;
   const int s0 = state_off[n], s1 = state_off[n + 1];
   const int c0 = col_off[n], c1 = col_off[n + 1];
-  const int L = (int)lengths[n];
+  const int L = clamp_len(lengths[n], T);
   const R total = loglike[n];
+  if (total != total) {  // NaN (uniform over the block): NaN posteriors up to the longest length, as NumPy
+    int Lmax = 0;
+    for (int i = 0; i < (int)gridDim.x; ++i) {
+      const int Li = clamp_len(lengths[i], T);
+      Lmax = Li > Lmax ? Li : Lmax;
+    }
+    const i64 cells = (i64)Lmax * (c1 - c0);
+    for (i64 i = tid; i < cells; i += nt) post[(i / (c1 - c0)) * C + c0 + i % (c1 - c0)] = total;
+    return;
+  }
   if (!(total > Num<R>::neg_inf())) return;  // impossible: zero posteriors (uniform over the block)
 
   R* b = beta_buf + (i64)(L & 1) * S;

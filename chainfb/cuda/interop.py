@@ -71,8 +71,11 @@ def cupy_view(tensor):
 
     bfloat16 has no CuPy dtype: such a tensor comes back as an ``int16``
     view of its bits (convert with ``tensor.float()`` first for values)."""
-    import cupy
     import torch
+
+    from .kernels import require_cupy
+
+    cupy = require_cupy()  # a clear error when CuPy is missing or built for another CUDA major version
 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
         raise TypeError(f"tensor: expected a CUDA torch.Tensor, got {type(tensor).__name__}")

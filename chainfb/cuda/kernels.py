@@ -22,6 +22,8 @@ __all__ = [
     "nvrtc_options",
     "CupyBackend",
     "cupy_backend",
+    "require_cupy",
+    "cuda_include_dirs",
 ]
 
 #: Kernel files (compiled separately) and the instantiations each provides.
@@ -75,19 +77,88 @@ def load_source(name: str) -> str:
     return expand(name)
 
 
+def cuda_include_dirs() -> list:
+    """Directories holding ``cuda_fp16.h`` / ``cuda_bf16.h`` for NVRTC: the
+    toolkit of ``$CUDA_PATH`` / ``$CUDA_HOME`` or of ``nvcc`` on the PATH,
+    the ``nvidia-cuda-runtime`` wheel (installed by CuPy's ``ctk``
+    extra), ``/usr/local/cuda*``; the first that has them."""
+    import shutil
+    import sys
+
+    cands = [os.path.join(os.environ[v], "include") for v in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(v)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
+    for p in sys.path:
+        cands += [os.path.join(p, "nvidia", sub, "include") for sub in ("cuda_runtime", "cu13", "cu12")]
+    import glob
+
+    cands += ["/usr/local/cuda/include"] + sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    out = []
+    for d in cands:
+        if os.path.isfile(os.path.join(d, "cuda_fp16.h")) and d not in out:
+            out.append(d)
+    return out[:1]
+
+
 def nvrtc_options(arch: str | None = None) -> tuple:
     """NVRTC options for chainfb's kernels (``arch`` like ``"sm_90"``)."""
-    opts = ["--std=c++17", "-default-device"]
+    opts = ["--std=c++17", "-default-device"] + [f"-I{d}" for d in cuda_include_dirs()]
     if arch is not None:
         opts.append(f"--gpu-architecture={arch}")
     return tuple(opts)
+
+
+def _torch_cuda_major():
+    """CUDA major version torch was built with, or None (CPU build / no torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    v = getattr(torch.version, "cuda", None)
+    return int(str(v).split(".")[0]) if v else None
+
+
+def _cupy_cuda_major(cupy):
+    """CUDA major version of CuPy's runtime (e.g. 12 for 12080)."""
+    return int(cupy.cuda.runtime.runtimeGetVersion()) // 1000
+
+
+def _import_cupy():
+    import cupy
+
+    return cupy
+
+
+def require_cupy():
+    """Import CuPy for chainfb's GPU path, checking that its CUDA major
+    version matches torch's; a clear error with the install line otherwise."""
+    major = _torch_cuda_major()
+    want = major if major is not None else 13
+    line = f"pip install 'chainfb[gpu-cu{want}]'  (or: pip install 'cupy-cuda{want}x[ctk]')"
+    try:
+        cupy = _import_cupy()
+    except ImportError as e:
+        raise ImportError(f"chainfb's GPU path needs CuPy built for CUDA {want}: {line}") from e
+    have = _cupy_cuda_major(cupy)
+    if major is not None and have != major:
+        raise RuntimeError(
+            f"CuPy is built for CUDA {have} but torch for CUDA {major} (torch.version.cuda = "
+            f"{_torch_version_cuda()}); install the matching CuPy: pip uninstall cupy-cuda{have}x && {line}")
+    return cupy
+
+
+def _torch_version_cuda():
+    import torch
+
+    return torch.version.cuda
 
 
 class CupyBackend:
     """Launch chainfb kernels on the current CUDA device through CuPy."""
 
     def __init__(self):
-        import cupy
+        cupy = require_cupy()
 
         self.xp = cupy
         self._modules = {}

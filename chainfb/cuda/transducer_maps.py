@@ -148,6 +148,10 @@ def check_common(xp, logits, sym, colidx, logit_lengths, target_lengths):
         raise ValueError(f"sym/colidx: at most {_MAX_J} arc kinds are supported, got J={J}")
     if sym_host is not None and sym_host.size and (sym_host.min() < -1 or sym_host.max() >= V):
         raise ValueError(f"sym: symbols must lie in [-1, V={V}), got [{sym_host.min()}, {sym_host.max()}]")
+    for name, a, hi in (("logit_lengths", logit_lengths, T), ("target_lengths", target_lengths, U1 - 1)):
+        h = _host(a)  # device lengths are safe: they only decide which in-bounds rows are live
+        if h is not None and h.dtype.kind in "iu" and h.size and (h.min() < 0 or h.max() > hi):
+            raise ValueError(f"{name}: every length must lie in [0, {hi}], got [{h.min()}, {h.max()}]")
     logit_lengths = _ints(xp, logit_lengths, "logit_lengths", shape=(B,))
     target_lengths = _ints(xp, target_lengths, "target_lengths", shape=(B,))
     return arr, tag, (B, T, U1, V, J), sym, colidx, logit_lengths, target_lengths
@@ -173,7 +177,7 @@ def check_kind_weight(xp, kind_weight, J, R):
 
 def _check_columns(colidx, zero_col, C):
     """Range-check host-side column indices (device arrays are not checked:
-    that would synchronise)."""
+    that would synchronise; the kernels ignore out-of-range entries)."""
     for name, a in (("colidx", colidx), ("zero_col", zero_col)):
         a = None if a is None else _host(a)
         if a is None:

@@ -21,6 +21,12 @@ _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
 
 
+def host_array(x):
+    """``x`` as a NumPy array when it is already in host memory (checked
+    there at no cost), else None (device data: the kernels guard it)."""
+    return np.asarray(x) if isinstance(x, (np.ndarray, list, tuple)) else None
+
+
 def _host_arrays(lat: Lattice) -> dict:
     """int32 CSR structure and float64 weights of a lattice (host side)."""
     N, S, C = lat.num_sequences, lat.num_states, lat.num_columns
@@ -107,8 +113,8 @@ def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_post
         raise ValueError(f"X: shape {tuple(X.shape)} too large")
     if not X.flags.c_contiguous:
         X = xp.ascontiguousarray(X)
-    if isinstance(lengths, (np.ndarray, list, tuple)):  # host lengths: check them (device ones are trusted)
-        h = np.asarray(lengths)
+    h = host_array(lengths)  # host lengths are checked; device ones are clamped to [0, T] by the kernels
+    if h is not None:
         if h.dtype.kind in "iu" and h.size and (h.min() < 0 or h.max() > T):
             raise ValueError(f"lengths: every length must lie in [0, T={T}], got {h[(h < 0) | (h > T)][0]}")
     lengths = xp.asarray(lengths)

@@ -112,5 +112,5 @@ def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, ls
                         row[sym[b, u, j]] -= wp[j]
                 if clamp > 0:
                     row = np.clip(row, -R.type(clamp), R.type(clamp))
-                g[b, t, u] = scale[b] * row
+                g[b, t, u] = scale[b] * row if scale[b] != 0 else 0  # scale 0 zeroes the sample, NaN too
     return _store(g, tag, logits)

@@ -1,0 +1,51 @@
+"""The CuPy check at first use of the GPU path (no GPU needed: fakes)."""
+
+import types
+
+import pytest
+
+import chainfb.cuda.kernels as k
+
+
+def _fake_cupy(runtime_version):
+    rt = types.SimpleNamespace(runtimeGetVersion=lambda: runtime_version)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt))
+
+
+def test_missing_cupy_names_the_install_line(monkeypatch):
+    def no_cupy():
+        raise ImportError("No module named 'cupy'")
+
+    monkeypatch.setattr(k, "_import_cupy", no_cupy)
+    for major in (12, 13):
+        monkeypatch.setattr(k, "_torch_cuda_major", lambda m=major: m)
+        with pytest.raises(ImportError, match=rf"CUDA {major}.*chainfb\[gpu-cu{major}\].*cupy-cuda{major}x\[ctk\]"):
+            k.require_cupy()
+
+
+def test_mismatched_cupy_is_an_error(monkeypatch):
+    monkeypatch.setattr(k, "_import_cupy", lambda: _fake_cupy(12080))
+    monkeypatch.setattr(k, "_torch_cuda_major", lambda: 13)
+    monkeypatch.setattr(k, "_torch_version_cuda", lambda: "13.0")
+    with pytest.raises(RuntimeError, match=r"CUDA 12 but torch for CUDA 13.*cupy-cuda12x.*gpu-cu13"):
+        k.require_cupy()
+
+
+def test_matching_cupy_is_returned(monkeypatch):
+    fake = _fake_cupy(13000)
+    monkeypatch.setattr(k, "_import_cupy", lambda: fake)
+    monkeypatch.setattr(k, "_torch_cuda_major", lambda: 13)
+    assert k.require_cupy() is fake
+    monkeypatch.setattr(k, "_torch_cuda_major", lambda: None)  # CPU torch: nothing to compare with
+    assert k.require_cupy() is fake
+
+
+def test_extras_name_both_cuda_majors():
+    import configparser
+    import os
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.cfg"))
+    extras = cfg["options.extras_require"]
+    assert "cupy-cuda12x[ctk]" in extras["gpu-cu12"] and "cupy-cuda13x[ctk]" in extras["gpu-cu13"]
+    assert extras["gpu"].strip() == extras["gpu-cu13"].strip()
