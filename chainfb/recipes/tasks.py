@@ -17,6 +17,10 @@ the extra modules, the loss of a batch and the decoder.
   :func:`chainfb.tdt_loss`; TDT greedy decoding skips frames by the
   predicted duration.
 
+The transducers' greedy search is lexicon-constrained: at each step the
+best label is taken among those that keep the current word a prefix of a
+vocabulary word (and ``|`` only after a whole word).
+
 Transducer and CTC units are characters with a word separator: the same
 units for every non-chain criterion, and the greedy decoders' output is a
 word sequence without a lexicon.
@@ -185,7 +189,7 @@ class TransducerTask:
     @torch.no_grad()
     def decode(self, enc, elens):
         hyps = greedy_search(enc, elens.tolist(), self.modules["decoder"], self.modules["joiner"], self.vocab,
-                             self.durations, max_symbols=3)
+                             self.durations, max_symbols=3, units=self.units)
         return [self.units.decode(h) for h in hyps], None
 
     def write(self, out_dir):

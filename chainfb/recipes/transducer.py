@@ -62,11 +62,14 @@ class Joiner(nn.Module):
 
 @torch.no_grad()
 def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessDecoder, joiner: Joiner,
-                  vocab: int, durations: Sequence[int] = (), max_symbols: int = 3) -> List[List[int]]:
+                  vocab: int, durations: Sequence[int] = (), max_symbols: int = 3, units=None) -> List[List[int]]:
     """Greedy decoding of each utterance: at frame ``t`` emit the best label
     while it is not the blank (at most ``max_symbols`` per frame); with TDT
     ``durations`` the best duration of the emitted token moves ``t`` on
-    (a blank always moves at least one frame).  Returns label lists."""
+    (a blank always moves at least one frame).  With ``units`` (a
+    :class:`~chainfb.recipes.units.CharUnits`) the best label is taken among
+    those that keep the current word a prefix of a vocabulary word
+    (lexicon-constrained greedy search).  Returns label lists."""
     out = []
     ctx = decoder.context
     for n in range(enc.shape[0]):
@@ -77,12 +80,17 @@ def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessD
         enc_p = joiner.enc_proj(enc[n, : int(lengths[n])])  # [T, J]
         t, emitted = 0, 0
         T = enc_p.shape[0]
+        word: List[int] = []
         while t < T:
             logits = joiner(enc_p[t:t + 1], dec_p)[0]
-            tok = int(logits[:vocab].argmax())
+            tok_logits = logits[:vocab]
+            if units is not None:
+                tok_logits = tok_logits.masked_fill(~units.allowed_next(word).to(tok_logits.device), -float("inf"))
+            tok = int(tok_logits.argmax())
             step = int(durations[int(logits[vocab:].argmax())]) if durations else 0
             if tok != decoder.blank and emitted < max_symbols:
                 hyp.append(tok)
+                word = [] if units is not None and tok == units.sep else word + [tok]
                 hist = hist[1:] + [tok]
                 dec_p = joiner.dec_proj(decoder(torch.tensor([hist], device=enc.device))[:, -1])
                 emitted += 1

@@ -45,6 +45,28 @@ class CharUnits:
                 raise ValueError(f"words: {w!r} has a character outside the units") from None
         return out
 
+    def allowed_next(self, prefix: Sequence[int]):
+        """Boolean mask ``[len(units)]`` of the units that may follow the
+        letters ``prefix`` of the current word so that it stays a prefix of a
+        vocabulary word: its possible next letters, ``|`` once it is a whole
+        word (and not at the start of a word), and the blank always."""
+        key = tuple(int(i) for i in prefix)
+        cache = self.__dict__.setdefault("_allowed", {})
+        mask = cache.get(key)
+        if mask is None:
+            import torch
+
+            word = "".join(self.units[i] for i in key)
+            mask = torch.zeros(len(self.units), dtype=torch.bool)
+            mask[self.blank] = True
+            for w in self.words:
+                if w.startswith(word) and len(w) > len(word):
+                    mask[self.index[w[len(word)]]] = True
+            if word in self.words:
+                mask[self.sep] = True
+            cache[key] = mask
+        return mask
+
     def decode(self, ids: Sequence[int]) -> List[str]:
         """Words of a unit sequence (blanks ignored, split at ``|``)."""
         words, cur = [], []
