@@ -9,7 +9,7 @@ per kernel) and the whole gradient written once.
 
     python tools/bench_transducer_maps.py --device cuda [--dtype float32|float16|bfloat16]
                                           [--repeat 5] [--peak-gbps 3350]
-    python tools/bench_transducer_maps.py --device cpu   # tiny smoke run of the NumPy twins
+    python tools/bench_transducer_maps.py --device cpu   # tiny smoke run of the kernels' CPU emulation
 
 The engine pass between the two kernels is not included (it depends on the
 transducer compiler); see tools/bench_engine.py for the engine.
@@ -22,7 +22,7 @@ import numpy as np
 
 
 def make_case(rng, B, Tmax, Umax, V, M=0):
-    from chainfb.cuda.transducer_maps import transducer_symbols
+    from chainfb.transducer import symbol_table
 
     T_len = rng.integers(max(1, Tmax // 7), max(2, (Tmax * 4) // 5), B)
     U_len = rng.integers(max(0, Umax // 7), max(1, (Umax * 4) // 5), B)
@@ -37,7 +37,7 @@ def make_case(rng, B, Tmax, Umax, V, M=0):
         colidx[b, U_len[b], 1] = -1
         c += n + 1
     targets = rng.integers(1, V - 1 - M, (B, Umax))
-    sym = transducer_symbols(targets, U_len, U1, V - 1, [V - 2 - i for i in range(M)])
+    sym = symbol_table(targets, U_len, U1, V - 1, [V - 2 - i for i in range(M)]).numpy()
     kw = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
     return kw, c, Tmax + Umax
 
@@ -57,12 +57,20 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     dtype = getattr(torch, args.dtype)
-    if args.device == "cpu":
-        from chainfb.cuda import twins as impl
+    if args.device == "cpu":  # the kernels under their CPU emulation: a smoke run of the same code
+        import functools
+        import tempfile
+        import types
 
+        from chainfb.cuda import transducer_maps as tm
+        from chainfb.cuda.emulation import EmulatedBackend, build
+
+        be = EmulatedBackend(build(tempfile.mkdtemp(prefix="chainfb-emu-")))
+        impl = types.SimpleNamespace(transducer_gather=functools.partial(tm.transducer_gather_on, be),
+                                     transducer_grad=functools.partial(tm.transducer_grad_on, be))
         B, Tmax, Umax, V = 2, 8, 4, 16
     else:
-        import chainfb.cuda as impl
+        from chainfb.cuda import transducer_maps as impl
 
         B, Tmax, Umax, V = args.batch, args.max_frames, args.max_labels, args.vocab
     kw, C, rows = make_case(rng, B, Tmax, Umax, V)

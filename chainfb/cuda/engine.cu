@@ -1,5 +1,5 @@
 // The forward-backward engine on the GPU: the same recursion as
-// chainfb/engine.py::forward_backward_lattice, one block per sequence, the
+// chainfb/engines/numpy_log.py::forward_backward, one block per sequence, the
 // frame loop inside the kernel, threads striding over the sequence's states
 // (and over its columns for the posteriors), log domain, R = float or double.
 //
