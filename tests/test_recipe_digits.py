@@ -329,6 +329,9 @@ def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
             raise RuntimeError("killed")
     assert open(p).read() == "old"
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(p).st_mode & 0o777 == 0o666 & ~mask  # the permissions open() would give, not mkstemp's
 
 
 # ------------------------------------------------------- every criterion

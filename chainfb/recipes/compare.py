@@ -55,18 +55,14 @@ def _plot(results, summary, path) -> bool:
     ax[0].set_ylabel("test WER % (held-out voices)")
     ax[1].bar(names, [summary[n]["seconds_per_epoch"] for n in names], color="C0")
     ax[1].set_ylabel("seconds per epoch")
-    for n in names:
-        hist = results[n].get("history") or []
-        ax[2].plot([h["epoch"] for h in hist], [h["test_wer"] for h in hist], "o-", label=n)
-    ax[2].set_xlabel("epoch")
-    ax[2].set_ylabel("test WER % per epoch")
-    ax[2].legend(fontsize=8)
-    for n in names:
-        hist = results[n].get("history") or []
-        ax[3].plot([h["epoch"] for h in hist], [h["train_objf_per_frame"] for h in hist], "o-", label=n)
-    ax[3].set_xlabel("epoch")
-    ax[3].set_ylabel("training objective / frame")
-    ax[3].legend(fontsize=8)
+    for a, key, label in ((ax[2], "test_wer", "test WER % per epoch"),
+                          (ax[3], "train_objf_per_frame", "training objective / frame")):
+        for n in names:
+            hist = results[n].get("history") or []
+            a.plot([h["epoch"] for h in hist], [h[key] for h in hist], "o-", label=n)
+        a.set_xlabel("epoch")
+        a.set_ylabel(label)
+        a.legend(fontsize=8)
     for a in ax[:2]:
         a.tick_params(axis="x", rotation=20)
     for a in ax:

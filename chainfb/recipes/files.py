@@ -32,6 +32,7 @@ def atomic_write(path: str, mode: str = "w", suffix: str = ""):
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=suffix + ".tmp", dir=d)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 -> what open() would have given
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -41,6 +42,12 @@ def atomic_write(path: str, mode: str = "w", suffix: str = ""):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class DirectoryBusy(RuntimeError):
