@@ -398,6 +398,19 @@ def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, le
     return alpha, offset, end, total + offset[lengths, np.arange(N)], back
 
 
+def _next_beta(beta, t, leak, ends_at, final, plan, sos):
+    """``beta_t`` as the next (earlier) frame's recursion reads it: the leaky
+    map, the final weights of the sequences that end at ``t``, and the
+    per-sequence normalisation."""
+    if leak is not None:
+        beta = leak.beta(beta)
+    idx = ends_at.get(t)
+    if idx is not None:
+        beta[idx] = final[idx]
+    _normalise(plan, sos, beta)
+    return beta
+
+
 def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     T, C = X.shape
     N = lat.num_sequences
@@ -441,12 +454,7 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
             g += (alpha[t] - z.take(sos)).take(b.src)
             np.exp(g, out=g)
             post[t] = np.bincount(b.col, weights=g, minlength=C)
-            if leak is not None:
-                beta = leak.beta(beta)
-            idx = ends_at.get(t)
-            if idx is not None:
-                beta[idx] = final[idx]
-            _normalise(plan, sos, beta)
+            beta = _next_beta(beta, t, leak, ends_at, final, plan, sos)
     return loglike, post
 
 
@@ -481,12 +489,7 @@ def _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post):
             else:
                 B[t - c0, d.rows] = lse
                 beta = B[t - c0].copy()
-            if leak is not None:
-                beta = leak.beta(beta)
-            idx = ends_at.get(t)
-            if idx is not None:
-                beta[idx] = final[idx]
-            _normalise(plan, sos, beta)
+            beta = _next_beta(beta, t, leak, ends_at, final, plan, sos)
         # per-frame totals and state occupancies of the chunk, then arc posteriors
         occ = alpha[c0:c1] + B
         m = np.maximum.reduceat(occ, seq_starts, axis=1)

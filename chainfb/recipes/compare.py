@@ -8,7 +8,7 @@ import json
 import os
 from typing import Dict
 
-from .files import atomic_write
+from .files import atomic_write, save_figure
 
 __all__ = ["summarize", "write_comparison"]
 
@@ -67,8 +67,5 @@ def _plot(results, summary, path) -> bool:
         a.tick_params(axis="x", rotation=20)
     for a in ax:
         a.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_write(path, "wb", suffix=".png") as f:
-        fig.savefig(f, dpi=100, format="png")
-    plt.close(fig)
+    save_figure(fig, path)
     return True

@@ -19,7 +19,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 
-__all__ = ["atomic_write", "DirLock", "DirectoryBusy"]
+__all__ = ["atomic_write", "save_figure", "DirLock", "DirectoryBusy"]
 
 
 @contextmanager
@@ -48,6 +48,16 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def save_figure(fig, path: str) -> None:
+    """Lay out a matplotlib figure, write it as a PNG atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_write(path, "wb", suffix=".png") as f:
+        fig.savefig(f, dpi=100, format="png")
+    plt.close(fig)
 
 
 class DirectoryBusy(RuntimeError):

@@ -18,7 +18,7 @@ from ..chain.graphs.normalization import add_normalization, normalization_fst
 from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import viterbi_batch, wer
-from .files import DirLock, atomic_write
+from .files import DirLock, atomic_write, save_figure
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import build_model, subsampled_lengths
 from .tasks import CRITERIA, make_task
@@ -181,10 +181,7 @@ def plot_history(history: List[dict], path: str) -> bool:
     for a in ax:
         a.xaxis.get_major_locator().set_params(integer=True)
         a.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_write(path, "wb", suffix=".png") as f:
-        fig.savefig(f, dpi=100, format="png")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

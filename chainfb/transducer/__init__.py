@@ -18,11 +18,9 @@ SpeechBrain flavours).
 
 from .graphs import TransducerLayout, compile_layout, multiblank_graphs, rnnt_graphs, step_graph
 from .loss import check_inputs, multiblank_rnnt_loss, reduce_costs, rnnt_loss
+from . import pruned
 from .grid import GridCriterion, grid_loglike
-from .pruned import (
-    RNNT_TYPES, grid_rnnt_loss, prune, prune_ranges, pruned_rnnt_loss, rnnt_logprobs, rnnt_logprobs_joint,
-    rnnt_logprobs_pruned, simple_rnnt_loss,
-)
+from .pruned import *  # noqa: F401,F403 -- the pruned family, listed in pruned.__all__
 from .score_map import TransducerCriterion, symbol_table
 from .tdt import TDTCriterion, tdt_graphs, tdt_loss, tdt_step_graph
 
@@ -46,13 +44,5 @@ __all__ = [
     # the (s, t) grid and the pruned family (k2 / fast_rnnt)
     "GridCriterion",
     "grid_loglike",
-    "RNNT_TYPES",
-    "rnnt_logprobs",
-    "rnnt_logprobs_joint",
-    "rnnt_logprobs_pruned",
-    "prune_ranges",
-    "prune",
-    "simple_rnnt_loss",
-    "pruned_rnnt_loss",
-    "grid_rnnt_loss",
+    *pruned.__all__,
 ]
