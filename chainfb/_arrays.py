@@ -8,7 +8,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "check_lengths"]
+__all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "check_lengths", "check_tensor",
+           "FLOATS", "INTS"]
+
+#: float dtypes the losses take (half types are computed in float32)
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+#: integer dtypes of labels, lengths and ranges
+INTS = (torch.int32, torch.int64)
+
+
+def check_tensor(x, name: str, dtypes=None, ndim=None, layout: str = ""):
+    """``x`` itself, checked: a torch tensor (else ``TypeError``), of one of
+    ``dtypes`` (else ``TypeError``), with ``ndim`` dimensions (else
+    ``ValueError``; ``layout`` such as ``"[B, T, U, V]"`` is named in the
+    message).  Every message starts with ``name``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = [str(d).replace("torch.", "") for d in dtypes]
+        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        raise TypeError(f"{name}: expected {listed}, got {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor{' ' + layout if layout else ''}, "
+                         f"got shape {tuple(x.shape)}")
+    return x
 
 
 def is_torch(x) -> bool:

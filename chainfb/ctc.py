@@ -35,7 +35,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ._arrays import as_array, wrap_like
+from ._arrays import as_array, check_tensor, wrap_like
 from .batch import FstBatch
 from .criterion import Criterion, apply
 from .fst import Fst
@@ -236,10 +236,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, 
     ``log_probs`` is the true gradient (minus the label posteriors per
     frame); see the module docstring for how it relates to torch's.
     """
-    if not isinstance(log_probs, torch.Tensor):
-        raise TypeError(f"log_probs: expected a torch.Tensor, got {type(log_probs).__name__}")
-    if log_probs.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"log_probs: expected float32 or float64, got {log_probs.dtype}")
+    check_tensor(log_probs, "log_probs", (torch.float32, torch.float64))
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
     unbatched = log_probs.dim() == 2

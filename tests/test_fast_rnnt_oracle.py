@@ -3,9 +3,7 @@ path enumeration, autograd, a direct RNN-T recursion, and the documented
 properties of the k2 functions."""
 
 import itertools
-import math
 
-import numpy as np
 import pytest
 import torch
 

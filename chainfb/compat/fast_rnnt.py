@@ -31,7 +31,6 @@ Deliberate differences:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..criterion import apply

@@ -96,7 +96,7 @@ class CtcTask:
         ids = self.units.encode(words)
         return len(ids) + sum(a == b for a, b in zip(ids, ids[1:])) <= frames
 
-    def _targets(self, texts, device):
+    def _targets(self, texts):
         ids = [self.units.encode(t) for t in texts]
         lens = torch.tensor([len(i) for i in ids])
         return torch.tensor([u for i in ids for u in i], dtype=torch.long), lens
@@ -104,7 +104,7 @@ class CtcTask:
     def loss(self, y, ylens, texts, step):
         import chainfb
 
-        targets, tlens = self._targets(texts, y.device)
+        targets, tlens = self._targets(texts)
         lp = y.log_softmax(-1).transpose(0, 1)  # [T, N, C]
         loss = chainfb.ctc_loss(lp, targets, ylens.cpu(), tlens, blank=self.units.blank, reduction="sum")
         return loss, -loss.item()

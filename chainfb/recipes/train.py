@@ -17,11 +17,11 @@ from ..chain import DenominatorGraph, Topology, min_frames, numerator_graph, wor
 from ..chain.graphs.normalization import add_normalization, normalization_fst
 from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
 from .corpus import Corpus, DIGIT_WORDS
-from .decode import viterbi_batch, wer
+from .decode import wer
 from .files import DirLock, atomic_write, save_figure
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import build_model, subsampled_lengths
-from .tasks import CRITERIA, make_task
+from .tasks import make_task
 
 __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
 

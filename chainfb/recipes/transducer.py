@@ -75,8 +75,7 @@ def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessD
     for n in range(enc.shape[0]):
         hyp: List[int] = []
         hist = [decoder.blank] * ctx
-        dec = decoder.dec_cache = decoder(torch.tensor([hist], device=enc.device))[:, -1]  # [1, D]
-        dec_p = joiner.dec_proj(dec)
+        dec_p = joiner.dec_proj(decoder(torch.tensor([hist], device=enc.device))[:, -1])  # [1, J]
         enc_p = joiner.enc_proj(enc[n, : int(lengths[n])])  # [T, J]
         t, emitted = 0, 0
         T = enc_p.shape[0]

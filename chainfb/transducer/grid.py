@@ -37,7 +37,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from .._arrays import as_array, wrap_like
+from .._arrays import as_array, check_tensor, wrap_like
 from ..criterion import Criterion, apply
 from ..lattice import concat_ranges
 from .graphs import compile_layout
@@ -111,13 +111,8 @@ class GridCriterion(Criterion):
     """
 
     def __init__(self, px, py, boundary=None):
-        for name, x in (("px", px), ("py", py)):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-            if x.dtype not in _FLOATS:
-                raise TypeError(f"{name}: expected float32 or float64, got {x.dtype}")
-            if x.dim() != 3:
-                raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(x.shape)}")
+        check_tensor(px, "px", _FLOATS, 3)
+        check_tensor(py, "py", _FLOATS, 3)
         B, S1, T = py.shape
         S = S1 - 1
         if px.shape[:2] != (B, S) or px.shape[2] not in (T, T + 1):

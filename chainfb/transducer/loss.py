@@ -13,22 +13,14 @@ import numbers
 import numpy as np
 import torch
 
+from .._arrays import FLOATS, INTS, check_tensor
 from ..criterion import apply
 from .score_map import TransducerCriterion
 
 __all__ = ["rnnt_loss", "multiblank_rnnt_loss", "check_inputs", "check_durations", "reduce_costs"]
 
-_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
 def _int_tensor(x, name, ndim):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name}: expected dtype int32 or int64, got {x.dtype}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
-    return x.detach().cpu().to(torch.int64).numpy()
+    return check_tensor(x, name, INTS, ndim).detach().cpu().to(torch.int64).numpy()
 
 
 def check_inputs(
@@ -48,12 +40,7 @@ def check_inputs(
     ``exact_shapes`` (torchaudio's rule) ``T == max(T_b)`` and
     ``U == max(U_b) + 1`` are required; otherwise ``>=``.
     """
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits: expected a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in _FLOATS:
-        raise TypeError(f"logits: expected float32, float64, float16 or bfloat16, got {logits.dtype}")
-    if logits.dim() != 4:
-        raise ValueError(f"logits: expected a 4-D tensor [B, T, U, V], got shape {tuple(logits.shape)}")
+    check_tensor(logits, "logits", FLOATS, 4, "[B, T, U, V]")
     if logits.device.type not in ("cpu", "cuda"):
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got a tensor on {logits.device}")
     B, T, U1, V = logits.shape
@@ -238,8 +225,7 @@ def multiblank_rnnt_loss(
     Scalar cost (or ``[B]``): ``-(1 + lambda) * log P_sigma``.
     """
     _check_common(reduction, clamp, fastemit_lambda)
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits: expected a torch.Tensor, got {type(logits).__name__}")
+    check_tensor(logits, "logits")
     V = logits.shape[-1] if logits.dim() == 4 else 0
     durations = check_durations(big_blank_durations, max(V, 1), logits.shape[1] if logits.dim() == 4 else None)
     if not np.isfinite(check_number(sigma, "sigma")):

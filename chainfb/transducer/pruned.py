@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._arrays import FLOATS, INTS, check_tensor
 from .grid import check_boundary, grid_loglike
 from .loss import reduce_costs
 
@@ -62,7 +63,6 @@ __all__ = [
 ]
 
 RNNT_TYPES = ("regular", "modified", "constrained")
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _check_type(rnnt_type):
@@ -71,20 +71,12 @@ def _check_type(rnnt_type):
 
 
 def _float(x, name, ndim):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {x.dtype}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
+    check_tensor(x, name, FLOATS, ndim)
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def _symbols(symbols, B, S, C, name="symbols"):
-    if not isinstance(symbols, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(symbols).__name__}")
-    if symbols.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name}: expected int32 or int64, got {symbols.dtype}")
+    check_tensor(symbols, name, INTS)
     if tuple(symbols.shape) != (B, S):
         raise ValueError(f"{name}: expected shape ({B}, {S}), got {tuple(symbols.shape)}")
     if symbols.numel():
@@ -219,10 +211,7 @@ def rnnt_logprobs_joint(logits, symbols, blank, boundary=None, rnnt_type="regula
 
 
 def _check_ranges(ranges, B, T, S):
-    if not isinstance(ranges, torch.Tensor):
-        raise TypeError(f"ranges: expected a torch.Tensor, got {type(ranges).__name__}")
-    if ranges.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"ranges: expected int32 or int64, got {ranges.dtype}")
+    check_tensor(ranges, "ranges", INTS)
     if ranges.dim() != 3 or tuple(ranges.shape[:2]) != (B, T) or ranges.shape[2] < 1:
         raise ValueError(f"ranges: expected shape ({B}, {T}, s_range >= 1), got {tuple(ranges.shape)}")
     if ranges.numel():

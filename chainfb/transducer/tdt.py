@@ -60,6 +60,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .._arrays import check_tensor
 from ..batch import FstBatch
 from ..criterion import Criterion, apply
 from ..fst import Fst
@@ -237,7 +238,7 @@ class TDTCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         B, T, U1, VD = x.shape
-        V, D = self.V, len(self.durations)
+        V = self.V
         dev = x.device
         xd = x.detach()
         ct = compute_dtype(x.dtype)
@@ -409,10 +410,7 @@ def tdt_loss(
             raise ValueError(f"{name}: expected a finite number, got {v}")
     if not 0.0 <= omega <= 1.0:
         raise ValueError(f"omega: expected a weight in [0, 1], got {omega}")
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits: expected a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 4:
-        raise ValueError(f"logits: expected a 4-D tensor [B, T, U, V + D], got shape {tuple(logits.shape)}")
+    check_tensor(logits, "logits", ndim=4, layout="[B, T, U, V + D]")
     durations = check_tdt_durations(durations, logits.shape[-1])
     V = logits.shape[-1] - len(durations)
     blank, Tb, Ub = check_inputs(logits[..., :V], targets, logit_lengths, target_lengths, blank)

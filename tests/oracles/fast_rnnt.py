@@ -27,7 +27,6 @@ tensors (``ranges``: int64).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch

@@ -53,6 +53,16 @@ def enumerate_paths(T, U, durations=()):
     return paths
 
 
+def _symbol(u, kind, targets, blank):
+    """The vocabulary index a move of ``kind`` reads at label position ``u``
+    (0 blank, 1 the label ``targets[u]``, 2 + i big blank i at ``blank - 1 - i``)."""
+    if kind == 0:
+        return blank
+    if kind == 1:
+        return int(targets[u])
+    return blank - 1 - (kind - 2)
+
+
 def enumerate_loglike(lp, targets, T, U, blank, durations=(), sigma=0.0):
     """log P of one utterance from log-probs ``lp [T', U'+1, V]`` (torch, float64) by enumeration."""
     paths = enumerate_paths(T, U, durations)
@@ -60,11 +70,7 @@ def enumerate_loglike(lp, targets, T, U, blank, durations=(), sigma=0.0):
         return lp.new_tensor(-math.inf)
 
     def sym(u, kind):
-        if kind == 0:
-            return blank
-        if kind == 1:
-            return int(targets[u])
-        return blank - 1 - (kind - 2)
+        return _symbol(u, kind, targets, blank)
 
     scores = [sum(lp[t, u, sym(u, k)] - sigma for t, u, k in p) for p in paths]
     return torch.logsumexp(torch.stack(scores), 0)
@@ -86,11 +92,7 @@ def grid_reference(logits, targets, T, U, blank, durations=(), sigma=0.0, fused=
         return -math.inf, grad
 
     def sym(u, kind):
-        if kind == 0:
-            return blank
-        if kind == 1:
-            return int(targets[u])
-        return blank - 1 - (kind - 2)
+        return _symbol(u, kind, targets, blank)
 
     alpha = np.full((T + 1, U + 1), -np.inf)
     alpha[0, 0] = 0.0
