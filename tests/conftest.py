@@ -24,3 +24,11 @@ def emulated_kernels(emulated_backend):
 
     with use_kernel_backend(emulated_backend):
         yield emulated_backend
+
+
+@pytest.fixture
+def numpy_engine(monkeypatch):
+    """Hide Numba from the engine picker: ``auto`` runs the NumPy engine."""
+    from chainfb.engines import numba_log
+
+    monkeypatch.setattr(numba_log, "numba", None)

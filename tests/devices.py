@@ -2,7 +2,9 @@
 in a base class against ``self.device`` / ``self.tensor``; thin subclasses
 run it
 
-- ``OnCPU``: torch CPU tensors (NumPy and SciPy engines, torch score maps);
+- ``OnCPU``: torch CPU tensors (the compiled engine where Numba is
+  installed, else NumPy; SciPy's for shared graphs; torch score maps);
+- ``OnCPUNumPy``: the same with Numba hidden, so the NumPy engine runs;
 - ``OnCUDA``: CUDA tensors (CuPy kernels; skipped without a GPU);
 - ``OnEmulatedKernels``: CPU tensors, but every engine call and score map
   runs through the CUDA kernels' CPU emulation
@@ -41,6 +43,11 @@ class DeviceCase:
 
 
 class OnCPU(DeviceCase):
+    device = "cpu"
+
+
+@pytest.mark.usefixtures("numpy_engine")
+class OnCPUNumPy(DeviceCase):
     device = "cpu"
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import chainfb
-from tests.devices import OnCPU, OnCUDA, OnEmulatedKernels
+from tests.devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
 from tests.oracles.fst import brute_force
 
 
@@ -123,6 +123,10 @@ class CtcTests:
 
 
 class TestCtcCPU(CtcTests, OnCPU):
+    pass
+
+
+class TestCtcCPUNumPy(CtcTests, OnCPUNumPy):
     pass
 
 

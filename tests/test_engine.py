@@ -12,7 +12,7 @@ import chainfb
 from chainfb import Fst, FstBatch, forward_backward, fst_loglike
 from chainfb.testing import random_fst
 
-from devices import OnCPU, OnCUDA, OnEmulatedKernels
+from devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
 from oracles.fst import brute_force, brute_force_best, reference_forward_backward
 
 
@@ -259,6 +259,10 @@ class EngineTests:
 
 
 class TestEngineCPU(EngineTests, OnCPU):
+    pass
+
+
+class TestEngineCPUNumPy(EngineTests, OnCPUNumPy):
     pass
 
 
