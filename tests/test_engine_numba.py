@@ -132,3 +132,45 @@ def test_select_picks_numba_without_leaky_only(monkeypatch):
     assert select(lat, X) == "numpy"
     with pytest.raises(ValueError, match=r'pip install "chainfb\[jit\]"'):
         select(lat, X, engine="numba")
+
+
+@pytest.mark.parametrize("scale", [30.0, 300.0, 3000.0])
+def test_tight_alignments_with_peaky_scores(scale):
+    # blank far more likely than every label, and barely enough frames for
+    # the labels: the one surviving alignment has alphas and betas that are
+    # hundreds to thousands of nats below the frame's best (dead-end) states,
+    # so cells leave the scaled range and come back (the log-domain path)
+    rng = np.random.default_rng(int(scale))
+    labels = [[1, 2, 3, 4, 5, 6, 7, 8], [2, 2, 3], [4, 1, 4, 1, 4]]
+    lat = Lattice.of(ctc_graph(labels, blank=0))
+    T = 12
+    x = rng.normal(size=(3, T, 9))
+    x[:, :, 0] += 3.0
+    x *= scale
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, x)
+    lengths = np.array([8, 4, 12])
+    (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
+    assert np.isfinite(ll).all()
+    np.testing.assert_allclose(ll, ll_ref, rtol=1e-12)
+    np.testing.assert_allclose(post, post_ref, atol=1e-10)
+    for n in range(3):
+        np.testing.assert_allclose(post[: lengths[n], lat.col_seq == n].sum(axis=1), 1.0, atol=1e-10)
+
+
+def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
+    # run the engine's Python source (not the compiled code) with thresholds
+    # that send every cell and every frame down the exact log-domain paths
+    for name in ("_logval", "_store", "_normalise", "_emissions", "_fast_sum", "_slow_cell", "_frame", "_run"):
+        monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
+    monkeypatch.setattr(numba_log, "_SAFE", 1e300)
+    monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))
+    monkeypatch.setattr(numba_log, "_SAFE_TOTAL", 1e300)
+    lat, rng = _lattice(8, n=4)
+    X = _scores(lat, rng, 9, scale=5.0)
+    X[2, 3] = -np.inf
+    lengths = np.array([9, 4, 0, 7])
+    (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
+    np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
+    fin = np.isfinite(ll_ref)
+    np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12)
+    np.testing.assert_allclose(post, post_ref, atol=1e-12)

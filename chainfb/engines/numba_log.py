@@ -1,32 +1,52 @@
-"""The compiled CPU engine: the log-domain forward-backward of
-:mod:`~chainfb.engines.numpy_log`, written as plain loops over frames,
+"""The compiled CPU engine: the forward-backward of
+:mod:`~chainfb.engines.numpy_log` written as plain loops over frames,
 states and arcs and compiled by Numba (the optional ``jit`` extra:
 ``pip install "chainfb[jit]"``).
 
 The NumPy engine pays a dozen array operations per frame, each a Python
 call; on lattices with few states per frame (CTC graphs, transducer step
-graphs, numerator graphs) that overhead is most of its time.  Here a frame
-costs a few passes over the in-arcs (forward) or the out-arcs (backward)
-and one ``exp`` per arc.  Same recursion, same numbers (to rounding); see
-:mod:`~chainfb.engines.numpy_log` for the definitions:
+graphs, numerator graphs) that overhead is most of its time.  Here one
+frame of a sequence is a pass over its arcs.  Same definitions, same
+numbers to rounding (see :mod:`~chainfb.engines.numpy_log`).
 
-- alphas per state, each frame divided by its maximum per sequence (the log
-  of it accumulated), so that values stay near 0 for any length;
-- each destination's log-sum-exp from its arcs' maximum and ``exp(v -
-  max)`` of the others (the backward pass keeps these as the arcs' shares
-  of their source's beta, so an arc posterior costs a multiplication); NaN
-  propagates as in NumPy;
-- arc posteriors at frame ``t`` normalised by that frame's own total
-  ``Z_t = logsum_i alpha_t(i) + B_t(i)`` (``B_t`` the betas before
-  normalisation), as the NumPy engine does, so per-frame posterior sums
-  stay at 1 to rounding however long the sequence.
+Representation: scaled probabilities with a log-domain escape.  Within a
+frame every cell (a state's alpha or beta) is relative to the frame's scale:
+the arc weights are ``w = exp(log_prob - max log_prob)`` and the emissions
+``E = exp(X[t, c] - m_t)`` with ``m_t`` the frame's largest score in the
+sequence (one ``exp`` per column and frame), so one frame is::
+
+    alpha_{t+1}(j) = sum_{arcs i->j} alpha_t(i) * w * E(col)      (forward)
+    B_t(i)         = sum_{arcs i->j} w * E(col) * beta_{t+1}(j)    (backward)
+
+-- multiply-adds, no ``exp`` or ``log`` per arc.  Each frame is then divided
+by its largest cell (its log accumulated, with ``m_t`` and the weight
+shift, into the sequence's offset).  A cell's sum is kept as a scaled
+probability when it is at least ``_SAFE = 1e-290``: then it is exact to
+float64's rounding even if some terms underflowed (each lost term is below
+``DBL_MIN ~ 2.2e-308``, under ``1e-17`` of the sum).  A smaller (but
+nonzero) cell is recomputed in the log domain -- the log-sum-exp of its
+arcs' ``log(far end) + log_prob + score`` -- and kept as its log; such cells
+enter their successors' sums as ``exp(log)`` and, when a normalisation
+brings them into the safe range, become scaled again, so a cell kept as a
+log is always below ``_SAFE`` of its frame's largest.  Every cell is thus
+exact however far it lies below the others (a tight alignment whose only
+surviving path is thousands of nats below dead ends), and the common case
+costs no transcendental function at all.
+
+Arc posteriors at frame ``t`` are ``alpha_t(i) w E beta_{t+1}(j) / Z_t``
+with the frame's own total ``Z_t = sum_i alpha_t(i) B_t(i)``, as the NumPy
+engine normalises them.  When the scaled total is at least ``1e-200``,
+every term left out of it (a cell kept as a log, below ``1e-290`` times at
+most the out-degree) is below ``1e-88`` of it and the scaled products are
+used; a frame with a smaller total is done in the log domain.
 
 Sequences are independent: the compiled function releases the GIL and
 contiguous ranges of sequences run on :func:`numpy_log.get_num_threads`
-threads.  ``CHAINFB_NUMBA=0`` in the environment leaves Numba unused
-(``auto`` then picks the NumPy engine).  Columns belong to one sequence, so the threads never write the
-same posterior.  No leaky HMM and no Viterbi here (those run on the NumPy
-engines; :func:`chainfb.engines.select` knows).
+threads; columns belong to one sequence, so the threads never write the
+same posterior.  NaN in a sequence's scores gives NaN out for that sequence
+only.  ``CHAINFB_NUMBA=0`` in the environment leaves Numba unused (``auto``
+then picks the NumPy engine).  No leaky HMM and no Viterbi here (those run
+on the NumPy engines; :func:`chainfb.engines.select` knows).
 """
 
 from __future__ import annotations
@@ -64,157 +84,258 @@ def require() -> None:
 
 
 def _compile(fn):
-    return numba.njit(nogil=True, cache=True, fastmath=False)(fn) if numba is not None else fn
+    return numba.njit(nogil=True, cache=True)(fn) if numba is not None else fn
+
+
+def _inline(fn):
+    """A helper compiled into its callers (no call per cell)."""
+    return numba.njit(nogil=True, cache=True, inline="always")(fn) if numba is not None else fn
+
+
+# a sum of scaled probabilities at least this large is exact to float64's
+# rounding even if some of its terms underflowed (each lost term is below
+# DBL_MIN ~ 2.2e-308, so the relative error is below 1e-17 per term)
+_SAFE = 1e-290
+_LOG_SAFE = float(np.log(_SAFE))
+# frame totals (alpha * beta) above this: posteriors from the scaled values
+_SAFE_TOTAL = 1e-200
+
+
+@_inline
+def _logval(p, lv):
+    """The log of a cell kept as a scaled probability ``p`` or, when ``p`` is
+    0, as its log ``lv`` (``-inf``: a true zero)."""
+    return np.log(p) if p != 0.0 else lv
+
+
+@_inline
+def _store(r, P, LV, j):
+    """Keep the log value ``r`` in cell ``j``: scaled when safe, else as a log."""
+    if r >= _LOG_SAFE:
+        P[j] = np.exp(r)
+        LV[j] = -np.inf
+    else:
+        P[j] = 0.0
+        LV[j] = r
 
 
 @_compile
-def _max_of(vals, k0, k1):
-    """The maximum of ``vals[k0:k1]`` (``-inf`` if empty), NaN if any is NaN."""
+def _normalise(P, LV):
+    """Divide a frame's cells by their largest value; return its log (0 if
+    none).  Cells kept as logs that the division brings into the safe range
+    become scaled again, so a cell kept as a log is always below ``_SAFE``."""
+    c = 0.0
+    for j in range(P.shape[0]):
+        if P[j] > c:
+            c = P[j]
+    lc = 0.0
+    if c > 0.0 and c < np.inf:
+        lc = np.log(c)
+        for j in range(P.shape[0]):
+            P[j] /= c
+    elif c == 0.0:  # every cell tiny (kept as logs) or zero
+        lc = -np.inf
+        for j in range(P.shape[0]):
+            if LV[j] > lc:
+                lc = LV[j]
+        if lc == -np.inf:
+            return 0.0
+    else:  # NaN or +inf: leave the frame as it is
+        return 0.0
+    for j in range(P.shape[0]):
+        if LV[j] > -np.inf:
+            _store(LV[j] - lc, P, LV, j)
+    return lc
+
+
+@_inline
+def _emissions(xt, c0, c1, E):
+    """``E[c - c0] = exp(xt[c] - m)`` for the sequence's columns ``c0 <= c < c1``;
+    returns ``m``, their maximum (0 if all are ``-inf``; NaN is skipped)."""
     m = -np.inf
-    for k in range(k0, k1):
-        v = vals[k]
-        if v > m:
-            m = v
-        elif v != v:
-            return v
+    for c in range(c0, c1):
+        if xt[c] > m:
+            m = xt[c]
+    if m == -np.inf:
+        m = 0.0
+    for c in range(c0, c1):
+        E[c - c0] = np.exp(xt[c] - m)
     return m
 
 
-@_compile
-def _exp_sum(vals, k0, k1, m):
-    """``sum exp(vals[k0:k1] - m)`` for the maximum ``m`` (finite), writing
-    each term back into ``vals``; the maximum's own term is exactly 1."""
+@_inline
+def _fast_sum(P, LV, ptr, other, w, col, E, c0, base, k):
+    """A cell's new value as the sum of its arcs' scaled products (arcs
+    ``ptr[k] .. ptr[k+1]``, ``other`` their far ends, local to ``base``);
+    far ends kept as logs enter as ``exp(log)``."""
     s = 0.0
-    hit = False
-    for k in range(k0, k1):
-        v = vals[k]
-        if v == m and not hit:
-            e = 1.0
-            hit = True
-        elif v > -np.inf:
-            e = np.exp(v - m)
-        else:
-            e = 0.0
-        vals[k] = e
-        s += e
+    for a in range(ptr[k], ptr[k + 1]):
+        i = other[a] - base
+        p = P[i]
+        if p == 0.0:
+            if LV[i] == -np.inf:
+                continue
+            p = np.exp(LV[i])
+        s += p * w[a] * E[col[a] - c0]
     return s
 
 
 @_compile
-def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_col, out_ptr, out_dst, out_lp, out_col,
-         X, lengths, need_post, loglike, post):
-    """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
-    their columns of ``post [T, C]`` (zero on entry).
+def _slow_cell(P, LV, ptr, other, lp, col, xt, base, k, shift, out_P, out_LV, j):
+    """The cell in the log domain (its scaled sum was below the safe range):
+    the log-sum-exp of ``log(far end) + log_prob + score - shift`` over its
+    arcs, kept in ``out_P[j]`` / ``out_LV[j]``."""
+    m = -np.inf
+    acc = 0.0
+    for a in range(ptr[k], ptr[k + 1]):
+        i = other[a] - base
+        v = _logval(P[i], LV[i]) + lp[a] + xt[col[a]] - shift
+        if v > m:
+            acc = acc * np.exp(m - v) + 1.0
+            m = v
+        elif v != v:
+            out_P[j], out_LV[j] = v, -np.inf
+            return
+        elif v > -np.inf:
+            acc += np.exp(v - m)
+    if acc == 0.0:
+        out_P[j], out_LV[j] = 0.0, -np.inf
+    else:
+        _store(m + np.log(acc), out_P, out_LV, j)
 
-    Each destination's (source's) log-sum-exp takes two passes over its
-    arcs' terms, kept in a scratch row: their maximum, then ``exp(v - max)``
-    (which the backward pass keeps as the arcs' shares of their source's
-    beta: ``post(arc) = exp(alpha_t(i) + B_t(i) - Z_t) * share``)."""
+
+@_inline
+def _frame(Pp, LVp, Pn, LVn, ptr, other, w, lp, col, xt, E, c0, base, shift):
+    """One frame of either direction: every cell ``j`` of ``Pn``/``LVn`` from
+    the far ends in ``Pp``/``LVp`` -- the scaled sum when it is safe (or
+    NaN), else the exact log-domain value."""
+    for j in range(Pn.shape[0]):
+        s = _fast_sum(Pp, LVp, ptr, other, w, col, E, c0, base, base + j)
+        if s >= _SAFE or s != s:
+            Pn[j] = s
+            LVn[j] = -np.inf
+        else:
+            _slow_cell(Pp, LVp, ptr, other, lp, col, xt, base, base + j, shift, Pn, LVn, j)
+
+
+@_compile
+def _run(n0, n1, state_off, col_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
+         out_ptr, out_dst, out_lp, out_w, out_col, wshift, X, lengths, need_post, loglike, post):
+    """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
+    their columns of ``post [T, C]`` (zero on entry).  See the module
+    docstring for the representation and why it is exact."""
     ninf = -np.inf
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
+        c0, c1 = col_off[n], col_off[n + 1]
         L = lengths[n]
-        alpha = np.empty((L + 1, W))
-        alpha[0, :] = ninf
-        alpha[0, start[n] - s0] = 0.0
+        E = np.empty(max(c1 - c0, 1))
+        shifts = np.empty(max(L, 1))
+        P = np.zeros((L + 1, W))
+        LV = np.full((L + 1, W), ninf)
+        P[0, start[n] - s0] = 1.0
         offset = 0.0
-        ia0 = in_ptr[s0]
-        v = np.empty(max(in_ptr[s0 + W] - ia0, out_ptr[s0 + W] - out_ptr[s0], W))
         for t in range(L):
-            prev = alpha[t]
-            row = alpha[t + 1]
             xt = X[t]
-            for a in range(ia0, in_ptr[s0 + W]):
-                v[a - ia0] = prev[in_src[a] - s0] + in_lp[a] + xt[in_col[a]]
-            mx = ninf
-            for j in range(W):
-                k0, k1 = in_ptr[s0 + j] - ia0, in_ptr[s0 + j + 1] - ia0
-                m = _max_of(v, k0, k1)
-                if m > ninf and m < np.inf:
-                    r = m + np.log(_exp_sum(v, k0, k1, m))
-                else:
-                    r = m  # -inf: no arc alive; NaN or +inf propagate
-                row[j] = r
-                if r > mx:
-                    mx = r
-            if mx > ninf and mx < np.inf:
-                for j in range(W):
-                    row[j] -= mx
-                offset += mx
+            m = _emissions(xt, c0, c1, E)
+            shift = m + wshift
+            shifts[t] = shift
+            _frame(P[t], LV[t], P[t + 1], LV[t + 1], in_ptr, in_src, in_w, in_lp, in_col, xt, E, c0, s0, shift)
+            offset += shift + _normalise(P[t + 1], LV[t + 1])
+        fmax = ninf
         for j in range(W):
-            v[j] = alpha[L, j] + final[s0 + j]
-        m = _max_of(v, 0, W)
-        loglike[n] = (m + np.log(_exp_sum(v, 0, W, m)) + offset) if (m > ninf and m < np.inf) else m
+            if final[s0 + j] > fmax:
+                fmax = final[s0 + j]
+        if fmax == ninf:
+            fmax = 0.0
+        m = ninf
+        acc = 0.0
+        for j in range(W):  # loglike: the log-sum-exp of alpha_L + final
+            v = _logval(P[L, j], LV[L, j]) + final[s0 + j] - fmax
+            if v > m:
+                acc = acc * np.exp(m - v) + 1.0
+                m = v
+            elif v != v:
+                acc = v
+            elif v > ninf:
+                acc += np.exp(v - m)
+        loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue  # no complete path: zero posteriors
-        oa0 = out_ptr[s0]
-        beta = np.empty(W)
-        B = np.empty(W)
-        ssum = np.empty(W)
+        Q = np.zeros(W)  # beta_{t+1}, scaled, and its tiny cells' logs
+        LQ = np.full(W, ninf)
+        BP = np.empty(W)  # B_t before normalisation
+        BL = np.empty(W)
         for j in range(W):
-            beta[j] = final[s0 + j]
+            _store(final[s0 + j] - fmax, Q, LQ, j)
         for t in range(L - 1, -1, -1):
             xt = X[t]
-            for a in range(oa0, out_ptr[s0 + W]):
-                v[a - oa0] = beta[out_dst[a] - s0] + out_lp[a] + xt[out_col[a]]
+            _emissions(xt, c0, c1, E)
+            shift = shifts[t]
+            _frame(Q, LQ, BP, BL, out_ptr, out_dst, out_w, out_lp, out_col, xt, E, c0, s0, shift)
+            Pt, LVt, pt = P[t], LV[t], post[t]
+            z = 0.0
             for i in range(W):
-                k0, k1 = out_ptr[s0 + i] - oa0, out_ptr[s0 + i + 1] - oa0
-                m = _max_of(v, k0, k1)
-                if m > ninf and m < np.inf:
-                    ssum[i] = _exp_sum(v, k0, k1, m)
-                    B[i] = m + np.log(ssum[i])
-                else:
-                    B[i] = m
-            z = ninf
-            zs = 0.0
-            for i in range(W):  # Z_t = logsum_i alpha_t(i) + B_t(i), two passes
-                u = alpha[t, i] + B[i]
-                if u > z:
-                    z = u
-                elif u != u:
-                    z = u
-                    break
-            if z > ninf and z < np.inf:
+                if Pt[i] != 0.0 and BP[i] != 0.0:
+                    z += Pt[i] * BP[i]
+            if z >= _SAFE_TOTAL and z < np.inf:
+                # every term left out (a tiny alpha or B) is below 1e-270 of z
                 for i in range(W):
-                    u = alpha[t, i] + B[i]
-                    if u > ninf:
-                        zs += np.exp(u - z)
-                z += np.log(zs)
-                for i in range(W):
-                    u = alpha[t, i] + B[i]
-                    if u == ninf:
+                    if Pt[i] == 0.0:
                         continue
-                    occ = np.exp(u - z) / ssum[i]
+                    ai = Pt[i] / z
                     for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
-                        post[t, out_col[a]] += occ * v[a - oa0]
+                        c = out_col[a]
+                        pt[c] += ai * out_w[a] * E[c - c0] * Q[out_dst[a] - s0]
             elif z != z or z == np.inf:  # NaN in: NaN out
-                for a in range(oa0, out_ptr[s0 + W]):
-                    post[t, out_col[a]] = np.nan
-            mx = ninf
+                for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                    pt[out_col[a]] = np.nan
+            else:  # a small total: the frame in the log domain
+                m = ninf
+                acc = 0.0
+                for i in range(W):
+                    v = _logval(Pt[i], LVt[i]) + _logval(BP[i], BL[i])
+                    if v > m:
+                        acc = acc * np.exp(m - v) + 1.0
+                        m = v
+                    elif v > ninf:
+                        acc += np.exp(v - m)
+                if acc != 0.0:
+                    lz = m + np.log(acc)
+                    for i in range(W):
+                        ai = _logval(Pt[i], LVt[i]) - lz
+                        if ai == ninf:
+                            continue
+                        for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
+                            d = out_dst[a] - s0
+                            pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift
+                                                     + _logval(Q[d], LQ[d]))
             for i in range(W):
-                if B[i] > mx:
-                    mx = B[i]
-            if not (mx > ninf and mx < np.inf):
-                mx = 0.0
-            for i in range(W):
-                beta[i] = B[i] - mx
+                Q[i] = BP[i]
+                LQ[i] = BL[i]
+            _normalise(Q, LQ)
 
 
 def _arrays(lat: Lattice) -> tuple:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source), cached on it."""
     arrs = lat.__dict__.get("_numba_arrays")
     if arrs is None:
-        S = lat.num_states
+        S, N = lat.num_states, lat.num_sequences
         f, b = lat.fwd, lat.bwd
         states = np.arange(S + 1)
+        lp_in = np.asarray(f.log_prob, dtype=np.float64)
+        lp_out = np.asarray(b.log_prob, dtype=np.float64)
+        finite = lp_in[np.isfinite(lp_in)]
+        # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
+        wshift = float(finite.max()) if finite.size else 0.0
         arrs = (
-            lat.state_offsets.astype(np.int64), np.asarray(lat.start, dtype=np.int64),
-            np.asarray(lat.final, dtype=np.float64),
+            lat.state_offsets.astype(np.int64), np.searchsorted(lat.col_seq, np.arange(N + 1)).astype(np.int64),
+            np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64),
             np.searchsorted(f.dst, states).astype(np.int64), f.src.astype(np.int64),
-            np.asarray(f.log_prob, dtype=np.float64), f.col.astype(np.int64),
+            lp_in, np.exp(lp_in - wshift), f.col.astype(np.int64),
             np.searchsorted(b.src, states).astype(np.int64), b.dst.astype(np.int64),
-            np.asarray(b.log_prob, dtype=np.float64), b.col.astype(np.int64),
+            lp_out, np.exp(lp_out - wshift), b.col.astype(np.int64), wshift,
         )
         lat._numba_arrays = arrs
     return arrs
