@@ -19,6 +19,7 @@ from . import engines
 from ._arrays import as_array, check_lengths, is_torch, wrap_like
 from .batch import FstBatch
 from .criterion import Criterion, apply
+from .cuda.interop import on_torch_stream
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
@@ -83,6 +84,7 @@ def _like_input(out, x, same_dtype=True):
     return out
 
 
+@on_torch_stream
 def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
     """Log-likelihood of each sequence under its graph, and its posteriors.
 
@@ -113,6 +115,7 @@ def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
     return PdfCriterion(fsts, arr.shape, lengths).run(scores, need_posteriors)
 
 
+@on_torch_stream
 def best_path(fsts, scores, lengths=None):
     """The best (Viterbi) path of each sequence through its graph: the
     engine's recursion in the max semiring (CUDA scores are decoded on the

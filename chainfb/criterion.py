@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from . import engines
+from .cuda.interop import on_torch_stream
 
 __all__ = ["Criterion", "apply"]
 
@@ -62,8 +63,12 @@ class Criterion:
         """``(value [N] tensor on x's device, grad like x or None)``."""
         raise NotImplementedError
 
+    @on_torch_stream
     def run(self, x, need_grad: bool = True):
-        """Gather, the engine, finish: ``(value [N], grad or None)``."""
+        """Gather, the engine, finish: ``(value [N], grad or None)``.  For
+        CUDA tensors the CuPy work runs on torch's current stream and
+        allocator, and CuPy's own state is left as it was
+        (:func:`chainfb.cuda.interop.torch_stream`)."""
         X = self.gather(x, need_grad)
         loglike, post = engines.forward_backward(self.lattice, X, self.lengths, leaky=self.leaky,
                                                  need_posteriors=need_grad, engine=self.engine,

@@ -24,6 +24,7 @@ from . import engines
 from ._arrays import as_array, check_lengths, is_torch
 from .batch import FstBatch
 from .chain.denominator import DenominatorGraph
+from .cuda.interop import cuda_device_of, on_torch_stream, torch_stream
 from .fst import Fst
 from .lattice import Lattice
 from .score_map import PdfScoreMap
@@ -84,10 +85,12 @@ class GenericNumeratorComputation:
         Row ``t * N + seq``.  Only the columns the graphs use are read.
     """
 
+    @on_torch_stream
     def __init__(self, supervision: Supervision, nnet_output):
         if not isinstance(supervision, Supervision):
             raise TypeError(f"supervision: expected chainfb.Supervision, got {type(supervision).__name__}")
         self.supervision = supervision
+        self._device = cuda_device_of(nnet_output)  # CUDA tensors: CuPy work on torch's stream (torch_stream)
         self._arr, self._xp = as_array(nnet_output, "nnet_output")
         N, T = supervision.num_sequences, supervision.frames_per_sequence
         self._view = _kaldi_view(self._xp, self._arr, N, T, "nnet_output")
@@ -105,8 +108,9 @@ class GenericNumeratorComputation:
 
     def compute_objf(self) -> float:
         """Weighted total log-likelihood (forward pass only)."""
-        loglike, _ = self._run(False)
-        return self.supervision.weight * float(loglike.sum())
+        with torch_stream(self._device):
+            loglike, _ = self._run(False)
+            return self.supervision.weight * float(loglike.sum())
 
     def forward_backward(self, nnet_output_deriv) -> tuple[bool, float]:
         """Add ``weight * posteriors`` into ``nnet_output_deriv`` (same layout).
@@ -120,20 +124,21 @@ class GenericNumeratorComputation:
         N, T = sup.num_sequences, sup.frames_per_sequence
         if is_torch(nnet_output_deriv) and nnet_output_deriv.requires_grad:
             raise ValueError("nnet_output_deriv: must not require grad (it is written in place)")
-        deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")
-        dview = _kaldi_view(self._xp, deriv, N, T, "nnet_output_deriv")
-        if sup.batch.num_pdfs > deriv.shape[1]:
-            raise ValueError(
-                f"nnet_output_deriv: the graphs use pdf {sup.batch.num_pdfs - 1} "
-                f"but it has {deriv.shape[1]} columns"
-            )
-        loglike, post = self._run(True)
-        self.score_map.scatter_add(self._xp, dview, post, sup.weight)
-        total = sup.weight * float(loglike.sum())
+        with torch_stream(self._device):
+            deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")
+            dview = _kaldi_view(self._xp, deriv, N, T, "nnet_output_deriv")
+            if sup.batch.num_pdfs > deriv.shape[1]:
+                raise ValueError(
+                    f"nnet_output_deriv: the graphs use pdf {sup.batch.num_pdfs - 1} "
+                    f"but it has {deriv.shape[1]} columns"
+                )
+            loglike, post = self._run(True)
+            self.score_map.scatter_add(self._xp, dview, post, sup.weight)
+            total = sup.weight * float(loglike.sum())
+            # Kaldi's CheckValues: per sequence and frame, the posteriors sum to 1
+            # (ok and the total are host values, so the posteriors come to the host)
+            post_host = post if self._xp is np else post.get()
         ok = bool(np.isfinite(total))
-        # Kaldi's CheckValues: per sequence and frame, the posteriors sum to 1
-        # (ok and the total are host values, so the posteriors come to the host)
-        post_host = post if self._xp is np else post.get()
         sums = np.zeros((N, post_host.shape[0]))
         if post_host.size:
             np.add.at(sums, self.lattice.col_seq, post_host.T)

@@ -40,6 +40,31 @@ class TestCudaKernels(OnCUDA):
             np.testing.assert_allclose(post, post_ref, atol=1e-10)
             assert np.array_equal(runs[1][0].get(), ll) and np.array_equal(runs[1][1].get(), post)
 
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_shared_graph_kernels_match_numpy_and_lattice_kernels(self, dtype):
+        import cupy
+
+        from chainfb.engines.cuda import forward_backward as lattice_cuda
+        from chainfb.engines.cuda_shared import forward_backward as shared_cuda
+        from chainfb.testing import denominator_like_fst
+
+        rng = np.random.default_rng(6)
+        f = denominator_like_fst(rng, num_states=400, num_arcs=5000, num_pdfs=60)
+        N, T = 6, 40
+        lat = Lattice.of(FstBatch([f], np.zeros(N, dtype=np.int64)))
+        X = rng.normal(scale=2.0, size=(T, lat.num_columns))
+        lengths = np.array([40, 39, 1, 0, 20, 40])
+        init = rng.random(f.num_states)
+        leaky = (0.1, np.tile(np.log(init / init.sum()), N))
+        ll_ref, post_ref = forward_backward_numpy(lat, X.copy(), lengths, leaky=leaky)
+        Xd, Ld = cupy.asarray(X, dtype=dtype), cupy.asarray(lengths)
+        ll, post = shared_cuda(lat, Xd.copy(), Ld, leaky=leaky)
+        llk, postk = lattice_cuda(lat, Xd.copy(), Ld, leaky=leaky)
+        assert cupy.array_equal(ll, llk) and cupy.array_equal(post, postk)  # the same arithmetic
+        tol = 1e-10 if dtype == np.float64 else 2e-4
+        np.testing.assert_allclose(ll.get(), ll_ref, rtol=tol)
+        np.testing.assert_allclose(post.get(), post_ref, atol=tol)
+
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
     def test_transducer_kernels_match_twins(self, dtype):
         from chainfb.cuda.transducer_maps import transducer_gather, transducer_grad
@@ -83,19 +108,49 @@ class TestCudaKernels(OnCUDA):
     def test_cupy_view_zero_copy_on_torch_stream(self):
         import cupy
 
-        from chainfb.cuda import cupy_view
+        from chainfb.cuda import cupy_view, torch_stream
 
         s = torch.cuda.Stream()
+        before = cupy.cuda.get_current_stream().ptr, cupy.cuda.get_allocator()
         with torch.cuda.stream(s):
             t = torch.arange(6.0, device="cuda")
-            a = cupy_view(t)
+            a = cupy_view(t)  # a view changes no CuPy state
             assert a.data.ptr == t.data_ptr()
-            assert cupy.cuda.get_current_stream().ptr == s.cuda_stream
-            a *= 2
+            assert (cupy.cuda.get_current_stream().ptr, cupy.cuda.get_allocator()) == before
+            with torch_stream(t.device.index):
+                assert cupy.cuda.get_current_stream().ptr == s.cuda_stream
+                a *= 2
+            assert (cupy.cuda.get_current_stream().ptr, cupy.cuda.get_allocator()) == before
         s.synchronize()
         assert torch.equal(t.cpu(), torch.arange(6.0) * 2)
         b = cupy_view(torch.ones(3, device="cuda", dtype=torch.bfloat16))
         assert b.dtype == np.int16 and int(b[0]) == 0x3F80
+
+    def test_chain_loss_on_a_side_stream_leaves_cupy_state(self):
+        """ChainLoss on CUDA tensors under a non-default torch stream: the
+        numbers of the CPU path, and CuPy's current stream and allocator as
+        the caller set them (a stream and pool of its own)."""
+        import cupy
+
+        from chainfb import ChainLoss
+        from chainfb.testing import denominator_like_fst, numerator_like_fst
+
+        rng = np.random.default_rng(7)
+        den = denominator_like_fst(rng, num_states=50, num_arcs=400, num_pdfs=12)
+        nums = [numerator_like_fst(rng, num_phones=3, num_pdfs=12) for _ in range(3)]
+        y = torch.from_numpy(rng.normal(size=(3, 30, 12)))
+        ref = ChainLoss(den)(y.clone().requires_grad_(), nums)
+        mine, pool = cupy.cuda.Stream(non_blocking=True), cupy.cuda.MemoryPool()
+        side = torch.cuda.Stream()
+        with mine, cupy.cuda.using_allocator(pool.malloc):
+            with torch.cuda.stream(side):
+                yc = y.cuda().requires_grad_()
+                loss = ChainLoss(den)(yc, nums)
+                loss.backward()
+            assert cupy.cuda.get_current_stream().ptr == mine.ptr
+            assert cupy.cuda.get_allocator() == pool.malloc
+        side.synchronize()
+        np.testing.assert_allclose(loss.item(), ref.item(), rtol=1e-10)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
     def test_rnnt_kernels_and_engine_match_direct_recursion(self, dtype):

@@ -511,10 +511,10 @@ def test_transducer_kind_weight_scales_per_formula(be, fused):
 
 
 def test_emulation_under_asan(tmp_path):
-    """No out-of-bounds access in any kernel on small cases, nor on
-    out-of-range device lengths, columns and symbols: the emulation built
-    with AddressSanitizer, run in a child process with libasan preloaded
-    (NumPy's buffers then get red zones)."""
+    """No out-of-bounds access in any kernel (the shared-graph engine's
+    included) on small cases, nor on out-of-range device lengths, columns
+    and symbols: the emulation built with AddressSanitizer, run in a child
+    process with libasan preloaded (NumPy's buffers then get red zones)."""
     import os
     import subprocess
     import sys
@@ -549,6 +549,11 @@ for kind in ("f16", "bf16", "f32", "f64"):
         t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                              kind_weight=np.linspace(0.5, 1.5, M + 2), clamp=0.5, threads_per_row=2, block_size=4,
                              **args)
+import test_cuda_emulated_shared as sh  # the shared-graph kernels
+den = sh.phone_lm_den(1).fst
+for leaky_c in (None, 0.1):
+    lat, X, leaky = sh.shared_case(den, 3, 5, rng, leaky_c)
+    sh.compare(be, lat, X, np.array([5, 2, 0]), leaky, np.float64, 3)
 import test_cuda_emulated_nan_bounds as nb  # out-of-range lengths, columns and symbols, as device inputs
 nb.device_inputs(setattr)
 nb.out_of_range_checks(be)

@@ -1,7 +1,9 @@
 """NaN and out-of-range inputs through the CUDA kernels, run on the CPU
 (chainfb.cuda.emulation): NaN propagates exactly as on the NumPy engine and
 the torch transducer path; device-side lengths and indices never move an
-access out of bounds (the ASan runs are in test_cuda_emulated.py)."""
+access out of bounds, in the per-sequence and the shared-graph engine
+kernels and the transducer maps (the ASan runs are in
+test_cuda_emulated.py)."""
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 from chainfb import FstBatch, Lattice
 from chainfb.cuda.emulation import find_compiler
 from chainfb.engines.cuda import forward_backward_on
+from chainfb.engines.cuda_shared import forward_backward_on as shared_forward_backward_on
 from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
 from chainfb.testing import random_fst
 
@@ -124,17 +127,19 @@ def out_of_range_checks(be):
 
     rng = np.random.default_rng(6)
     fsts = [random_fst(rng, num_states=5, num_arcs=12) for _ in range(4)]
-    lat = Lattice.of(FstBatch(fsts))
     T = 5
-    X = rng.normal(size=(T, lat.num_columns))
     bad = np.array([T + 7, -3, 2, 2**40])
     ok = np.clip(bad, 0, T)
-    for leaky in (None, (0.1, np.log(np.full(lat.num_states, 0.2)))):
-        for block in (1, 4):
-            ll, post = forward_backward_on(be, lat, X.copy(), bad, leaky=leaky, block_size=block)
-            llr, postr = forward_backward_numpy(lat, X.copy(), ok, leaky=leaky)
-            np.testing.assert_allclose(ll, llr, rtol=1e-10, atol=1e-12)
-            np.testing.assert_allclose(post, postr, rtol=1e-10, atol=1e-12)
+    # the per-sequence kernels on four graphs, the shared-graph kernels on one graph for four sequences
+    for run, lat in ((forward_backward_on, Lattice.of(FstBatch(fsts))),
+                     (shared_forward_backward_on, Lattice.of(FstBatch(fsts[:1], np.zeros(4, dtype=np.int64))))):
+        X = rng.normal(size=(T, lat.num_columns))
+        for leaky in (None, (0.1, np.log(np.full(lat.num_states, 0.2)))):
+            for block in (1, 4):
+                ll, post = run(be, lat, X.copy(), bad, leaky=leaky, block_size=block)
+                llr, postr = forward_backward_numpy(lat, X.copy(), ok, leaky=leaky)
+                np.testing.assert_allclose(ll, llr, rtol=1e-10, atol=1e-12)
+                np.testing.assert_allclose(post, postr, rtol=1e-10, atol=1e-12)
 
     logits, args, C, rows, zc = _case(rng, M=2)
     B, Tl, U1, V = logits.shape

@@ -21,8 +21,11 @@ divides by the time: compare it with the GPU's memory bandwidth
 (``--peak-gbps``, e.g. 3350 for an H100 SXM, 4800 for an H200).
 ``--den``: the LF-MMI denominator at Kaldi's scale instead: a 4-gram phone-LM
 graph (40 phones, chain topology: ~3,400 states, ~48,000 arcs, 80 pdfs)
-shared by 128 sequences, T=150, leaky HMM 0.1, through the one engine
-(``lattice``) and the sparse shared-graph path (``shared``, CPU only).
+shared by 128 sequences, T=150, leaky HMM 0.1.  On the CPU: the sparse
+shared-graph engine (``shared``) and the log-domain engine (``numpy``); on
+the GPU: the shared-graph kernels (``cuda_shared``, what ``"auto"`` picks)
+and the per-sequence kernels (``cuda``), each compared with the CPU path
+(largest differences of the log-likelihoods and of the posteriors).
 
     python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--den [--den-seqs 128]]
 """
@@ -80,6 +83,8 @@ def bytes_moved(arcs, T, real=8):
     """Rough lower bound of the engine's global-memory traffic (see the docstring)."""
     per_arc_frame = 3 * (2 * real + real + 2 * 4)  # alpha/beta + weight + score, two int32 indices; x3 passes
     return arcs * T * per_arc_frame
+
+
 def den_case(rng, num_phones=40, num_utts=4000):
     """A Kaldi-sized denominator graph from a phone LM estimated on synthetic
     Markov phone sequences."""
@@ -107,27 +112,33 @@ def run_den(args):
     scores = rng.normal(size=(N, T, den.num_pdfs)).astype(np.float32)
     lengths = np.full(N, T)
     lengths[N // 2:] = T - rng.integers(0, 20, N - N // 2)
-    engines = ["shared", "numpy"] if args.device == "cpu" else ["cuda"]
+    engines = ["shared", "numpy"] if args.device == "cpu" else ["cuda_shared", "cuda"]
+    head = f"{'engine':12s} {'seqs':>5s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}"
     if args.device == "cuda":
         import torch
 
+        ref_ll, ref_post = den.forward_backward(scores, lengths, 0.1)  # the CPU path
         scores = torch.from_numpy(scores).cuda()
-    print(f"{'engine':10s} {'seqs':>5s} {'frames':>6s} {'seconds':>8s} {'M arc-frames/s':>15s}")
+        head += f" {'max |d ll| vs CPU':>18s} {'max |d post| vs CPU':>20s}"
+    print(head)
     for eng in engines:
         def once():
             if args.device == "cuda":
-                import torch
-
                 torch.cuda.synchronize()
             t = time.perf_counter()
-            den.forward_backward(scores, lengths, 0.1, engine=eng)
+            out = den.forward_backward(scores, lengths, 0.1, engine=eng)
             if args.device == "cuda":
                 torch.cuda.synchronize()
-            return time.perf_counter() - t
+            return time.perf_counter() - t, out
 
-        once()  # warm-up (builds the lattice / sparse matrices)
-        best = min(once() for _ in range(args.repeat))
-        print(f"{eng:10s} {N:5d} {T:6d} {best:8.3f} {den.num_arcs * N * T / best / 1e6:15.1f}")
+        once()  # warm-up (builds the lattice / sparse matrices, compiles the kernels)
+        runs = [once() for _ in range(args.repeat)]
+        best = min(t for t, _ in runs)
+        line = f"{eng:12s} {N:5d} {T:6d} {best:8.3f} {den.num_arcs * N * T / best / 1e6:15.1f}"
+        if args.device == "cuda":
+            ll, post = (a.cpu().numpy() for a in runs[-1][1])
+            line += f" {np.abs(ll - ref_ll).max():18.3g} {np.abs(post - ref_post).max():20.3g}"
+        print(line, flush=True)
     if args.device == "cpu":
         # the whole LF-MMI loss: numerators (the one engine) + denominator (shared path) + backward
         import torch

@@ -15,7 +15,10 @@ The denominator is a :class:`~chainfb.api.PdfCriterion` on a lattice whose
 sequences all share the one graph, with the clip to ``[-30, 30]`` in its
 gather and ``leaky=(c, log_init)``; :func:`chainfb.engines.select` runs it on
 the SciPy shared-graph engine on the CPU (the log-domain engine when asked,
-``engine="numpy"``) and on the CUDA engine for CUDA tensors.  As in Kaldi,
+``engine="numpy"``) and, for CUDA tensors, on the shared-graph CUDA engine
+(:mod:`chainfb.engines.cuda_shared`: one copy of the graph on the device,
+read by every sequence's block; ``engine="cuda"`` runs the per-sequence
+kernels instead).  As in Kaldi,
 the computation always starts from the initial distribution, whatever the
 leaky coefficient (0 included).
 """
@@ -29,6 +32,7 @@ from .._arrays import as_array
 from ..api import PdfCriterion
 from ..batch import FstBatch
 from ..criterion import apply
+from ..cuda.interop import on_torch_stream
 from ..fst import Fst
 from ..lattice import Lattice
 
@@ -145,6 +149,7 @@ class DenominatorGraph:
         crit = self.criterion(tuple(nnet_output.shape), lengths, leaky_hmm_coefficient, engine)
         return apply(nnet_output, crit)
 
+    @on_torch_stream
     def forward_backward(self, scores, lengths=None, leaky_hmm_coefficient: float = 0.1,
                          need_posteriors: bool = True, engine: str = "auto"):
         """Denominator log-likelihood per sequence and its pdf posteriors.
@@ -156,8 +161,8 @@ class DenominatorGraph:
         lengths : ``[N]`` ints in ``[0, T]``, optional (default ``T``).
         leaky_hmm_coefficient : float in ``[0, 1)``; 0 disables the leak
             (the path still starts from the initial distribution, as in Kaldi).
-        engine : ``"auto"``, ``"numpy"``, ``"shared"`` or ``"cuda"`` (see
-            :func:`chainfb.engines.select`).
+        engine : ``"auto"``, ``"numpy"``, ``"shared"``, ``"cuda"`` or
+            ``"cuda_shared"`` (see :func:`chainfb.engines.select`).
 
         Returns
         -------

@@ -141,8 +141,9 @@ class ChainLoss(torch.nn.Module):
     out_of_range_regularize : float >= 0 — penalty on outputs outside [-30, 30].
     reduction : ``"sum"`` (default, Kaldi's scale), ``"frame"`` (divided by
         the weighted frame count) or ``"none"`` (``[N]``).
-    den_engine : ``"auto"``, ``"numpy"``, ``"shared"`` or ``"cuda"`` (see
-        :func:`chainfb.engines.select`).
+    den_engine : ``"auto"``, ``"numpy"``, ``"shared"``, ``"cuda"`` or
+        ``"cuda_shared"`` (see :func:`chainfb.engines.select`; ``"auto"``
+        runs the denominator of CUDA outputs on the shared-graph kernels).
 
     ``forward(nnet_output [N, T, P], num_graphs, lengths=None, weights=None)``
     returns the loss (= minus the objective).  ``num_graphs``: list of N

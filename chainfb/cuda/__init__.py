@@ -9,7 +9,7 @@ launchers of the transducer score-map kernels
 Importing this package imports neither CuPy nor the rest of chainfb.
 """
 
-from .interop import cupy_view
+from .interop import cupy_view, torch_stream
 from .kernels import cupy_backend
 
-__all__ = ["cupy_view", "cupy_backend"]
+__all__ = ["cupy_view", "torch_stream", "cupy_backend"]

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "engine.cu"
+#include "shared_graph.cu"
 #include "transducer.cu"
 #ifdef CHAINFB_EMULATE_SELFTEST
 #include "emulate_selftest.h"
@@ -46,6 +47,10 @@ const Entry kTable[] = {
     CFB_ENTRY("chainfb::fb_forward<double>", chainfb::fb_forward<double>),
     CFB_ENTRY("chainfb::fb_backward<float>", chainfb::fb_backward<float>),
     CFB_ENTRY("chainfb::fb_backward<double>", chainfb::fb_backward<double>),
+    CFB_ENTRY("chainfb::fb_shared_forward<float>", chainfb::fb_shared_forward<float>),
+    CFB_ENTRY("chainfb::fb_shared_forward<double>", chainfb::fb_shared_forward<double>),
+    CFB_ENTRY("chainfb::fb_shared_backward<float>", chainfb::fb_shared_backward<float>),
+    CFB_ENTRY("chainfb::fb_shared_backward<double>", chainfb::fb_shared_backward<double>),
     CFB_ENTRY("chainfb::transducer_gather<float, float>", chainfb::transducer_gather<float, float>),
     CFB_ENTRY("chainfb::transducer_gather<double, double>", chainfb::transducer_gather<double, double>),
     CFB_ENTRY("chainfb::transducer_gather<chainfb::F16, float>", chainfb::transducer_gather<F16, float>),

@@ -123,7 +123,8 @@ class EmulatedBackend:
         if rc != 0:
             raise RuntimeError(f"{name} (grid {grid}, block {block}): {self.lib.cfb_last_error().decode()}")
 
-    def device_key(self):
+    def cache_key(self):
+        """Key of the arrays cached for this backend (host memory, one "stream")."""
         return ("emulated", id(self))
 
     def _record(self, name, grid, block, args):

@@ -1,12 +1,32 @@
-"""torch <-> CuPy without copies, on torch's current CUDA stream."""
+"""torch <-> CuPy without copies, and the scope in which chainfb's CuPy work
+for CUDA torch tensors runs.
+
+chainfb never changes CuPy's current device, stream or allocator outside
+its own calls.  A public entry point that does CuPy work for CUDA torch
+tensors runs it inside :func:`torch_stream` (directly, or through the
+:func:`on_torch_stream` decorator): within the block CuPy works on the
+tensors' device, on torch's current stream there (so it is ordered with
+torch's work without any synchronisation), and allocates from torch's
+caching allocator; on exit -- an exception included -- CuPy's own context
+managers (``with cupy.cuda.Device``, ``with stream``,
+``cupy.cuda.using_allocator``) restore what the caller had.  CuPy arrays
+given by the caller run on the caller's CuPy stream and allocator, as CuPy
+itself would.
+
+Device arrays chainfb caches across calls (a lattice's arrays) are keyed by
+device *and* stream (:func:`chainfb.engines.cuda.cached`), so a cached array
+is only ever used on the stream it was allocated and uploaded on.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
-__all__ = ["cupy_view", "use_torch_stream", "use_torch_allocator"]
+from .kernels import require_cupy
 
-_allocator_installed = False
+__all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of"]
 
 
 class _TorchBlock:
@@ -23,7 +43,9 @@ class _TorchBlock:
         torch.cuda.caching_allocator_delete(self.ptr)
 
 
-def _torch_malloc(size: int):
+def torch_malloc(size: int):
+    """A CuPy allocator (``cupy.cuda.using_allocator``) drawing from torch's
+    caching allocator, on CuPy's current device and stream."""
     import cupy
     import torch
 
@@ -34,55 +56,66 @@ def _torch_malloc(size: int):
     return cupy.cuda.MemoryPointer(mem, 0)
 
 
-def use_torch_allocator() -> None:
-    """Route CuPy's device allocations (the engine's scratch: X, alphas,
-    posteriors) through torch's caching allocator, so one pool serves both
-    libraries and ``torch.cuda.max_memory_allocated`` counts chainfb's memory.
-    Set ``CHAINFB_CUPY_ALLOCATOR=cupy`` to keep CuPy's own pool."""
-    global _allocator_installed
-    if _allocator_installed or os.environ.get("CHAINFB_CUPY_ALLOCATOR", "torch") == "cupy":
-        return
-    import cupy
-
-    cupy.cuda.set_allocator(_torch_malloc)
-    _allocator_installed = True
-
-
-def use_torch_stream(device_index: int):
-    """Make torch's current stream on ``device_index`` CuPy's current stream
-    for that device (thread-local in CuPy), so CuPy work is ordered with
-    torch's without any synchronisation.  Returns the CuPy stream."""
-    import cupy
+def cuda_device_of(*xs) -> int | None:
+    """The device index of the first CUDA torch tensor among ``xs`` (tuples
+    and lists are looked into, one level), or None when there is none."""
     import torch
 
-    with cupy.cuda.Device(device_index):
-        ts = torch.cuda.current_stream(device_index)
-        cs = cupy.cuda.get_current_stream()
-        if cs.ptr != ts.cuda_stream:
-            cs = cupy.cuda.ExternalStream(ts.cuda_stream, device_index)
-            cs.use()
-        return cs
+    for x in xs:
+        for t in x if isinstance(x, (tuple, list)) else (x,):
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return None
+
+
+@contextlib.contextmanager
+def torch_stream(device: int | None):
+    """Within the block, CuPy's current device is ``device``, its current
+    stream is torch's current stream on that device, and its allocator is
+    torch's caching allocator (:func:`torch_malloc`; set
+    ``CHAINFB_CUPY_ALLOCATOR=cupy`` to keep the caller's CuPy allocator).
+    All three are restored on exit.  Yields the CuPy stream, or None when
+    ``device`` is None (no CUDA tensor involved: nothing is changed)."""
+    if device is None:
+        yield None
+        return
+    import torch
+
+    cupy = require_cupy()
+    with cupy.cuda.Device(device):
+        handle = torch.cuda.current_stream(device).cuda_stream
+        stream = cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(handle, device)
+        keep = os.environ.get("CHAINFB_CUPY_ALLOCATOR", "torch") == "cupy"
+        with stream, contextlib.nullcontext() if keep else cupy.cuda.using_allocator(torch_malloc):
+            yield stream
+
+
+def on_torch_stream(fn):
+    """Decorator: run ``fn`` inside :func:`torch_stream` for the device of
+    the first CUDA torch tensor among its arguments (none: run it as is)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch_stream(cuda_device_of(*args, *kwargs.values())):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def cupy_view(tensor):
     """A CuPy array sharing memory with a CUDA torch ``tensor`` (DLPack, no
-    copy), with CuPy's current device set to the tensor's device and CuPy's
-    current stream set to torch's current stream there.
+    copy).  Changes no CuPy state: the DLPack hand-over is ordered on CuPy's
+    current stream, which is torch's current stream inside
+    :func:`torch_stream` (where chainfb calls it), so no synchronisation is
+    needed there.
 
     bfloat16 has no CuPy dtype: such a tensor comes back as an ``int16``
     view of its bits (convert with ``tensor.float()`` first for values)."""
     import torch
 
-    from .kernels import require_cupy
-
     cupy = require_cupy()  # a clear error when CuPy is missing or built for another CUDA major version
-
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
         raise TypeError(f"tensor: expected a CUDA torch.Tensor, got {type(tensor).__name__}")
-    dev = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.view(torch.int16)
-    cupy.cuda.Device(dev).use()
-    use_torch_allocator()
-    use_torch_stream(dev)
     return cupy.from_dlpack(tensor)

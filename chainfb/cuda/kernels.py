@@ -30,6 +30,8 @@ __all__ = [
 SOURCES = {
     "engine.cu": [f"chainfb::fb_forward<{r}>" for r in ("float", "double")]
     + [f"chainfb::fb_backward<{r}>" for r in ("float", "double")],
+    "shared_graph.cu": [f"chainfb::fb_shared_forward<{r}>" for r in ("float", "double")]
+    + [f"chainfb::fb_shared_backward<{r}>" for r in ("float", "double")],
     "transducer.cu": [
         f"chainfb::transducer_gather<{i}, {r}>"
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
@@ -181,8 +183,10 @@ class CupyBackend:
             return
         self.function(name)((int(grid),), (int(block),), tuple(args))
 
-    def device_key(self):
-        return ("cuda", self.xp.cuda.Device().id)
+    def cache_key(self):
+        """Where arrays made now live and are ordered: the current device and
+        CuPy's current stream (see :func:`chainfb.engines.cuda.cached`)."""
+        return ("cuda", self.xp.cuda.Device().id, self.xp.cuda.get_current_stream().ptr)
 
 
 _CUPY_BACKEND = None

@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._arrays import is_torch
+from .interop import on_torch_stream
 from .kernels import cupy_backend
 
 __all__ = [
@@ -280,6 +281,7 @@ def wrap_grad(grad, tag, like):
     return g.view(torch.bfloat16) if tag == "bf16" else g
 
 
+@on_torch_stream
 def transducer_gather(logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns, zero_col=None,
                       fused_log_softmax=True):
     """Fused log-softmax + skewed gather of the engine's scores (GPU).
@@ -305,6 +307,7 @@ def transducer_gather(logits, sym, colidx, logit_lengths, target_lengths, num_ro
                                 num_columns, zero_col, fused_log_softmax)
 
 
+@on_torch_stream
 def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight, clamp=-1.0,
                     fused_log_softmax=True):
     """Fused transducer gradient w.r.t. the logits (GPU).

@@ -1,4 +1,4 @@
-"""The engine seam: one protocol, four implementations, one place that picks.
+"""The engine seam: one protocol, five implementations, one place that picks.
 
 Every engine is a module with two functions over a
 :class:`~chainfb.lattice.Lattice` and a compact score matrix ``X [T, C]``
@@ -19,14 +19,20 @@ The implementations:
 
 - :mod:`~chainfb.engines.numpy_log` -- NumPy, log domain, float64; the
   reference and the general CPU engine.
-- :mod:`~chainfb.engines.numba_log` -- the same log-domain recursion as
-  loops compiled by Numba (the optional ``jit`` extra), threads over
-  sequences; several times faster on lattices with few states per frame
-  (CTC, transducer and numerator graphs).  No leaky HMM, no Viterbi.
+- :mod:`~chainfb.engines.numba_log` -- the same forward-backward as loops
+  compiled by Numba (the optional ``jit`` extra), scaled probabilities with
+  an exact log-domain escape, threads over sequences; several times faster
+  on lattices with few states per frame (CTC, transducer and numerator
+  graphs).  No leaky HMM, no Viterbi.
 - :mod:`~chainfb.engines.scipy_shared` -- SciPy sparse products in the
   scaled probability domain, for lattices whose sequences all share one
   graph (the LF-MMI denominator), several times faster there.
-- :mod:`~chainfb.engines.cuda` -- CuPy RawKernels (``chainfb/cuda/*.cu``).
+- :mod:`~chainfb.engines.cuda` -- CuPy RawKernels (``chainfb/cuda/engine.cu``),
+  one graph instance per sequence.
+- :mod:`~chainfb.engines.cuda_shared` -- CuPy RawKernels
+  (``chainfb/cuda/shared_graph.cu``) for lattices whose sequences all share
+  one graph: every block reads the one graph (the LF-MMI denominator on the
+  GPU).
 
 :func:`select` is the only place that chooses between them; criteria and
 public functions call :func:`forward_backward` / :func:`best_path` here.
@@ -42,7 +48,8 @@ import numpy as np
 __all__ = ["ENGINES", "select", "forward_backward", "best_path", "use_kernel_backend", "kernel_backend"]
 
 #: engine names accepted by ``engine=``
-ENGINES = ("auto", "numpy", "numba", "shared", "cuda")
+ENGINES = ("auto", "numpy", "numba", "shared", "cuda", "cuda_shared")
+_GPU_ENGINES = ("cuda", "cuda_shared")
 
 # the shared-graph engine pays off from about this many arcs of the shared graph
 _SHARED_MIN_ARCS = 2000
@@ -83,6 +90,10 @@ def _module(name):
         from . import scipy_shared
 
         return scipy_shared
+    if name == "cuda_shared":
+        from . import cuda_shared
+
+        return cuda_shared
     from . import cuda
 
     return cuda
@@ -103,27 +114,48 @@ def _shared_is_safe(X: np.ndarray) -> bool:
     return float((X.max(axis=1) - X.min(axis=1)).max()) < MAX_SPREAD
 
 
-def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=None) -> str:
+def _one_graph(lat) -> bool:
+    from .scipy_shared import shared_graph
+
+    return shared_graph(lat) is not None
+
+
+def _kernel_engine(lat, engine: str) -> str:
+    """The CUDA engine for ``lat``: ``"cuda"`` when asked for, else
+    ``"cuda_shared"`` on a one-graph lattice and ``"cuda"`` otherwise."""
+    if engine == "cuda":
+        return "cuda"
+    if _one_graph(lat):
+        return "cuda_shared"
+    if engine == "cuda_shared":
+        raise ValueError("engine: 'cuda_shared' needs every sequence to use one graph")
+    return "cuda"
+
+
+def select(lat, X, op: str = "forward_backward", engine: str = "auto", backend=None, leaky=None) -> str:
     """The name of the engine that runs ``op`` (``"forward_backward"`` or
     ``"best_path"``) on ``lat`` and ``X``.
 
-    ``engine="auto"``: ``"cuda"`` for CuPy scores; ``"shared"`` for a
-    forward-backward on the CPU when every sequence uses one graph of at
-    least 2000 arcs, there are at least two sequences, and every frame's
-    scores are finite and span less than
+    ``engine="auto"``: for CuPy scores ``"cuda_shared"`` when every
+    sequence uses one graph (the denominator), ``"cuda"`` otherwise; on the
+    CPU ``"shared"`` for a forward-backward when every sequence uses one
+    graph of at least 2000 arcs, there are at least two sequences, and every
+    frame's scores are finite and span less than
     :data:`chainfb.engines.scipy_shared.MAX_SPREAD` nats; ``"numba"`` for
     any other forward-backward on the CPU without ``leaky`` when Numba is
-    installed; ``"numpy"`` otherwise.  An explicit name is checked against where ``X`` lives.
-    Inside :func:`use_kernel_backend` the answer is always ``"cuda"``.
+    installed; ``"numpy"`` otherwise.  An explicit name is checked against where ``X`` lives and
+    against the lattice.  With a kernel ``backend`` (or inside
+    :func:`use_kernel_backend`) the answer is a CUDA engine: ``"cuda"``
+    when asked for, else as for CuPy scores.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
-    if kernel_backend() is not None:
-        return "cuda"
+    if backend is not None or kernel_backend() is not None:
+        return _kernel_engine(lat, engine if engine in _GPU_ENGINES else "auto")
     on_gpu = _is_cupy(X)
     if engine == "auto":
         if on_gpu:
-            return "cuda"
+            return _kernel_engine(lat, engine)
         if op == "forward_backward" and lat.num_sequences >= 2:
             from .scipy_shared import shared_graph
 
@@ -136,14 +168,13 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
             if available():
                 return "numba"
         return "numpy"
-    if on_gpu != (engine == "cuda"):
+    if on_gpu != (engine in _GPU_ENGINES):
         where = "CuPy (GPU)" if on_gpu else "NumPy (CPU)"
         raise ValueError(f"engine: {engine!r} cannot run on {where} scores")
-    if engine == "shared":
-        from .scipy_shared import shared_graph
-
-        if shared_graph(lat) is None:
-            raise ValueError("engine: 'shared' needs every sequence to use one graph")
+    if on_gpu:
+        return _kernel_engine(lat, engine)
+    if engine == "shared" and not _one_graph(lat):
+        raise ValueError("engine: 'shared' needs every sequence to use one graph")
     if engine == "numba":
         from .numba_log import require
 
@@ -157,17 +188,14 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
                      backend=None):
     """Run the engine :func:`select` picks (protocol in the module docstring).
 
-    ``backend``: a kernel backend for the CUDA engine (default: CuPy on the
+    ``backend``: a kernel backend for the CUDA engines (default: CuPy on the
     GPU; :class:`chainfb.cuda.emulation.EmulatedBackend` runs the same
-    kernels on the CPU, for tests).  Giving one selects the CUDA engine."""
+    kernels on the CPU, for tests).  Giving one selects a CUDA engine."""
     backend = backend if backend is not None else kernel_backend()
+    module = _module(select(lat, X, "forward_backward", engine, backend, leaky))
     if backend is not None:
-        from .cuda import forward_backward_on
-
-        return forward_backward_on(backend, lat, X, lengths, leaky, need_posteriors)
-    return _module(select(lat, X, "forward_backward", engine, leaky)).forward_backward(
-        lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors
-    )
+        return module.forward_backward_on(backend, lat, X, lengths, leaky, need_posteriors)
+    return module.forward_backward(lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors)
 
 
 def best_path(lat, X, lengths, engine: str = "auto"):

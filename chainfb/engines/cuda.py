@@ -3,9 +3,11 @@ the kernels of ``chainfb/cuda/engine.cu``, with exactly the contract of
 :func:`chainfb.engines.numpy_log.forward_backward` (CuPy arrays in and out).
 
 The lattice's index arrays are converted once (CSR pointers by destination,
-by source and by column, int32) and cached on the :class:`Lattice` per device
-and real type; a call then only allocates its outputs and launches two
-kernels, with no host synchronisation.
+by source and by column, int32) and cached on the :class:`Lattice` per
+device, stream and real type (see :func:`cached`); a call then only
+allocates its outputs and launches two kernels, with no host
+synchronisation.  The launch and the argument checks are shared with the
+shared-graph engine, :mod:`chainfb.engines.cuda_shared`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import numpy as np
 from ..cuda.kernels import cupy_backend
 from ..lattice import Lattice
 
-__all__ = ["forward_backward", "best_path", "forward_backward_on", "lattice_arrays", "default_block_size"]
+__all__ = ["forward_backward", "best_path", "forward_backward_on", "lattice_arrays", "default_block_size",
+           "run_engine"]
 
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
@@ -66,27 +69,49 @@ def _host_arrays(lat: Lattice) -> dict:
     }
 
 
+def upload(backend, host: dict, dtype) -> dict:
+    """``host`` (arrays and ints from :func:`lattice_host_arrays`) on
+    ``backend``'s device, float arrays in ``dtype``."""
+    xp = backend.xp
+    out = {}
+    for k, v in host.items():
+        if isinstance(v, np.ndarray):
+            v = v.astype(dtype) if v.dtype.kind == "f" else v
+            out[k] = xp.ascontiguousarray(xp.asarray(v))
+        else:
+            out[k] = v
+    return out
+
+
+def cached(owner, attr: str, backend, dtype, build):
+    """``build()``, cached in ``owner.attr`` per device, stream and dtype.
+
+    The key includes the stream the arrays were made on (``backend.cache_key()``):
+    device arrays are allocated, uploaded and freed in the stream-ordered pools
+    of torch and CuPy, so arrays used only on the stream that made them need
+    no cross-stream synchronisation -- neither before the first kernel reads
+    them nor when the cache is dropped and the pool hands their memory out
+    again.  A second stream gets its own copy."""
+    cache = owner.__dict__.setdefault(attr, {})
+    key = (backend.cache_key(), np.dtype(dtype).name)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = build()
+    return got
+
+
+def lattice_host_arrays(lat: Lattice) -> dict:
+    """:func:`_host_arrays` of ``lat``, built once and cached on it."""
+    host = lat.__dict__.get("_cuda_host_arrays")
+    if host is None:
+        host = lat._cuda_host_arrays = _host_arrays(lat)
+    return host
+
+
 def lattice_arrays(backend, lat: Lattice, dtype) -> dict:
     """The lattice's arrays on ``backend``'s device, weights in ``dtype``
-    (built once, cached on ``lat``)."""
-    cache = lat.__dict__.setdefault("_cuda_arrays", {})
-    key = (backend.device_key(), np.dtype(dtype).name)
-    arrs = cache.get(key)
-    if arrs is None:
-        host = lat.__dict__.get("_cuda_host_arrays")
-        if host is None:
-            host = _host_arrays(lat)
-            lat._cuda_host_arrays = host
-        xp = backend.xp
-        arrs = {}
-        for k, v in host.items():
-            if isinstance(v, np.ndarray):
-                v = v.astype(dtype) if v.dtype.kind == "f" else v
-                arrs[k] = xp.ascontiguousarray(xp.asarray(v))
-            else:
-                arrs[k] = v
-        cache[key] = arrs
-    return arrs
+    (built once, cached on ``lat``, see :func:`cached`)."""
+    return cached(lat, "_cuda_arrays", backend, dtype, lambda: upload(backend, lattice_host_arrays(lat), dtype))
 
 
 def default_block_size(max_width: int) -> int:
@@ -98,9 +123,10 @@ def default_block_size(max_width: int) -> int:
     return b
 
 
-def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors=True, block_size=None):
-    """:func:`forward_backward` on any kernel backend (the GPU or the host
-    emulation); arrays belong to ``backend.xp``."""
+def check_inputs(backend, lat: Lattice, X, lengths):
+    """``(X, lengths, dtype)``: ``X [T, C]`` float32/float64 C-contiguous and
+    ``lengths`` int64 ``[N]`` on ``backend``'s device, checked (host lengths
+    must lie in ``[0, T]``; device ones are clamped by the kernels)."""
     xp = backend.xp
     if X.ndim != 2 or X.shape[1] != lat.num_columns:
         raise ValueError(f"X: expected shape [T, {lat.num_columns}], got {tuple(X.shape)}")
@@ -108,63 +134,94 @@ def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_post
     if dtype not in _REAL:
         raise TypeError(f"X: expected dtype float32 or float64, got {dtype}")
     T, C = X.shape
-    N, S = lat.num_sequences, lat.num_states
     if T > _I32_MAX or C > _I32_MAX:
         raise ValueError(f"X: shape {tuple(X.shape)} too large")
     if not X.flags.c_contiguous:
         X = xp.ascontiguousarray(X)
-    h = host_array(lengths)  # host lengths are checked; device ones are clamped to [0, T] by the kernels
+    h = host_array(lengths)
     if h is not None:
         if h.dtype.kind in "iu" and h.size and (h.min() < 0 or h.max() > T):
             raise ValueError(f"lengths: every length must lie in [0, T={T}], got {h[(h < 0) | (h > T)][0]}")
     lengths = xp.asarray(lengths)
+    N = lat.num_sequences
     if lengths.shape != (N,):
         raise ValueError(f"lengths: expected shape ({N},), got {tuple(lengths.shape)}")
     if lengths.dtype.kind not in "iu":
         raise TypeError(f"lengths: expected integers, got dtype {lengths.dtype}")
-    lengths = xp.ascontiguousarray(lengths.astype(np.int64, copy=False))
+    return X, xp.ascontiguousarray(lengths.astype(np.int64, copy=False)), dtype
+
+
+def leak_log_c(leaky, dtype):
+    """``log(c)`` of ``leaky = (c, log_init)`` in ``dtype`` (``-inf`` for
+    ``c = 0``: no leak, but paths start from ``log_init``); 0 without a leak."""
+    if leaky is None:
+        return dtype.type(0)
+    coef = float(leaky[0])
+    if not 0.0 <= coef < 1.0:
+        raise ValueError(f"leaky: the coefficient must lie in [0, 1), got {coef}")
+    with np.errstate(divide="ignore"):
+        return dtype.type(np.log(coef))
+
+
+def check_log_init(xp, log_init, S: int, dtype):
+    """``log_init`` as a contiguous ``[S]`` array of ``dtype`` on ``xp``."""
+    out = xp.ascontiguousarray(xp.asarray(log_init, dtype=dtype))
+    if out.shape != (S,):
+        raise ValueError(f"leaky: log_init must have shape ({S},), got {tuple(out.shape)}")
+    return out
+
+
+def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, block_size, layout):
+    """The engine protocol on ``backend`` through one pair of kernels, one
+    block per sequence.
+
+    ``layout(backend, lat, dtype, leaky)`` describes the pair: ``(prefix,
+    fwd_head, bwd_head, log_init, max_width)`` -- the kernels
+    ``chainfb::{prefix}_forward`` and ``chainfb::{prefix}_backward``, their
+    own leading arguments (the arguments every engine kernel takes follow,
+    see ``forward_backward.cuh``), the device ``log_init`` (None without a
+    leak) and the widest sequence in states or columns (for the default
+    block size).  Returns ``(loglike [N], post [T, C] or None)``."""
+    X, lengths, dtype = check_inputs(backend, lat, X, lengths)
+    log_c = leak_log_c(leaky, dtype)
+    xp = backend.xp
+    T, C = X.shape
+    N, S = lat.num_sequences, lat.num_states
     post = xp.zeros((T, C), dtype=dtype) if need_posteriors else None
     if N == 0:
         return xp.zeros(0, dtype=dtype), post
-    r = _REAL[dtype]
-    a = lattice_arrays(backend, lat, dtype)
-    if leaky is not None:
-        coef = float(leaky[0])
-        if not 0.0 <= coef < 1.0:
-            raise ValueError(f"leaky: the coefficient must lie in [0, 1), got {coef}")
-        log_init = xp.ascontiguousarray(xp.asarray(leaky[1], dtype=dtype))
-        if log_init.shape != (S,):
-            raise ValueError(f"leaky: log_init must have shape ({S},), got {tuple(log_init.shape)}")
-        with np.errstate(divide="ignore"):
-            log_c = dtype.type(np.log(coef))  # 0: no leak, but the path starts from log_init
-    else:
-        log_init = np.uint64(0)  # null pointer: no leak
-        log_c = dtype.type(0)
-    block = int(block_size) if block_size is not None else default_block_size(a["max_width"])
+    prefix, fwd_head, bwd_head, log_init, max_width = layout(backend, lat, dtype, leaky)
+    block = int(block_size) if block_size is not None else default_block_size(max_width)
     if not 1 <= block <= 1024:
         raise ValueError(f"block_size: expected 1..1024, got {block}")
+    r = _REAL[dtype]
+    init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
     alpha = xp.empty((T + 1, S), dtype=dtype)
     loglike = xp.empty(N, dtype=dtype)
     i32 = np.int32
-    backend.launch(
-        f"chainfb::fb_forward<{r}>",
-        N,
-        block,
-        [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"],
-         lengths, X, i32(T), i32(C), alpha, i32(S), log_init, log_c, loglike],
-    )
+    tail = [lengths, X, i32(T), i32(C), alpha, i32(S), init, log_c]
+    backend.launch(f"chainfb::{prefix}_forward<{r}>", N, block, fwd_head + tail + [loglike])
     if not need_posteriors:
         return loglike, None
     beta = xp.empty((2, S), dtype=dtype)
-    backend.launch(
-        f"chainfb::fb_backward<{r}>",
-        N,
-        block,
-        [a["state_off"], a["col_off"], a["final"], a["out_ptr"], a["out_dst"], a["out_lp"], a["out_col"],
-         a["ca_ptr"], a["ca_src"], a["ca_dst"], a["ca_lp"], lengths, X, i32(T), i32(C), alpha, i32(S), log_init,
-         log_c, loglike, beta, post],
-    )
+    backend.launch(f"chainfb::{prefix}_backward<{r}>", N, block, bwd_head + tail + [loglike, beta, post])
     return loglike, post
+
+
+def _lattice_layout(backend, lat: Lattice, dtype, leaky):
+    """engine.cu's kernels over the lattice's own arrays (see :func:`run_engine`)."""
+    a = lattice_arrays(backend, lat, dtype)
+    log_init = None if leaky is None else check_log_init(backend.xp, leaky[1], lat.num_states, dtype)
+    fwd = [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"]]
+    bwd = [a["state_off"], a["col_off"], a["final"], a["out_ptr"], a["out_dst"], a["out_lp"], a["out_col"],
+           a["ca_ptr"], a["ca_src"], a["ca_dst"], a["ca_lp"]]
+    return "fb", fwd, bwd, log_init, a["max_width"]
+
+
+def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors=True, block_size=None):
+    """:func:`forward_backward` on any kernel backend (the GPU or the host
+    emulation); arrays belong to ``backend.xp``."""
+    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _lattice_layout)
 
 
 def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
