@@ -149,22 +149,7 @@ def _normalise(P, LV):
 
 
 @_inline
-def _emissions(xt, c0, c1, E):
-    """``E[c - c0] = exp(xt[c] - m)`` for the sequence's columns ``c0 <= c < c1``;
-    returns ``m``, their maximum (0 if all are ``-inf``; NaN is skipped)."""
-    m = -np.inf
-    for c in range(c0, c1):
-        if xt[c] > m:
-            m = xt[c]
-    if m == -np.inf:
-        m = 0.0
-    for c in range(c0, c1):
-        E[c - c0] = np.exp(xt[c] - m)
-    return m
-
-
-@_inline
-def _fast_sum(P, LV, ptr, other, w, col, E, c0, base, k):
+def _fast_sum(P, LV, ptr, other, w, col, E, base, k):
     """A cell's new value as the sum of its arcs' scaled products (arcs
     ``ptr[k] .. ptr[k+1]``, ``other`` their far ends, local to ``base``);
     far ends kept as logs enter as ``exp(log)``."""
@@ -176,7 +161,7 @@ def _fast_sum(P, LV, ptr, other, w, col, E, c0, base, k):
             if LV[i] == -np.inf:
                 continue
             p = np.exp(LV[i])
-        s += p * w[a] * E[col[a] - c0]
+        s += p * w[a] * E[col[a]]
     return s
 
 
@@ -205,12 +190,12 @@ def _slow_cell(P, LV, ptr, other, lp, col, xt, base, k, shift, out_P, out_LV, j)
 
 
 @_inline
-def _frame(Pp, LVp, Pn, LVn, ptr, other, w, lp, col, xt, E, c0, base, shift):
+def _frame(Pp, LVp, Pn, LVn, ptr, other, w, lp, col, xt, E, base, shift):
     """One frame of either direction: every cell ``j`` of ``Pn``/``LVn`` from
     the far ends in ``Pp``/``LVp`` -- the scaled sum when it is safe (or
     NaN), else the exact log-domain value."""
     for j in range(Pn.shape[0]):
-        s = _fast_sum(Pp, LVp, ptr, other, w, col, E, c0, base, base + j)
+        s = _fast_sum(Pp, LVp, ptr, other, w, col, E, base, base + j)
         if s >= _SAFE or s != s:
             Pn[j] = s
             LVn[j] = -np.inf
@@ -219,29 +204,24 @@ def _frame(Pp, LVp, Pn, LVn, ptr, other, w, lp, col, xt, E, c0, base, shift):
 
 
 @_compile
-def _run(n0, n1, state_off, col_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
-         out_ptr, out_dst, out_lp, out_w, out_col, wshift, X, lengths, need_post, loglike, post):
+def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
+         out_ptr, out_dst, out_lp, out_w, out_col, wshift, X, E, M, lengths, need_post, loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
-    their columns of ``post [T, C]`` (zero on entry).  See the module
-    docstring for the representation and why it is exact."""
+    their columns of ``post [T, C]`` (zero on entry), from the scores ``X``,
+    the emissions ``E = exp(X - M[t, n])`` and the frame maxima ``M [T, N]``.
+    See the module docstring for the representation and why it is exact."""
     ninf = -np.inf
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
-        c0, c1 = col_off[n], col_off[n + 1]
         L = lengths[n]
-        E = np.empty(max(c1 - c0, 1))
-        shifts = np.empty(max(L, 1))
         P = np.zeros((L + 1, W))
         LV = np.full((L + 1, W), ninf)
         P[0, start[n] - s0] = 1.0
         offset = 0.0
         for t in range(L):
-            xt = X[t]
-            m = _emissions(xt, c0, c1, E)
-            shift = m + wshift
-            shifts[t] = shift
-            _frame(P[t], LV[t], P[t + 1], LV[t + 1], in_ptr, in_src, in_w, in_lp, in_col, xt, E, c0, s0, shift)
+            shift = M[t, n] + wshift
+            _frame(P[t], LV[t], P[t + 1], LV[t + 1], in_ptr, in_src, in_w, in_lp, in_col, X[t], E[t], s0, shift)
             offset += shift + _normalise(P[t + 1], LV[t + 1])
         fmax = ninf
         for j in range(W):
@@ -270,10 +250,9 @@ def _run(n0, n1, state_off, col_off, start, final, in_ptr, in_src, in_lp, in_w, 
         for j in range(W):
             _store(final[s0 + j] - fmax, Q, LQ, j)
         for t in range(L - 1, -1, -1):
-            xt = X[t]
-            _emissions(xt, c0, c1, E)
-            shift = shifts[t]
-            _frame(Q, LQ, BP, BL, out_ptr, out_dst, out_w, out_lp, out_col, xt, E, c0, s0, shift)
+            xt, et = X[t], E[t]
+            shift = M[t, n] + wshift
+            _frame(Q, LQ, BP, BL, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift)
             Pt, LVt, pt = P[t], LV[t], post[t]
             z = 0.0
             for i in range(W):
@@ -287,7 +266,7 @@ def _run(n0, n1, state_off, col_off, start, final, in_ptr, in_src, in_lp, in_w, 
                     ai = Pt[i] / z
                     for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
                         c = out_col[a]
-                        pt[c] += ai * out_w[a] * E[c - c0] * Q[out_dst[a] - s0]
+                        pt[c] += ai * out_w[a] * et[c] * Q[out_dst[a] - s0]
             elif z != z or z == np.inf:  # NaN in: NaN out
                 for a in range(out_ptr[s0], out_ptr[s0 + W]):
                     pt[out_col[a]] = np.nan
@@ -330,8 +309,7 @@ def _arrays(lat: Lattice) -> tuple:
         # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
         wshift = float(finite.max()) if finite.size else 0.0
         arrs = (
-            lat.state_offsets.astype(np.int64), np.searchsorted(lat.col_seq, np.arange(N + 1)).astype(np.int64),
-            np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64),
+            lat.state_offsets.astype(np.int64), np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64),
             np.searchsorted(f.dst, states).astype(np.int64), f.src.astype(np.int64),
             lp_in, np.exp(lp_in - wshift), f.col.astype(np.int64),
             np.searchsorted(b.src, states).astype(np.int64), b.dst.astype(np.int64),
@@ -339,6 +317,22 @@ def _arrays(lat: Lattice) -> tuple:
         )
         lat._numba_arrays = arrs
     return arrs
+
+
+def _emissions(lat: Lattice, X: np.ndarray, T: int):
+    """``E = exp(X - M[t, seq])`` ``[T, C]`` and ``M [T, N]``, each frame's
+    largest score per sequence (0 where all are ``-inf``; NaN or ``+inf``
+    where a score is, so that they propagate)."""
+    N = lat.num_sequences
+    M = np.zeros((T, N))
+    col_off = np.searchsorted(lat.col_seq, np.arange(N + 1))
+    used = np.flatnonzero(np.diff(col_off) > 0)
+    if used.size and T:
+        M[:, used] = np.maximum.reduceat(X, col_off[used], axis=1)
+    M[np.isneginf(M)] = 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        E = np.exp(X - M[:, lat.col_seq])
+    return E, M
 
 
 def _ranges(lat: Lattice, lengths: np.ndarray, parts: int):
@@ -378,10 +372,11 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     loglike = np.empty(N)
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
+    E, M = _emissions(lat, X, T)
     ranges, work = _ranges(lat, lengths, max(1, get_num_threads()))
     if len(ranges) < 2 or work < _MIN_PARALLEL_WORK:
-        _run(0, N, *arrs, X, lengths, need_posteriors, loglike, post)
+        _run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
     else:
         with ThreadPoolExecutor(len(ranges)) as ex:
-            list(ex.map(lambda r: _run(r[0], r[1], *arrs, X, lengths, need_posteriors, loglike, post), ranges))
+            list(ex.map(lambda r: _run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike, post), ranges))
     return loglike, (post if need_posteriors else None)
