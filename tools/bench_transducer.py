@@ -40,7 +40,9 @@ step = loss + ``backward()``, the two methods interleaved, median of
 ``--repeat`` steps each after a warm-up, and the ratio of the medians.
 chainfb's compiled graph is cached per targets, so the steps after the
 warm-up reuse it; the "uncached" row compiles it every step (new targets
-each step in training).
+each step in training).  chainfb runs on the engine ``auto`` picks: the
+compiled one when Numba (the ``jit`` extra) is installed; the "NumPy
+engine" row hides Numba for comparison.
     # the peers (torchaudio, warprnnt_numba) may need another torch version;
     # run the script from a separate virtual environment that has them, e.g.
     PYTHONPATH=$PWD venv-peers/bin/python tools/bench_transducer.py
@@ -235,8 +237,19 @@ def run_ctc(args, T=500, N=16, C=500, S=100):
         ctc_module._cache.items.clear()
         return chainfb.ctc_loss(*a)
 
+    from chainfb.engines import numba_log
+
+    def numpy_engine(*a):
+        saved, numba_log.numba = numba_log.numba, None  # what `auto` picks without the jit extra
+        try:
+            return chainfb.ctc_loss(*a)
+        finally:
+            numba_log.numba = saved
+
     fns = {"torch.nn.functional.ctc_loss": F.ctc_loss, "chainfb.ctc_loss": chainfb.ctc_loss,
            "chainfb.ctc_loss (uncached)": uncached}
+    if numba_log.available():
+        fns["chainfb.ctc_loss (NumPy engine)"] = numpy_engine
 
     def one(fn):
         x = log_probs.clone().requires_grad_()
@@ -246,7 +259,8 @@ def run_ctc(args, T=500, N=16, C=500, S=100):
         return time.perf_counter() - t0, float(loss)
 
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, T={T} N={N} C={C} S={S} float32, "
-          f"loss + backward, median of {args.repeat}")
+          f"loss + backward, median of {args.repeat}; chainfb's CPU engine: "
+          f"{'compiled (Numba ' + numba_log.numba.__version__ + ')' if numba_log.available() else 'NumPy'}")
     times = {k: [] for k in fns}
     vals = {}
     for fn in fns.values():
