@@ -207,6 +207,36 @@ def test_model_shapes():
         m(torch.randn(10, 40), torch.tensor([10]))
 
 
+
+def test_greedy_search_scores_are_the_training_joiner_outputs():
+    """The greedy search's decoder state after a history is the training decoder's output at that position
+    (the start state included: the training input there is zero padding then the blank), so the search walks
+    the grid of ``joiner.full`` on its own hypothesis."""
+    from chainfb.recipes.transducer import Joiner, StatelessDecoder, greedy_search
+
+    torch.manual_seed(0)
+    V, blank = 7, 0
+    dec, joiner = StatelessDecoder(V, 8, blank=blank, context=2), Joiner(6, 8, 10, V)
+    labels = [3, 5, 2, 2]
+    full = dec(dec.prefix(torch.tensor([labels])))[0]
+    for u in range(len(labels) + 1):
+        torch.testing.assert_close(dec.step(labels[:u])[0], full[u])
+    for n in range(4):
+        enc = 3 * torch.randn(1, 9, 6)
+        (hyp,) = greedy_search(enc, [9], dec, joiner, V, max_symbols=2)
+        scores = joiner.full(enc, dec(dec.prefix(torch.tensor([hyp], dtype=torch.long))))[0]
+        walk, t, emitted = [], 0, 0
+        while t < 9:
+            tok = int(scores[t, len(walk)].argmax())
+            if tok != blank and emitted < 2:
+                walk.append(tok)
+                emitted += 1
+                if len(walk) > len(hyp):
+                    break
+            else:
+                t, emitted = t + 1, 0
+        assert walk == hyp
+
 def test_tiny_training_runs_improves_and_resumes(tiny, tmp_path):
     _, data = tiny
     cfg = TrainConfig(epochs=2, batch_size=12, hidden=32, num_layers=1, lr=5e-3, phone_lm_order=2, progress=False)

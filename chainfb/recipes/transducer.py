@@ -20,8 +20,12 @@ __all__ = ["StatelessDecoder", "Joiner", "greedy_search"]
 
 
 class StatelessDecoder(nn.Module):
-    """Embedding of the last ``context`` labels (blank before the first),
-    mixed by a depthwise 1-D convolution and a ReLU: ``[N, L] -> [N, L, D]``."""
+    """Embedding of the last ``context`` labels, mixed by a causal depthwise
+    1-D convolution and a ReLU: ``[N, L] -> [N, L, D]``.  Training reads
+    :meth:`prefix` (the blank, then the labels) and the convolution pads
+    with zero vectors on the left, so the state before the first label sees
+    ``[0, blank]``, not ``[blank, blank]``; :meth:`step` gives the state of a
+    decoding history exactly as training computes it."""
 
     def __init__(self, vocab: int, dim: int, blank: int = 0, context: int = 2):
         super().__init__()
@@ -39,6 +43,13 @@ class StatelessDecoder(nn.Module):
     def prefix(self, targets: torch.Tensor) -> torch.Tensor:
         """``[N, U] -> [N, U + 1]``: the blank (start of sentence), then the labels."""
         return torch.cat([targets.new_full((targets.shape[0], 1), self.blank), targets], dim=1)
+
+    def step(self, labels: Sequence[int], device=None) -> torch.Tensor:
+        """``[1, D]``: the output after the emitted ``labels``, equal to
+        ``self(self.prefix(labels))[:, len(labels)]`` (the last ``context``
+        entries of ``[blank, *labels]``, zero padding before the blank)."""
+        hist = ([self.blank] + [int(i) for i in labels])[-self.context:]
+        return self(torch.tensor([hist], device=device))[:, -1]
 
 
 class Joiner(nn.Module):
@@ -71,11 +82,11 @@ def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessD
     those that keep the current word a prefix of a vocabulary word
     (lexicon-constrained greedy search).  Returns label lists."""
     out = []
-    ctx = decoder.context
     for n in range(enc.shape[0]):
         hyp: List[int] = []
-        hist = [decoder.blank] * ctx
-        dec_p = joiner.dec_proj(decoder(torch.tensor([hist], device=enc.device))[:, -1])  # [1, J]
+        # the decoder state as in training (decoder.step): a history of [blank, blank] instead of the start
+        # state [0, blank] would be a context the model never saw
+        dec_p = joiner.dec_proj(decoder.step(hyp, enc.device))  # [1, J]
         enc_p = joiner.enc_proj(enc[n, : int(lengths[n])])  # [T, J]
         t, emitted = 0, 0
         T = enc_p.shape[0]
@@ -90,8 +101,7 @@ def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessD
             if tok != decoder.blank and emitted < max_symbols:
                 hyp.append(tok)
                 word = [] if units is not None and tok == units.sep else word + [tok]
-                hist = hist[1:] + [tok]
-                dec_p = joiner.dec_proj(decoder(torch.tensor([hist], device=enc.device))[:, -1])
+                dec_p = joiner.dec_proj(decoder.step(hyp, enc.device))
                 emitted += 1
                 if step > 0:
                     t, emitted = t + step, 0
