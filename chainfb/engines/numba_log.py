@@ -109,6 +109,19 @@ def _logval(p, lv):
 
 
 @_inline
+def _lse_push(m, acc, v):
+    """The term ``v`` into a running log-sum-exp ``(max m, sum acc of
+    exp(. - m))``: ``-inf`` adds nothing, NaN makes ``acc`` NaN."""
+    if v > m:
+        return v, acc * np.exp(m - v) + 1.0
+    if v != v:
+        return m, v
+    if v > -np.inf:
+        return m, acc + np.exp(v - m)
+    return m, acc
+
+
+@_inline
 def _store(r, P, LV, j):
     """Keep the log value ``r`` in cell ``j``: scaled when safe, else as a log."""
     if r >= _LOG_SAFE:
@@ -174,16 +187,10 @@ def _slow_cell(P, LV, ptr, other, lp, col, xt, base, k, shift, out_P, out_LV, j)
     acc = 0.0
     for a in range(ptr[k], ptr[k + 1]):
         i = other[a] - base
-        v = _logval(P[i], LV[i]) + lp[a] + xt[col[a]] - shift
-        if v > m:
-            acc = acc * np.exp(m - v) + 1.0
-            m = v
-        elif v != v:
-            out_P[j], out_LV[j] = v, -np.inf
-            return
-        elif v > -np.inf:
-            acc += np.exp(v - m)
-    if acc == 0.0:
+        m, acc = _lse_push(m, acc, _logval(P[i], LV[i]) + lp[a] + xt[col[a]] - shift)
+    if acc != acc:
+        out_P[j], out_LV[j] = acc, -np.inf
+    elif acc == 0.0:
         out_P[j], out_LV[j] = 0.0, -np.inf
     else:
         _store(m + np.log(acc), out_P, out_LV, j)
@@ -232,14 +239,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         m = ninf
         acc = 0.0
         for j in range(W):  # loglike: the log-sum-exp of alpha_L + final
-            v = _logval(P[L, j], LV[L, j]) + final[s0 + j] - fmax
-            if v > m:
-                acc = acc * np.exp(m - v) + 1.0
-                m = v
-            elif v != v:
-                acc = v
-            elif v > ninf:
-                acc += np.exp(v - m)
+            m, acc = _lse_push(m, acc, _logval(P[L, j], LV[L, j]) + final[s0 + j] - fmax)
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue  # no complete path: zero posteriors
@@ -259,7 +259,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                 if Pt[i] != 0.0 and BP[i] != 0.0:
                     z += Pt[i] * BP[i]
             if z >= _SAFE_TOTAL and z < np.inf:
-                # every term left out (a tiny alpha or B) is below 1e-270 of z
+                # every term left out (a cell kept as a log) is below 1e-88 of z
                 for i in range(W):
                     if Pt[i] == 0.0:
                         continue
@@ -274,12 +274,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                 m = ninf
                 acc = 0.0
                 for i in range(W):
-                    v = _logval(Pt[i], LVt[i]) + _logval(BP[i], BL[i])
-                    if v > m:
-                        acc = acc * np.exp(m - v) + 1.0
-                        m = v
-                    elif v > ninf:
-                        acc += np.exp(v - m)
+                    m, acc = _lse_push(m, acc, _logval(Pt[i], LVt[i]) + _logval(BP[i], BL[i]))
                 if acc != 0.0:
                     lz = m + np.log(acc)
                     for i in range(W):
@@ -309,7 +304,8 @@ def _arrays(lat: Lattice) -> tuple:
         # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
         wshift = float(finite.max()) if finite.size else 0.0
         arrs = (
-            lat.state_offsets.astype(np.int64), np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64),
+            lat.state_offsets.astype(np.int64), np.asarray(lat.start, dtype=np.int64),
+            np.asarray(lat.final, dtype=np.float64),
             np.searchsorted(f.dst, states).astype(np.int64), f.src.astype(np.int64),
             lp_in, np.exp(lp_in - wshift), f.col.astype(np.int64),
             np.searchsorted(b.src, states).astype(np.int64), b.dst.astype(np.int64),
