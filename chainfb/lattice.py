@@ -14,7 +14,7 @@ import numpy as np
 
 from .batch import FstBatch
 
-__all__ = ["Lattice", "concat_ranges"]
+__all__ = ["Lattice", "concat_ranges", "balanced_ranges"]
 
 
 def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -26,6 +26,16 @@ def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     starts = np.zeros(len(lens), dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
     return np.arange(total, dtype=np.int64) + np.repeat(lo.astype(np.int64) - starts, lens)
+
+
+def balanced_ranges(work: np.ndarray, parts: int) -> list:
+    """At most ``parts`` contiguous ``(start, stop)`` ranges of the items of
+    ``work [N]`` (each item's cost), with about equal total cost each."""
+    N = len(work)
+    cum = np.concatenate([[0.0], np.cumsum(work, dtype=np.float64)])
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
+    bounds = np.unique(np.clip(np.concatenate([[0], cuts, [N]]), 0, N))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 class _Side:
@@ -114,13 +124,9 @@ class Lattice:
         Their columns, states and sequences are exactly those slices of this
         lattice's (cached per ``parts``)."""
         if parts not in self._parts:
-            N = self.num_sequences
-            arcs = np.bincount(self.fwd.seq, minlength=N).astype(np.float64)
-            cum = np.concatenate([[0.0], np.cumsum(arcs + 1.0)])
-            cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
-            bounds = np.unique(np.clip(np.concatenate([[0], cuts, [N]]), 0, N))
+            arcs = np.bincount(self.fwd.seq, minlength=self.num_sequences)
             out = []
-            for s0, s1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            for s0, s1 in balanced_ranges(arcs + 1.0, parts):
                 sub = Lattice(FstBatch(self.batch.fsts, self.batch.seq_to_graph[s0:s1]))
                 c0, c1 = np.searchsorted(self.col_seq, [s0, s1])
                 st = slice(int(self.state_offsets[s0]), int(self.state_offsets[s1]))

@@ -112,8 +112,11 @@ def test_threads_match_one_thread(monkeypatch):
         one = numba_log.forward_backward(lat, X.copy(), lengths)
         monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
         numpy_log.set_num_threads(3)
-        assert len(numba_log._ranges(lat, lengths, 3)[0]) == 3
+        calls = []
+        run = numba_log._run
+        monkeypatch.setattr(numba_log, "_run", lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
         three = numba_log.forward_backward(lat, X.copy(), lengths)
+        assert len(calls) == 3 and sorted(calls)[0][0] == 0 and sorted(calls)[-1][1] == 9
     finally:
         numpy_log.set_num_threads(before)
     np.testing.assert_array_equal(one[0], three[0])

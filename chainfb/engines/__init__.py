@@ -143,10 +143,10 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", backend=N
     frame's scores are finite and span less than
     :data:`chainfb.engines.scipy_shared.MAX_SPREAD` nats; ``"numba"`` for
     any other forward-backward on the CPU without ``leaky`` when Numba is
-    installed; ``"numpy"`` otherwise.  An explicit name is checked against where ``X`` lives and
-    against the lattice.  With a kernel ``backend`` (or inside
-    :func:`use_kernel_backend`) the answer is a CUDA engine: ``"cuda"``
-    when asked for, else as for CuPy scores.
+    installed; ``"numpy"`` otherwise.  An explicit name is checked against
+    where ``X`` lives and against the lattice.  With a kernel ``backend``
+    (or inside :func:`use_kernel_backend`) the answer is a CUDA engine:
+    ``"cuda"`` when asked for, else as for CuPy scores.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")

@@ -56,7 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..lattice import Lattice
+from ..lattice import Lattice, balanced_ranges
 from .numpy_log import get_num_threads
 
 __all__ = ["available", "forward_backward", "require"]
@@ -331,16 +331,6 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
     return E, M
 
 
-def _ranges(lat: Lattice, lengths: np.ndarray, parts: int):
-    """Contiguous sequence ranges with about equal work (arcs x frames)."""
-    N = lat.num_sequences
-    work = np.bincount(lat.fwd.seq, minlength=N) * (lengths + 1.0) + 1.0
-    cum = np.concatenate([[0.0], np.cumsum(work)])
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
-    bounds = np.unique(np.clip(np.concatenate([[0], cuts, [N]]), 0, N))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist())), float(cum[-1])
-
-
 def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
     """Forward-backward over a lattice (the engine protocol, see
     :mod:`chainfb.engines`), compiled.
@@ -369,8 +359,9 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
     E, M = _emissions(lat, X, T)
-    ranges, work = _ranges(lat, lengths, max(1, get_num_threads()))
-    if len(ranges) < 2 or work < _MIN_PARALLEL_WORK:
+    work = np.bincount(lat.fwd.seq, minlength=N) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
+    ranges = balanced_ranges(work, max(1, get_num_threads()))
+    if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         _run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
     else:
         with ThreadPoolExecutor(len(ranges)) as ex:
