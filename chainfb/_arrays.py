@@ -1,6 +1,6 @@
 """Array plumbing shared by the public entry points: which library an input
 belongs to, zero-copy views between torch and NumPy/CuPy, and argument
-checks with clear messages.  (Which engine runs is decided in
+checks (which live in :mod:`chainfb.checks`).  (Which engine runs is decided in
 :mod:`chainfb.engines` alone.)"""
 
 from __future__ import annotations
@@ -8,30 +8,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import checks
+from .checks import FLOATS, INTS
+
 __all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "check_lengths", "check_tensor",
            "FLOATS", "INTS"]
 
-#: float dtypes the losses take (half types are computed in float32)
-FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-#: integer dtypes of labels, lengths and ranges
-INTS = (torch.int32, torch.int64)
-
-
-def check_tensor(x, name: str, dtypes=None, ndim=None, layout: str = ""):
-    """``x`` itself, checked: a torch tensor (else ``TypeError``), of one of
-    ``dtypes`` (else ``TypeError``), with ``ndim`` dimensions (else
-    ``ValueError``; ``layout`` such as ``"[B, T, U, V]"`` is named in the
-    message).  Every message starts with ``name``."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if dtypes is not None and x.dtype not in dtypes:
-        names = [str(d).replace("torch.", "") for d in dtypes]
-        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-        raise TypeError(f"{name}: expected {listed}, got {x.dtype}")
-    if ndim is not None and x.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D tensor{' ' + layout if layout else ''}, "
-                         f"got shape {tuple(x.shape)}")
-    return x
+check_tensor = checks.tensor
 
 
 def is_torch(x) -> bool:
@@ -82,22 +65,6 @@ def wrap_like(arr, like):
 
 
 def check_lengths(lengths, N: int, T: int, name: str = "lengths") -> np.ndarray:
-    """``lengths`` as int64 ``[N]`` in ``[0, T]`` (NumPy); ``None`` means all ``T``."""
-    if lengths is None:
-        return np.full(N, T, dtype=np.int64)
-    if is_torch(lengths):
-        lengths = lengths.detach().cpu().numpy()
-    elif is_cupy(lengths):
-        lengths = lengths.get()
-    lengths = np.asarray(lengths)
-    if lengths.size == 0 and N == 0:  # e.g. lengths=[] for an empty batch
-        return np.zeros(0, dtype=np.int64)
-    if lengths.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected integer frame counts, got dtype {lengths.dtype}")
-    if lengths.shape != (N,):
-        raise ValueError(f"{name}: expected shape ({N},), got {tuple(lengths.shape)}")
-    lengths = lengths.astype(np.int64)
-    if N and (lengths.min() < 0 or lengths.max() > T):
-        bad = lengths[(lengths < 0) | (lengths > T)][0]
-        raise ValueError(f"{name}: every length must lie in [0, T={T}], got {bad}")
-    return lengths
+    """``lengths`` as int64 ``[N]`` in ``[0, T]`` (NumPy); ``None`` means all ``T``
+    (:func:`chainfb.checks.lengths`)."""
+    return checks.lengths(lengths, name, N, T)
