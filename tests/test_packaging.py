@@ -13,6 +13,8 @@ import zipfile
 
 import pytest
 
+pytestmark = pytest.mark.slow  # about 30 s on 2 idle cores: two builds and a pytest run in a subprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what the sdist must carry besides the library: the tests with their helpers, graphs, tools, docs, recipes
 PROJECT_DIRS = ("chainfb", "tests", "graphs", "tools", "docs", "recipes", ".ci")
