@@ -108,11 +108,11 @@ def test_losses_against_reference(rnnt_type, delay_penalty, use_boundary):
 def test_logprobs_against_reference(rnnt_type):
     am, lm, symbols, term = case(seed=3)
     for got, want in (
-        (fr.get_rnnt_logprobs(lm, am, symbols, term, BOUNDARY, rnnt_type),
+        (fr.get_rnnt_logprobs(lm, am, symbols, term, rnnt_type, BOUNDARY),
          ref.logprobs_simple(lm, am, symbols, term, BOUNDARY, rnnt_type)),
         (fr.get_rnnt_logprobs_smoothed(lm, am, symbols, term, 0.3, 0.0, BOUNDARY, rnnt_type),
          ref.logprobs_smoothed(lm, am, symbols, term, 0.3, 0.0, BOUNDARY, rnnt_type)),
-        (fr.get_rnnt_logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, BOUNDARY, rnnt_type),
+        (fr.get_rnnt_logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, rnnt_type, BOUNDARY),
          ref.logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, BOUNDARY, rnnt_type)),
     ):
         for a, b in zip(got, want):
@@ -229,8 +229,8 @@ def test_low_precision_inputs(dtype):
     (lambda a, l, s, r: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, r.float(), 0), TypeError, "ranges"),
     (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 0),
      ValueError, "s_range"),
-    (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 1),
-     ValueError, "s_range"),
+    (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 1.0),
+     TypeError, "s_range"),
     (lambda a, l, s, r: fr.rnnt_loss_simple(l, a[:, :3], s, 0, rnnt_type="modified"), ValueError, "T >= S"),
     (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s + 10, 0), ValueError, "symbols"),
     (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 6), ValueError, "blank"),
