@@ -31,11 +31,20 @@ Where the log-probs come from:
 The pruned pipeline: :func:`simple_rnnt_loss` with ``return_grad=True`` ->
 :func:`prune_ranges` -> :func:`prune` (``am``, ``lm`` on the band) -> the
 joiner on ``[B, T, s_range, ...]`` -> :func:`pruned_rnnt_loss`.  Memory of
-the pruned part: ``O(B * T * s_range * C)`` plus ``O(B * T * S)``.
+the pruned part: ``O(B * T * s_range * C)`` plus ``O(B * T * S)``.  For the
+regular topology a band narrower than :func:`min_s_range` (``S_b``
+symbols in ``T_b`` frames need ``(S_b - 1) // T_b + 2``) cannot reach the
+last symbol, so :func:`prune_ranges` widens it with a warning, as k2 does.
+Its band scores are summed in float64 by default; ``band_scores="input"``
+sums them as k2 does (in the gradients' dtype, window by window), which is
+what :mod:`chainfb.compat.fast_rnnt` uses to pick k2's band where float32
+scores tie.  Every loss takes ``return_grad=True`` for ``(loss, (px_grad,
+py_grad))``, the occupancy of each grid arc.
 
 Half-precision inputs are computed in float32; values come back in the
 input dtype.  Lengths-based entry points build the boundary ``[0, 0, U_b,
-T_b]``; the ``boundary=`` forms take k2's ``[s_begin, t_begin, s_end,
+T_b]`` from integer lengths (floats and bools are a ``TypeError``, never
+truncated); the ``boundary=`` forms take k2's ``[s_begin, t_begin, s_end,
 t_end]``.
 """
 
