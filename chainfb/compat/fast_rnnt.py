@@ -38,9 +38,11 @@ Deliberate differences:
   sequences with no symbols, where k2 asserts ``S >= 1``;
 - the ``(px_grad, py_grad)`` of ``return_grad`` are fresh tensors, not the
   buffers later scaled in place by backward;
-- float16 and bfloat16 inputs are accepted everywhere, including
-  ``mutual_information_recursion``, and computed in float32 (results and
-  occupancies in the input dtype);
+- float16 and bfloat16 inputs are accepted everywhere and computed in
+  float32: the losses come back in the input dtype, the
+  ``get_rnnt_logprobs*`` helpers' ``(px, py)`` and the losses' occupancies
+  in float32; ``mutual_information_recursion`` returns its total and
+  occupancies in the dtype of its ``px``/``py``;
 - ``rnnt_loss`` with ``rnnt_type="regular"``, no delay penalty, no
   ``return_grad`` and a boundary starting at ``(0, 0)`` takes
   :func:`chainfb.rnnt_loss`'s fused route (same numbers, a fused gradient, no
