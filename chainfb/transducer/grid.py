@@ -176,10 +176,10 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
     return_grad = checks.flag(return_grad, "return_grad")
     checks.tensor(px, "px", checks.FLOATS, 3)
     checks.tensor(py, "py", checks.FLOATS, 3)
-    dtypes = px.dtype, py.dtype
-    if px.dtype != py.dtype:
+    dtype = px.dtype
+    if py.dtype != dtype:
         raise TypeError(f"px, py: expected one dtype, got {px.dtype} and {py.dtype}")
-    if px.dtype not in _FLOATS:  # half types: computed in float32 (differentiable casts)
+    if dtype not in _FLOATS:  # half types: computed in float32 (differentiable casts)
         px, py = px.float(), py.float()
     crit = GridCriterion(px, py, boundary)
     crit.last_grads = None
@@ -188,6 +188,6 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
         grads = crit.last_grads
         if grads is None:  # no input requires grad: the forward pass did not form them
             _, grads = crit.run((px, py), True)
-        grads = tuple(g.detach().to(d, copy=True) for g, d in zip(grads, dtypes))
-    total = total.to(dtypes[0])
+        grads = tuple(g.detach().to(dtype, copy=True) for g in grads)
+    total = total.to(dtype)
     return (total, grads) if return_grad else total
