@@ -108,11 +108,11 @@ def test_losses_against_reference(rnnt_type, delay_penalty, use_boundary):
 def test_logprobs_against_reference(rnnt_type):
     am, lm, symbols, term = case(seed=3)
     for got, want in (
-        (fr.get_rnnt_logprobs(lm, am, symbols, term, BOUNDARY, rnnt_type),
+        (fr.get_rnnt_logprobs(lm, am, symbols, term, rnnt_type, BOUNDARY),
          ref.logprobs_simple(lm, am, symbols, term, BOUNDARY, rnnt_type)),
         (fr.get_rnnt_logprobs_smoothed(lm, am, symbols, term, 0.3, 0.0, BOUNDARY, rnnt_type),
          ref.logprobs_smoothed(lm, am, symbols, term, 0.3, 0.0, BOUNDARY, rnnt_type)),
-        (fr.get_rnnt_logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, BOUNDARY, rnnt_type),
+        (fr.get_rnnt_logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, rnnt_type, BOUNDARY),
          ref.logprobs_joint(am[:, :, None] + lm[:, None], symbols, term, BOUNDARY, rnnt_type)),
     ):
         for a, b in zip(got, want):
@@ -229,8 +229,8 @@ def test_low_precision_inputs(dtype):
     (lambda a, l, s, r: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, r.float(), 0), TypeError, "ranges"),
     (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 0),
      ValueError, "s_range"),
-    (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 1),
-     ValueError, "s_range"),
+    (lambda a, l, s, r: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7), None, 1.0),
+     TypeError, "s_range"),
     (lambda a, l, s, r: fr.rnnt_loss_simple(l, a[:, :3], s, 0, rnnt_type="modified"), ValueError, "T >= S"),
     (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s + 10, 0), ValueError, "symbols"),
     (lambda a, l, s, r: fr.rnnt_loss_simple(l, a, s, 6), ValueError, "blank"),
@@ -250,6 +250,209 @@ def test_bad_inputs(call, exc, match):
     ranges = torch.zeros(4, 7, 3, dtype=torch.int64) + torch.arange(3)
     with pytest.raises(exc, match=match):
         call(am, lm, symbols, ranges)
+
+
+# ------------------------------------------------- k2 / fast_rnnt 1.3 parity
+
+
+def test_prune_ranges_widen_a_band_too_narrow_for_the_regular_transducer():
+    """S = 9 symbols in T = 3 frames: a band of 2 (start rising by 1 per
+    frame) never reaches symbol 9; k2 widens it to (9 - 1) // 3 + 2 = 4 with
+    a warning, which forces the starts [0, 3, 6] and a finite pruned loss."""
+    am, lm, symbols, term = case(seed=20, B=1, S=9, T=3, C=12)
+    bd = torch.tensor([[0, 0, 9, 3]])
+    _, grads = fr.rnnt_loss_simple(lm, am, symbols, term, bd, return_grad=True)
+    for s_range in (1, 2, 3):
+        with pytest.warns(UserWarning, match="widened to 4"):
+            ranges = fr.get_rnnt_prune_ranges(*grads, bd, s_range)
+        assert ranges.shape == (1, 3, 4) and ranges[0, :, 0].tolist() == [0, 3, 6]
+        assert torch.equal(ranges, ref.prune_ranges_reference(*grads, bd, s_range))
+    with pytest.warns(UserWarning, match="widened to 4"):
+        assert torch.equal(pruned.prune_ranges(*grads, bd, 2), ranges)
+    am_p, lm_p = fr.do_rnnt_pruning(am, lm, ranges)
+    loss = fr.rnnt_loss_pruned(am_p + torch.tanh(lm_p), symbols, ranges, term, bd, reduction="none")
+    assert torch.isfinite(loss).all()
+    close(loss, ref.rnnt_loss_pruned_reference(am_p + torch.tanh(lm_p), symbols, ranges, term, bd, reduction="none"))
+    # the widest need in the batch sets the width; rows without symbols or frames need nothing
+    assert pruned.min_s_range(torch.tensor([[0, 0, 20, 2], [0, 0, 17, 3], [0, 0, 0, 5], [0, 0, 4, 0]])) == 11
+    # wide enough: no warning, no widening; modified/constrained never widen (a symbol consumes a frame)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fr.get_rnnt_prune_ranges(*grads, bd, 4).shape == (1, 3, 4)
+        am, lm, symbols, term = case(seed=21, B=1, S=3, T=3, C=6)
+        _, grads = fr.rnnt_loss_simple(lm, am, symbols, term, rnnt_type="modified", return_grad=True)
+        assert fr.get_rnnt_prune_ranges(*grads, None, 1).shape == (1, 3, 1)
+    with pytest.raises(ValueError, match="s_range"):
+        fr.get_rnnt_prune_ranges(*grads, None, 0)
+
+
+@pytest.mark.parametrize("rnnt_type", TYPES)
+def test_full_and_pruned_loss_return_occupancies(rnnt_type):
+    """return_grad=True on rnnt_loss and rnnt_loss_pruned: (loss, (px_grad,
+    py_grad)), the occupation of every arc (d total / d px, py) whatever the
+    reduction, as rnnt_loss_simple gives."""
+    am, lm, symbols, term = case(seed=22)
+    logits = am[:, :, None, :] + torch.tanh(lm[:, None, :, :])
+    kw = dict(boundary=BOUNDARY, rnnt_type=rnnt_type, delay_penalty=0.2)
+    loss, (pxg, pyg) = fr.rnnt_loss(logits, symbols, term, reduction="mean", return_grad=True, **kw)
+    want, (pxg_ref, pyg_ref) = ref.rnnt_loss_reference(logits, symbols, term, reduction="mean", return_grad=True,
+                                                       **kw)
+    close(loss, want)
+    close(pxg, pxg_ref)
+    close(pyg, pyg_ref)
+    assert pxg.shape == (4, 4, 8 if rnnt_type == "regular" else 7) and pyg.shape == (4, 5, 7)
+    close(fr.rnnt_loss(logits, symbols, term, reduction="sum", **kw), 4 * loss)
+    ranges = fr.get_rnnt_prune_ranges(pxg, pyg, BOUNDARY, 3)
+    am_p, lm_p = fr.do_rnnt_pruning(am, lm, ranges)
+    band = am_p + torch.tanh(lm_p)
+    loss, (pxg, pyg) = fr.rnnt_loss_pruned(band, symbols, ranges, term, reduction="sum", return_grad=True, **kw)
+    want, (pxg_ref, pyg_ref) = ref.rnnt_loss_pruned_reference(band, symbols, ranges, term, reduction="sum",
+                                                              return_grad=True, **kw)
+    close(loss, want)
+    close(pxg, pxg_ref)
+    close(pyg, pyg_ref)
+    # the regular type's fused route is skipped for return_grad; its numbers are the grid's
+    loss, (pxg, _) = fr.rnnt_loss(logits, symbols, term, BOUNDARY, reduction="none", return_grad=True)
+    close(loss, fr.rnnt_loss(logits, symbols, term, BOUNDARY, reduction="none"))
+    close(pxg, fr.mutual_information_recursion(*fr.get_rnnt_logprobs_joint(logits, symbols, term, "regular",
+                                                                           BOUNDARY), BOUNDARY, True)[1][0])
+    # the native lengths-based losses return the same occupancies
+    g = pruned.pruned_rnnt_loss(band, symbols, ranges, BOUNDARY[:, 3], BOUNDARY[:, 2], term, rnnt_type, 0.2,
+                                return_grad=True)[1]
+    close(g[1], pyg_ref)
+    g = pruned.grid_rnnt_loss(logits, symbols, BOUNDARY[:, 3], BOUNDARY[:, 2], term, rnnt_type, 0.2,
+                              return_grad=True)[1]
+    close(g[0], ref.rnnt_loss_reference(logits, symbols, term, return_grad=True, **kw)[1][0])
+
+
+def test_argument_order_is_k2s():
+    """k2 takes rnnt_type before boundary in get_rnnt_logprobs and
+    get_rnnt_logprobs_joint, boundary before rnnt_type in the smoothed and
+    pruned ones, and boundary=None everywhere but get_rnnt_prune_ranges."""
+    import inspect
+    head = ["symbols", "termination_symbol"]
+    want = {
+        fr.get_rnnt_logprobs: ["lm", "am", *head, "rnnt_type", "boundary"],
+        fr.get_rnnt_logprobs_joint: ["logits", *head, "rnnt_type", "boundary"],
+        fr.get_rnnt_logprobs_smoothed: ["lm", "am", *head, "lm_only_scale", "am_only_scale", "boundary",
+                                        "rnnt_type"],
+        fr.get_rnnt_logprobs_pruned: ["logits", "symbols", "ranges", "termination_symbol", "boundary", "rnnt_type"],
+        fr.rnnt_loss_simple: ["lm", "am", *head, "boundary", "rnnt_type", "delay_penalty", "reduction",
+                              "return_grad"],
+        fr.rnnt_loss: ["logits", *head, "boundary", "rnnt_type", "delay_penalty", "reduction", "return_grad"],
+        fr.rnnt_loss_smoothed: ["lm", "am", *head, "lm_only_scale", "am_only_scale", "boundary", "rnnt_type",
+                                "delay_penalty", "reduction", "return_grad"],
+        fr.rnnt_loss_pruned: ["logits", "symbols", "ranges", "termination_symbol", "boundary", "rnnt_type",
+                              "delay_penalty", "reduction", "return_grad"],
+        fr.get_rnnt_prune_ranges: ["px_grad", "py_grad", "boundary", "s_range"],
+    }
+    for f, names in want.items():
+        params = inspect.signature(f).parameters
+        assert [n for n, p in params.items() if p.kind == p.POSITIONAL_OR_KEYWORD] == names, f.__name__
+        if "boundary" in names and f is not fr.get_rnnt_prune_ranges:
+            assert params["boundary"].default is None, f.__name__
+    am, lm, symbols, term = case(seed=23)
+    px, py = fr.get_rnnt_logprobs(lm, am, symbols, term, "modified", BOUNDARY)
+    assert px.shape == (4, 4, 7)
+    close(px, fr.get_rnnt_logprobs(lm, am, symbols, term, boundary=BOUNDARY, rnnt_type="modified")[0])
+    logits = am[:, :, None] + lm[:, None]
+    px, _ = fr.get_rnnt_logprobs_joint(logits, symbols, term, "constrained", BOUNDARY)
+    close(px, ref.logprobs_joint(logits, symbols, term, BOUNDARY, "constrained")[0])
+    ranges = torch.zeros(4, 7, 5, dtype=torch.int64) + torch.arange(5)
+    px, py = fr.get_rnnt_logprobs_pruned(logits, symbols, ranges, term)  # boundary defaults to [0, 0, S, T]
+    close(px, fr.get_rnnt_logprobs_joint(logits, symbols, term)[0])
+
+
+def test_band_ties_break_as_k2_in_float32():
+    """k2 sums each band's occupancy on its own in the gradients' dtype and
+    takes the first maximum: with float32 grads where 1 + 3e-8 == 1, bands 0
+    and 2 tie at frame 1 and k2 keeps band 0; float64 scores keep band 2."""
+    S, T = 4, 4
+    pxg = torch.zeros(1, S, T + 1)
+    pyg = torch.zeros(1, S + 1, T)
+    pyg[0, 0, 0] = 1.0
+    pyg[0, :, 1] = torch.tensor([1.0, 0.0, 0.0, 1.0, 3e-8])
+    pyg[0, 2:, 2] = 1.0
+    bd = torch.tensor([[0, 0, S, T]])
+    k2_like = fr.get_rnnt_prune_ranges(pxg, pyg, bd, 3)
+    assert k2_like[0, :, 0].tolist() == [0, 0, 2, 2]
+    assert torch.equal(k2_like, ref.prune_ranges_reference(pxg, pyg, bd, 3, score_dtype=np.float32))
+    wide = pruned.prune_ranges(pxg, pyg, bd, 3)  # the native default: float64 scores
+    assert wide[0, :, 0].tolist() == [0, 2, 2, 2]
+    assert torch.equal(wide, ref.prune_ranges_reference(pxg, pyg, bd, 3))
+    assert torch.equal(pruned.prune_ranges(pxg, pyg, bd, 3, band_scores="input"), k2_like)
+    with pytest.raises(ValueError, match="band_scores"):
+        pruned.prune_ranges(pxg, pyg, bd, 3, band_scores="float32")
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda a, l, s: fr.rnnt_loss_simple(l, a, s, 0, boundary=[[0, 0, 4.7, 7.0]] * 4), TypeError, "boundary"),
+    (lambda a, l, s: fr.rnnt_loss_simple(l, a, s, 0, boundary=torch.tensor([[0, 0, 4, 7]] * 4).bool()),
+     TypeError, "boundary"),
+    (lambda a, l, s: fr.get_rnnt_prune_ranges(torch.zeros(4, 4, 8), torch.zeros(4, 5, 7),
+                                              torch.tensor([[0.0, 0.0, 4.0, 7.0]] * 4), 3), TypeError, "boundary"),
+    (lambda a, l, s: fr.rnnt_loss_simple(l, a, s, 0, return_grad="yes"), TypeError, "return_grad"),
+    (lambda a, l, s: fr.rnnt_loss_pruned(torch.zeros(4, 7, 3, 6), s, torch.zeros(4, 7, 3, dtype=torch.int64), 0,
+                                         reduction="avg"), ValueError, "reduction"),
+    (lambda a, l, s: fr.rnnt_loss(a[:, :, None] + l[:, None], s, 0, reduction="batch"), ValueError, "reduction"),
+    (lambda a, l, s: fr.rnnt_loss_smoothed(l, a, s, 0, lm_only_scale="0.1"), TypeError, "lm_only_scale"),
+    (lambda a, l, s: fr.rnnt_loss_simple(l, a, s, 0, delay_penalty=True), TypeError, "delay_penalty"),
+    (lambda a, l, s: fr.rnnt_loss_simple(l, a, s, 0, modified="yes"), TypeError, "modified"),
+    (lambda a, l, s: pruned.simple_rnnt_loss(a, l, s, torch.tensor([4.7, 5.0, 7.0, 7.0]), [4, 4, 4, 4], 0),
+     TypeError, "logit_lengths"),
+    (lambda a, l, s: pruned.simple_rnnt_loss(a, l, s, [7, 7, 7, 7], [True, True, True, True], 0),
+     TypeError, "target_lengths"),
+    (lambda a, l, s: pruned.simple_rnnt_loss(a, l, s, [7, 7, 7, 8], [4, 4, 4, 4], 0), ValueError, "logit_lengths"),
+    (lambda a, l, s: pruned.simple_rnnt_loss(a, l, s, [7, 7, 7, 7], [4, 4, 4, 5], 0), ValueError, "target_lengths"),
+    (lambda a, l, s: pruned.grid_rnnt_loss(a[:, :, None] + l[:, None], s, [7.0] * 4, [4] * 4, 0), TypeError,
+     "logit_lengths"),
+    (lambda a, l, s: pruned.pruned_rnnt_loss(torch.zeros(4, 7, 3, 6), s, torch.zeros(4, 7, 3, dtype=torch.int64),
+                                             [7] * 4, np.array([4.0] * 4), 0), TypeError, "target_lengths"),
+    (lambda a, l, s: pruned.simple_rnnt_loss(a, l, s, [7] * 4, [4] * 4, 0, reduction="frame"), ValueError,
+     "reduction"),
+])
+def test_lengths_and_flags_are_checked_not_truncated(call, exc, match):
+    am, lm, symbols, _ = case(seed=24)
+    with pytest.raises(exc, match=match):
+        call(am, lm, symbols)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_mutual_information_takes_half_precision(dtype):
+    g = torch.Generator().manual_seed(25)
+    px = torch.randn(3, 2, 5, generator=g).to(dtype).requires_grad_()
+    py = torch.randn(3, 3, 4, generator=g).to(dtype).requires_grad_()
+    bd = torch.tensor([[0, 0, 2, 4], [0, 0, 1, 3], [0, 1, 2, 4]])
+    total, (pxg, pyg) = fr.mutual_information_recursion(px, py, bd, return_grad=True)
+    want, (pxg32, pyg32) = fr.mutual_information_recursion(px.detach().float(), py.detach().float(), bd, True)
+    assert total.dtype == pxg.dtype == pyg.dtype == dtype
+    close(total.float(), want.to(dtype).float())
+    close(pxg.float(), pxg32.to(dtype).float())
+    total.sum().backward()
+    assert px.grad.dtype == dtype and torch.equal(px.grad, pxg) and torch.equal(py.grad, pyg)
+    with pytest.raises(TypeError, match="px, py"):
+        fr.mutual_information_recursion(px.detach(), py.detach().float())
+
+
+def test_gather_plans_are_a_thread_safe_lru():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chainfb import checks
+    from chainfb.transducer import grid
+
+    assert isinstance(grid._PLANS, checks.LRU)
+    g = torch.Generator().manual_seed(26)
+    px = torch.randn(2, 3, 6, generator=g, dtype=torch.float64)
+    py = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    bds = [torch.tensor([[0, 0, 3, 5], [0, 0, s, t]]) for s in range(4) for t in range(1, 6)]
+    want = [ref.mi_reference(px, py, bd)[0] for bd in bds]
+    grid._PLANS.clear()
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda bd: fr.mutual_information_recursion(px, py, bd), bds * 2))
+    for a, b in zip(got, want * 2):
+        close(a, b)
+    assert len(grid._PLANS) <= grid._PLANS.size
 
 
 # ----------------------------------------------------------------- per device

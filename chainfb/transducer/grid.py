@@ -32,12 +32,11 @@ scattered back.  Memory: ``O(B * S * T)``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import torch
 
-from .._arrays import as_array, check_tensor, wrap_like
+from .. import checks
+from .._arrays import as_array, wrap_like
 from ..criterion import Criterion, apply
 from ..lattice import concat_ranges
 from .graphs import compile_layout
@@ -52,16 +51,9 @@ def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
     checked: ``0 <= s_begin <= s_end <= S`` and ``0 <= t_begin <= t_end <= T``."""
     if boundary is None:
         return np.tile(np.array([0, 0, S, T], dtype=np.int64), (B, 1))
-    if isinstance(boundary, torch.Tensor):
-        if boundary.dtype.is_floating_point:
-            raise TypeError(f"boundary: expected an integer tensor, got {boundary.dtype}")
-        boundary = boundary.detach().cpu().numpy()
-    bd = np.asarray(boundary)
-    if bd.dtype.kind not in "iu":
-        raise TypeError(f"boundary: expected integers, got dtype {bd.dtype}")
+    bd = checks.int_array(boundary, "boundary")  # floats and bools: TypeError
     if bd.shape != (B, 4):
         raise ValueError(f"boundary: expected shape ({B}, 4) [s_begin, t_begin, s_end, t_end], got {bd.shape}")
-    bd = bd.astype(np.int64)
     s0, t0, s1, t1 = bd.T
     bad = (s0 < 0) | (s0 > s1) | (s1 > S) | (t0 < 0) | (t0 > t1) | (t1 > T)
     if bad.any():
@@ -71,12 +63,15 @@ def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
     return bd
 
 
-class _Plan:
-    """Index arrays of the gather for one (layout, boundary, shape, kind):
-    for each score-map entry its engine coordinates ``(row, col)`` and its
-    flat index into ``px`` or ``py``."""
+class _GridGatherPlan:
+    """Where each grid arc goes in the engine's score map, for one (layout,
+    boundary, shape, topology): for the ``px`` and the ``py`` arcs, their
+    engine coordinates ``(row, col)`` and their flat index into ``px`` /
+    ``py``.  It holds its layout, so the layout's ``id`` in the cache key
+    stays its own while the plan is cached."""
 
     def __init__(self, lay, bd, S, T, modified):
+        self.layout = lay
         r = lay.real
         b, s, j = lay.col_b[r], lay.col_u[r], lay.col_j[r]
         s0, t0, s1, t1 = (bd[:, k] for k in range(4))
@@ -96,7 +91,8 @@ class _Plan:
         self.num_rows = int(self.lengths.max()) if len(self.lengths) else 0
 
 
-_PLANS: "OrderedDict[tuple, _Plan]" = OrderedDict()
+#: the gather plans of the most recent batches (thread-safe)
+_PLANS = checks.LRU(16)
 
 
 class GridCriterion(Criterion):
@@ -111,8 +107,8 @@ class GridCriterion(Criterion):
     """
 
     def __init__(self, px, py, boundary=None):
-        check_tensor(px, "px", _FLOATS, 3)
-        check_tensor(py, "py", _FLOATS, 3)
+        checks.tensor(px, "px", _FLOATS, 3)
+        checks.tensor(py, "py", _FLOATS, 3)
         B, S1, T = py.shape
         S = S1 - 1
         if px.shape[:2] != (B, S) or px.shape[2] not in (T, T + 1):
@@ -127,13 +123,7 @@ class GridCriterion(Criterion):
         S_b = bd[:, 2] - bd[:, 0]
         lay = compile_layout(S_b, np.ones(B, dtype=np.int64), umax=S)  # every (S_b, T_b) has a path
         key = (id(lay), bd.tobytes(), S, T, self.modified)
-        plan = _PLANS.get(key)
-        if plan is None or plan.layout is not lay:
-            plan = _Plan(lay, bd, S, T, self.modified)
-            plan.layout = lay
-            _PLANS[key] = plan
-            if len(_PLANS) > 16:
-                _PLANS.popitem(last=False)
+        plan = _PLANS.get(key, lambda: _GridGatherPlan(lay, bd, S, T, self.modified))
         self.plan, self.lattice, self.lengths = plan, lay.lat, plan.lengths
 
     def gather(self, x, need_grad=True):
@@ -171,22 +161,33 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
 
     Parameters
     ----------
-    px : ``[B, S, T + 1]`` (regular) or ``[B, S, T]`` (modified) float32/float64.
-    py : ``[B, S + 1, T]``, same dtype and device.
+    px : ``[B, S, T + 1]`` (regular) or ``[B, S, T]`` (modified) float tensor.
+    py : ``[B, S + 1, T]``, same dtype and device.  float16 and bfloat16 are
+        computed in float32; the results come back in the input dtype.
     boundary : ``[B, 4]`` ints ``[s_begin, t_begin, s_end, t_end]`` or None.
     return_grad : also return ``(px_grad, py_grad)``, the occupation
-        probability of every arc (``d total / d px``, ``d total / d py``).
+        probability of every arc (``d total / d px``, ``d total / d py``,
+        whatever is later done with ``total``).
 
     Returns
     -------
     total ``[B]`` (``-inf`` where no path), or ``(total, (px_grad, py_grad))``.
     """
+    return_grad = checks.flag(return_grad, "return_grad")
+    checks.tensor(px, "px", checks.FLOATS, 3)
+    checks.tensor(py, "py", checks.FLOATS, 3)
+    dtype = px.dtype
+    if py.dtype != dtype:
+        raise TypeError(f"px, py: expected one dtype, got {px.dtype} and {py.dtype}")
+    if dtype not in _FLOATS:  # half types: computed in float32 (differentiable casts)
+        px, py = px.float(), py.float()
     crit = GridCriterion(px, py, boundary)
     crit.last_grads = None
     total = apply((px, py), crit)
-    if not return_grad:
-        return total
-    grads = crit.last_grads
-    if grads is None:  # no input requires grad: the forward pass did not form them
-        _, grads = crit.run((px, py), True)
-    return total, tuple(g.detach().clone() for g in grads)
+    if return_grad:
+        grads = crit.last_grads
+        if grads is None:  # no input requires grad: the forward pass did not form them
+            _, grads = crit.run((px, py), True)
+        grads = tuple(g.detach().to(dtype, copy=True) for g in grads)
+    total = total.to(dtype)
+    return (total, grads) if return_grad else total

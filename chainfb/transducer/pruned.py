@@ -31,22 +31,32 @@ Where the log-probs come from:
 The pruned pipeline: :func:`simple_rnnt_loss` with ``return_grad=True`` ->
 :func:`prune_ranges` -> :func:`prune` (``am``, ``lm`` on the band) -> the
 joiner on ``[B, T, s_range, ...]`` -> :func:`pruned_rnnt_loss`.  Memory of
-the pruned part: ``O(B * T * s_range * C)`` plus ``O(B * T * S)``.
+the pruned part: ``O(B * T * s_range * C)`` plus ``O(B * T * S)``.  For the
+regular topology a band narrower than :func:`min_s_range` (``S_b``
+symbols in ``T_b`` frames need ``(S_b - 1) // T_b + 2``) cannot reach the
+last symbol, so :func:`prune_ranges` widens it with a warning, as k2 does.
+Its band scores are summed in float64 by default; ``band_scores="input"``
+sums them as k2 does (in the gradients' dtype, window by window), which is
+what :mod:`chainfb.compat.fast_rnnt` uses to pick k2's band where float32
+scores tie.  Every loss takes ``return_grad=True`` for ``(loss, (px_grad,
+py_grad))``, the occupancy of each grid arc.
 
 Half-precision inputs are computed in float32; values come back in the
 input dtype.  Lengths-based entry points build the boundary ``[0, 0, U_b,
-T_b]``; the ``boundary=`` forms take k2's ``[s_begin, t_begin, s_end,
+T_b]`` from integer lengths (floats and bools are a ``TypeError``, never
+truncated); the ``boundary=`` forms take k2's ``[s_begin, t_begin, s_end,
 t_end]``.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
-from .._arrays import FLOATS, INTS, check_tensor
+from .. import checks
 from .grid import check_boundary, grid_loglike
-from .loss import reduce_costs
 
 __all__ = [
     "RNNT_TYPES",
@@ -54,6 +64,7 @@ __all__ = [
     "rnnt_logprobs_joint",
     "rnnt_logprobs_pruned",
     "prune_ranges",
+    "min_s_range",
     "prune",
     "simple_rnnt_loss",
     "pruned_rnnt_loss",
@@ -63,20 +74,21 @@ __all__ = [
 ]
 
 RNNT_TYPES = ("regular", "modified", "constrained")
+#: how :func:`prune_ranges` sums the band scores (its ``band_scores`` argument)
+BAND_SCORES = ("float64", "input")
 
 
 def _check_type(rnnt_type):
-    if rnnt_type not in RNNT_TYPES:
-        raise ValueError(f"rnnt_type: expected one of {', '.join(map(repr, RNNT_TYPES))}, got {rnnt_type!r}")
+    checks.choice(rnnt_type, "rnnt_type", RNNT_TYPES)
 
 
 def _float(x, name, ndim):
-    check_tensor(x, name, FLOATS, ndim)
+    checks.tensor(x, name, checks.FLOATS, ndim)
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def _symbols(symbols, B, S, C, name="symbols"):
-    check_tensor(symbols, name, INTS)
+    checks.tensor(symbols, name, checks.INTS)
     if tuple(symbols.shape) != (B, S):
         raise ValueError(f"{name}: expected shape ({B}, {S}), got {tuple(symbols.shape)}")
     if symbols.numel():
@@ -86,12 +98,8 @@ def _symbols(symbols, B, S, C, name="symbols"):
     return symbols.to(torch.int64)
 
 
-def _blank(blank, C):
-    if not isinstance(blank, (int, np.integer)) or isinstance(blank, bool):
-        raise TypeError(f"blank: expected an int, got {type(blank).__name__}")
-    if not 0 <= int(blank) < C:
-        raise ValueError(f"blank: expected an index in [0, {C}), got {blank}")
-    return int(blank)
+def _blank(blank, C, name="blank"):
+    return checks.blank(blank, C, name)
 
 
 def _check_frames(rnnt_type, S, T):
@@ -127,10 +135,7 @@ def add_delay_penalty(px, boundary, delay_penalty: float, num_frames: int):
 
 
 def _penalty(delay_penalty):
-    if not isinstance(delay_penalty, (int, float, np.floating)) or isinstance(delay_penalty, bool) \
-            or not np.isfinite(delay_penalty):
-        raise ValueError(f"delay_penalty: expected a finite number, got {delay_penalty!r}")
-    return float(delay_penalty)
+    return checks.number(delay_penalty, "delay_penalty")
 
 
 def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0,
@@ -154,6 +159,8 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     """
     _check_type(rnnt_type)
     delay_penalty = _penalty(delay_penalty)
+    lm_only_scale = checks.number(lm_only_scale, "lm_only_scale")
+    am_only_scale = checks.number(am_only_scale, "am_only_scale")
     am, lm = _float(am, "am", 3), _float(lm, "lm", 3)
     B, T, C = am.shape
     if lm.shape[0] != B or lm.shape[2] != C or lm.shape[1] < 1:
@@ -176,9 +183,9 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     px = px + torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S]
     py = am[:, :, blank][:, None, :] + lm[:, :, blank][:, :, None] - norm
     if lm_only_scale or am_only_scale:
-        l_s = float(lm_only_scale) or 1e-20
-        a_s = float(am_only_scale) or 1e-20
-        c_s = 1.0 - float(lm_only_scale) - float(am_only_scale)
+        l_s = lm_only_scale or 1e-20
+        a_s = am_only_scale or 1e-20
+        c_s = 1.0 - lm_only_scale - am_only_scale
         lm_lp = lm.log_softmax(dim=2)
         unigram = lm.softmax(dim=2).mean(dim=(0, 1)) + torch.finfo(dtype).tiny  # [C]
         log_u = unigram.log()
@@ -211,7 +218,7 @@ def rnnt_logprobs_joint(logits, symbols, blank, boundary=None, rnnt_type="regula
 
 
 def _check_ranges(ranges, B, T, S):
-    check_tensor(ranges, "ranges", INTS)
+    checks.tensor(ranges, "ranges", checks.INTS)
     if ranges.dim() != 3 or tuple(ranges.shape[:2]) != (B, T) or ranges.shape[2] < 1:
         raise ValueError(f"ranges: expected shape ({B}, {T}, s_range >= 1), got {tuple(ranges.shape)}")
     if ranges.numel():
@@ -265,51 +272,97 @@ def _reverse_cummin(x, dim):
     return torch.flip(torch.cummin(torch.flip(x, (dim,)), dim=dim)[0], (dim,))
 
 
-def prune_ranges(px_grad, py_grad, boundary, s_range: int):
+def _s_range_needs(bd: np.ndarray) -> np.ndarray:
+    """``[B]``: each row's narrowest regular band, ``(S_b - 1) // T_b + 2``
+    (1 for rows with ``S_b = 0`` or ``T_b = 0``)."""
+    S_b, T_b = bd[:, 2], bd[:, 3]
+    live = (S_b >= 1) & (T_b >= 1)
+    return np.where(live, (S_b - 1) // np.maximum(T_b, 1) + 2, 1)
+
+
+def min_s_range(boundary) -> int:
+    """The narrowest band with which every sequence of a regular transducer
+    can reach its last symbol: ``max_b (S_b - 1) // T_b + 2`` over the rows
+    with ``S_b >= 1`` and ``T_b >= 1`` (``S_b``, ``T_b`` are ``boundary[:,
+    2]`` and ``boundary[:, 3]``, as in k2), 1 when there is none.  The band
+    start rises by at most ``s_range - 1`` per frame, so in ``T_b`` frames
+    its end reaches at most symbol ``(s_range - 1) * T_b``.
+
+    ``boundary`` : ``[B, 4]`` ints (``B >= 1``)."""
+    bd = checks.int_array(boundary, "boundary", 2)
+    if bd.shape[1:] != (4,):
+        raise ValueError(f"boundary: expected shape (B, 4), got {bd.shape}")
+    return int(_s_range_needs(bd).max()) if len(bd) else 1
+
+
+def _band_scores(pxg, pyg, s_range, how):
+    """Score ``[B, J, T]`` of the band starting at each ``j`` of ``J = S + 2 -
+    s_range``: the occupancy of its blank arcs minus the symbol arc entering
+    it (``px_grad[j - 1]``, nothing for ``j = 0``)."""
+    B, S1, T = pyg.shape
+    J = S1 + 1 - s_range
+    if how == "float64":  # window sums as differences of a float64 cumulative sum
+        pyg, pxg = pyg.double(), pxg.double()
+        cs = torch.cat([pyg.new_zeros((B, 1, T)), pyg.cumsum(dim=1)], dim=1)  # [B, S + 2, T]
+        score = cs[:, s_range:s_range + J] - cs[:, :J]
+    else:  # k2's form: each window summed on its own, in the gradients' dtype
+        pxg = pxg.to(pyg.dtype)
+        score = pyg.unfold(1, s_range, 1).permute(0, 1, 3, 2).sum(dim=2)  # [B, J, s_range, T] -> [B, J, T]
+    entering = torch.cat([pxg.new_zeros((B, 1, T)), pxg[:, :J - 1]], dim=1)
+    return score - entering
+
+
+def prune_ranges(px_grad, py_grad, boundary, s_range: int, *, band_scores: str = "float64"):
     """k2's ``get_rnnt_prune_ranges``: per frame, the ``s_range`` consecutive
     symbol positions that hold the most occupancy.
 
     Parameters
     ----------
-    px_grad : ``[B, S, T + 1]`` or ``[B, S, T]``; py_grad : ``[B, S + 1, T]``
-        arc occupancies (``return_grad`` of :func:`simple_rnnt_loss`).
-    boundary : ``[B, 4]`` or None.
-    s_range : int >= 1 (>= 2 for the regular topology); above ``S`` it becomes ``S + 1``.
+    px_grad : ``[B, S, T + 1]`` (regular) or ``[B, S, T]``; py_grad : ``[B, S
+        + 1, T]``: arc occupancies (``return_grad`` of :func:`simple_rnnt_loss`).
+    boundary : ``[B, 4]`` ints ``[s_begin, t_begin, s_end, t_end]`` or None.
+    s_range : int >= 1, the band width asked for.  For the regular topology
+        (``px_grad`` with ``T + 1`` columns) a band narrower than
+        :func:`min_s_range` cannot reach the last symbol of some sequence
+        (its pruned loss would be ``inf``): it is widened to that width with a
+        ``UserWarning``, as k2 does.  Above ``S`` it becomes ``S + 1`` (the
+        whole grid).
+    band_scores : how the score of each candidate band is summed:
+        ``"float64"`` (default) in float64, as differences of a cumulative
+        sum; ``"input"`` as k2 sums it, each window on its own in the
+        gradients' dtype, so that bands whose float32 scores tie (common on
+        peaky occupancies) break the tie as k2 does (the first maximum).
 
     Returns
     -------
-    ranges : int64 ``[B, T, s_range]``, ``ranges[b, t, k] = start[b, t] + k``
-        with ``start[b, 0] = 0``, ``start`` non-decreasing in ``t``, rising
-        by at most ``s_range - 1`` per frame (1 when px has ``T`` columns) and
-        every entry in ``[0, S]``; from frame ``t_end - 1`` on the band ends
-        at ``s_end``.
+    ranges : int64 ``[B, T, s_range]`` (the width after widening),
+        ``ranges[b, t, k] = start[b, t] + k`` with ``start[b, 0] = 0``,
+        ``start`` non-decreasing in ``t``, rising by at most ``s_range - 1``
+        per frame (1 when px has ``T`` columns) and every entry in ``[0,
+        S]``; from frame ``t_end - 1`` on the band ends at ``s_end``.
     """
-    if not isinstance(s_range, (int, np.integer)) or isinstance(s_range, bool):
-        raise TypeError(f"s_range: expected an int, got {type(s_range).__name__}")
-    for name, g in (("px_grad", px_grad), ("py_grad", py_grad)):
-        if not isinstance(g, torch.Tensor) or g.dim() != 3 or not g.dtype.is_floating_point:
-            raise ValueError(f"{name}: expected a 3-D float tensor")
+    s_range = checks.integer(s_range, "s_range", lo=1)
+    checks.choice(band_scores, "band_scores", BAND_SCORES)
+    checks.tensor(px_grad, "px_grad", checks.FLOATS, 3)
+    checks.tensor(py_grad, "py_grad", checks.FLOATS, 3)
     B, S1, T = py_grad.shape
     S = S1 - 1
     T1 = px_grad.shape[2]
     if px_grad.shape[:2] != (B, S) or T1 not in (T, T + 1):
         raise ValueError(f"px_grad: expected shape ({B}, {S}, {T} or {T + 1}), got {tuple(px_grad.shape)}")
     bd = check_boundary(boundary, B, S, T)
-    s_range = int(s_range)
+    if T1 == T + 1 and B:
+        needs = _s_range_needs(bd)
+        b = int(needs.argmax())
+        if s_range < needs[b]:
+            warnings.warn(f"s_range: a band of {s_range} cannot reach the last symbol of sequence {b} ({bd[b, 2]} "
+                          f"symbols in {bd[b, 3]} frames); widened to {needs[b]}", UserWarning, stacklevel=2)
+            s_range = int(needs[b])
     if s_range > S:
         s_range = S + 1
-    need = 1 if T1 == T else 2
-    if s_range < need:
-        raise ValueError(f"s_range: expected >= {need} for px_grad with {T1} columns, got {s_range}")
     dev = py_grad.device
-    pyg = py_grad.detach().double()
-    pxg = px_grad.detach().double()[:, :, :T]
-    # score of the band starting at j: occupancy of its blank arcs minus the symbol arc entering it
-    cs = torch.cat([pyg.new_zeros((B, 1, T)), pyg.cumsum(dim=1)], dim=1)  # [B, S + 2, T]
-    J = S + 2 - s_range
-    score = cs[:, s_range:s_range + J] - cs[:, :J]
-    score[:, 1:] -= pxg[:, :J - 1]
-    start = score.argmax(dim=1)  # first maximum: [B, T]
+    score = _band_scores(px_grad.detach()[:, :, :T], py_grad.detach(), s_range, band_scores)
+    start = score.argmax(dim=1)  # the first maximum: [B, T]
     t = torch.arange(T, device=dev)
     s_end = torch.as_tensor(bd[:, 2], device=dev)
     t_end = torch.as_tensor(bd[:, 3], device=dev)
@@ -327,9 +380,8 @@ def prune(am, lm, ranges):
     """k2's ``do_rnnt_pruning``: ``(am_pruned, lm_pruned)``, both ``[B, T,
     s_range, D]``: ``am_pruned[b, t, k] = am[b, t]``, ``lm_pruned[b, t, k] =
     lm[b, ranges[b, t, k]]`` (``am [B, T, D]``, ``lm [B, S + 1, D]``)."""
-    for name, x in (("am", am), ("lm", lm)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            raise ValueError(f"{name}: expected a 3-D tensor")
+    checks.tensor(am, "am", ndim=3, layout="[B, T, D]")
+    checks.tensor(lm, "lm", ndim=3, layout="[B, S + 1, D]")
     B, T, D = am.shape
     if lm.shape[0] != B or lm.shape[2] != D:
         raise ValueError(f"lm: expected shape ({B}, S + 1, {D}), got {tuple(lm.shape)}")
@@ -340,20 +392,27 @@ def prune(am, lm, ranges):
     return am_pruned, lm_pruned
 
 
-def boundary_from_lengths(logit_lengths, target_lengths) -> torch.Tensor:
-    """``[B, 4]`` int64 ``[0, 0, U_b, T_b]`` on ``logit_lengths``' device."""
-    T = torch.as_tensor(logit_lengths).to(torch.int64)
-    U = torch.as_tensor(target_lengths).to(device=T.device, dtype=torch.int64)
-    z = torch.zeros_like(T)
-    return torch.stack([z, z, U, T], dim=1)
+def boundary_from_lengths(logit_lengths, target_lengths, T: int | None = None, U: int | None = None) -> torch.Tensor:
+    """``[B, 4]`` int64 ``[0, 0, U_b, T_b]`` (on ``logit_lengths``' device
+    when it is a tensor): both ``[B]`` integers (floats and bools are a
+    ``TypeError``), ``T_b`` in ``[0, T]`` and ``U_b`` in ``[0, U]`` when the
+    bounds are given."""
+    T_b = checks.int_array(logit_lengths, "logit_lengths", 1)
+    T_b = checks.lengths(T_b, "logit_lengths", len(T_b), T)
+    U_b = checks.lengths(target_lengths, "target_lengths", len(T_b), U)
+    z = np.zeros_like(T_b)
+    bd = torch.from_numpy(np.stack([z, z, U_b, T_b], axis=1))
+    return bd.to(logit_lengths.device) if isinstance(logit_lengths, torch.Tensor) else bd
 
 
 def _loss(px, py, boundary, reduction, return_grad, dtype):
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
+    """``reduce(-total)`` in ``dtype``, or ``(loss, (px_grad, py_grad))``
+    with the occupancies of the grid's arcs (``d total / d px``, ``d total /
+    d py``: the gradient of the summed log-likelihoods, whatever the
+    reduction)."""
     out = grid_loglike(px, py, boundary, return_grad=return_grad)
     total, grads = out if return_grad else (out, None)
-    loss = reduce_costs(-total, reduction).to(dtype)
+    loss = checks.reduce(-total, reduction).to(dtype)
     return (loss, grads) if return_grad else loss
 
 
@@ -377,32 +436,46 @@ def simple_rnnt_loss(am, lm, targets, logit_lengths, target_lengths, blank, rnnt
     -------
     loss (``[B]`` or scalar, in ``am``'s dtype), or ``(loss, (px_grad, py_grad))``.
     """
-    bd = boundary_from_lengths(logit_lengths, target_lengths)
+    reduction = checks.reduction(reduction)
+    return_grad = checks.flag(return_grad, "return_grad")
+    bd = boundary_from_lengths(logit_lengths, target_lengths, _size(am, 3, 1), _size(lm, 3, 1, 1))
     px, py = rnnt_logprobs(am, lm, targets, blank, bd, rnnt_type, delay_penalty, lm_only_scale, am_only_scale)
     return _loss(px, py, bd, reduction, return_grad, am.dtype)
 
 
+def _size(x, ndim: int, dim: int, minus: int = 0):
+    """``x.shape[dim] - minus`` when ``x`` is a tensor of ``ndim``
+    dimensions, else None (the function that reads ``x`` checks it)."""
+    return x.shape[dim] - minus if isinstance(x, torch.Tensor) and x.dim() == ndim else None
+
+
 def pruned_rnnt_loss(logits, targets, ranges, logit_lengths, target_lengths, blank, rnnt_type="regular",
-                     delay_penalty=0.0, reduction="mean"):
+                     delay_penalty=0.0, reduction="mean", return_grad=False):
     """RNN-T loss from joiner logits on the band ``ranges`` (k2's pruned loss).
 
     Parameters
     ----------
     logits : ``[B, T, s_range, C]``; ranges : ``[B, T, s_range]`` ints.
     targets, logit_lengths, target_lengths, blank, rnnt_type, delay_penalty,
-    reduction : as :func:`simple_rnnt_loss`.
+    reduction, return_grad : as :func:`simple_rnnt_loss` (the occupancies
+    are those of the full ``(s, t)`` grid, zero outside the band).
     """
-    bd = boundary_from_lengths(logit_lengths, target_lengths)
+    reduction = checks.reduction(reduction)
+    return_grad = checks.flag(return_grad, "return_grad")
+    bd = boundary_from_lengths(logit_lengths, target_lengths, _size(logits, 4, 1), _size(targets, 2, 1))
     px, py = rnnt_logprobs_pruned(logits, targets, ranges, blank, bd, rnnt_type, delay_penalty)
-    return _loss(px, py, bd, reduction, False, logits.dtype)
+    return _loss(px, py, bd, reduction, return_grad, logits.dtype)
 
 
 def grid_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, rnnt_type="regular", delay_penalty=0.0,
-                   reduction="mean"):
+                   reduction="mean", return_grad=False):
     """RNN-T loss of full joiner logits ``[B, T, U + 1, C]`` through the grid
     lattice, for every ``rnnt_type`` and the delay penalty (for the regular
     type without a penalty :func:`chainfb.rnnt_loss` gives the same numbers
-    with a fused gradient and less memory)."""
-    bd = boundary_from_lengths(logit_lengths, target_lengths)
+    with a fused gradient and less memory); ``return_grad`` as
+    :func:`simple_rnnt_loss`."""
+    reduction = checks.reduction(reduction)
+    return_grad = checks.flag(return_grad, "return_grad")
+    bd = boundary_from_lengths(logit_lengths, target_lengths, _size(logits, 4, 1), _size(logits, 4, 2, 1))
     px, py = rnnt_logprobs_joint(logits, targets, blank, bd, rnnt_type, delay_penalty)
-    return _loss(px, py, bd, reduction, False, logits.dtype)
+    return _loss(px, py, bd, reduction, return_grad, logits.dtype)

@@ -366,7 +366,8 @@ def _adjust_lower_bound(s_begin, r: int):
     return [(r - 1) * t - v for t, v in enumerate(y)]
 
 
-def prune_ranges_reference(px_grad, py_grad, boundary, s_range: int, legacy: bool = False):
+def prune_ranges_reference(px_grad, py_grad, boundary, s_range: int, legacy: bool = False,
+                           score_dtype=np.float64):
     """k2 ``get_rnnt_prune_ranges`` (``legacy=True``: the older algorithm, kept
     in k2 as ``get_rnnt_prune_ranges_deprecated`` and used by the fast_rnnt
     releases that still take ``modified: bool``).  Returns int64
@@ -374,10 +375,14 @@ def prune_ranges_reference(px_grad, py_grad, boundary, s_range: int, legacy: boo
 
     New algorithm, per sequence ``b`` and frame ``t < T``:
 
+    - regular (``px`` is ``[B][S][T+1]``): ``s_range`` below
+      ``max_b (s_end_b - 1) // t_end_b + 2`` (rows with ``s_end_b, t_end_b
+      >= 1``) is widened to it (a narrower band cannot reach the last symbol);
     - ``s_range > S`` -> ``s_range = S + 1``;
     - candidates ``j = 0 .. S + 1 - s_range``; score
       ``sum_{k=j}^{j+s_range-1} py_grad[b,k,t] - (px_grad[b,j-1,t] if j > 0 else 0)``;
-      ``s_begin = first argmax``;
+      ``s_begin = first argmax``, the sum accumulated in ``score_dtype``
+      term by term (``np.float32``: k2's float32 arithmetic);
     - frames ``t >= t_end_b - 1`` get ``max(s_end_b - s_range + 1, 0)``;
     - ``_adjust_lower_bound(s_begin, 2 if px is [B][S][T] else s_range)``;
     - ``ranges[b, t, k] = s_begin[b, t] + k``.
@@ -398,9 +403,13 @@ def prune_ranges_reference(px_grad, py_grad, boundary, s_range: int, legacy: boo
         if s_range > S:
             s_range = S
     else:
+        assert s_range >= 1, s_range
+        if not modified:  # the band end reaches at most (s_range - 1) * t_end at the last frame
+            for _sb, _tb, se, te in rows:
+                while se >= 1 and te >= 1 and (s_range - 1) * te < se:
+                    s_range += 1
         if s_range > S:
             s_range = S + 1
-        assert s_range >= (1 if modified else 2), s_range
     ranges = np.zeros((B, T, s_range), dtype=np.int64)
     for b, (_sb, _tb, se, te) in enumerate(rows):
         s_begin = []
@@ -413,8 +422,10 @@ def prune_ranges_reference(px_grad, py_grad, boundary, s_range: int, legacy: boo
                         for k in range(j, j + s_range)
                     )
                 else:
-                    score = sum(pyg[b, k, t] for k in range(j, j + s_range))
-                    score -= pxg[b, j - 1, t] if j > 0 else 0.0
+                    score = score_dtype(0.0)
+                    for k in range(j, j + s_range):
+                        score = score_dtype(score + score_dtype(pyg[b, k, t]))
+                    score = score_dtype(score - score_dtype(pxg[b, j - 1, t] if j > 0 else 0.0))
                 if best is None or score > best:
                     best_j, best = j, score
             s_begin.append(best_j)
@@ -509,9 +520,9 @@ def rnnt_loss_simple_reference(lm, am, symbols, termination_symbol, boundary=Non
 
 
 def rnnt_loss_reference(logits, symbols, termination_symbol, boundary=None,
-                        rnnt_type="regular", delay_penalty=0.0, reduction="mean"):
+                        rnnt_type="regular", delay_penalty=0.0, reduction="mean", return_grad=False):
     px, py = logprobs_joint(logits, symbols, termination_symbol, boundary, rnnt_type, delay_penalty)
-    return loss_from_logprobs(px, py, boundary, reduction)
+    return loss_from_logprobs(px, py, boundary, reduction, return_grad)
 
 
 def rnnt_loss_smoothed_reference(lm, am, symbols, termination_symbol, lm_only_scale=0.1,
@@ -523,7 +534,8 @@ def rnnt_loss_smoothed_reference(lm, am, symbols, termination_symbol, lm_only_sc
 
 
 def rnnt_loss_pruned_reference(logits, symbols, ranges, termination_symbol, boundary=None,
-                               rnnt_type="regular", delay_penalty=0.0, reduction="mean"):
+                               rnnt_type="regular", delay_penalty=0.0, reduction="mean",
+                               return_grad=False):
     px, py = pruned_logprobs_reference(logits, symbols, ranges, termination_symbol,
                                        boundary, rnnt_type, delay_penalty)
-    return loss_from_logprobs(px, py, boundary, reduction)
+    return loss_from_logprobs(px, py, boundary, reduction, return_grad)
