@@ -1,6 +1,7 @@
 """The CUDA engine: the engine protocol (see :mod:`chainfb.engines`) through
 the kernels of ``chainfb/cuda/engine.cu``, with exactly the contract of
-:func:`chainfb.engines.numpy_log.forward_backward` (CuPy arrays in and out).
+:func:`chainfb.engines.numpy_log.forward_backward`, on the arrays of the
+kernel backend it is given (CuPy's on the GPU, see :mod:`chainfb.cuda.kernels`).
 
 The lattice's index arrays are converted once (CSR pointers by destination,
 by source and by column, int32) and cached on the :class:`Lattice` per

@@ -1,7 +1,8 @@
 // Host emulation of the small CUDA subset chainfb's kernels use, so the SAME
 // .cu sources (chainfb/cuda/) build with g++ (-std=c++20 -x c++
-// -DCHAINFB_EMULATE, this directory on the include path: common.cuh includes
-// this header in place of the CUDA headers) and run on the CPU in tests.  The threads of a block run as std::threads and
+// -DCHAINFB_EMULATE, this directory on the include path: common.cuh
+// includes this header in place of the CUDA headers) and run on the CPU in
+// tests.  The threads of a block run as std::threads and
 // __syncthreads() is a std::barrier across them.  To catch more than a GPU
 // run would by chance:
 //   - several blocks run at once, in a random order (CHAINFB_EMULATE_SEED,
