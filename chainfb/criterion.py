@@ -44,15 +44,12 @@ class Criterion:
     lengths : int64 NumPy ``[N]`` -- frames (steps) each sequence runs.
     leaky : ``(c, log_init [S])`` or None
     engine : engine name for :func:`chainfb.engines.select` (``"auto"``).
-    backend : kernel backend for the CUDA engine, or None (see
-        :func:`chainfb.engines.forward_backward`).
     """
 
     lattice = None
     lengths = None
     leaky = None
     engine = "auto"
-    backend = None
 
     def gather(self, x, need_grad: bool = True):
         """Compact engine scores ``X [T, C]`` from ``x`` (``need_grad``: a
@@ -71,8 +68,7 @@ class Criterion:
         (:func:`chainfb.cuda.interop.torch_stream`)."""
         X = self.gather(x, need_grad)
         loglike, post = engines.forward_backward(self.lattice, X, self.lengths, leaky=self.leaky,
-                                                 need_posteriors=need_grad, engine=self.engine,
-                                                 backend=self.backend)
+                                                 need_posteriors=need_grad, engine=self.engine)
         return self.finish(x, loglike, post if need_grad else None)
 
 

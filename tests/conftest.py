@@ -9,8 +9,9 @@ def rng():
 
 @pytest.fixture(scope="session")
 def emulated_backend(tmp_path_factory):
-    """The CUDA sources built for the host (one process-wide library)."""
-    from chainfb.cuda.emulation import EmulatedBackend, build, find_compiler
+    """The CUDA sources built for the host (one process-wide library, see
+    ``tests/emulation/``)."""
+    from emulation import EmulatedBackend, build, find_compiler
 
     if find_compiler() is None:
         pytest.skip("no host C++ compiler for the kernel emulation")
@@ -19,10 +20,13 @@ def emulated_backend(tmp_path_factory):
 
 @pytest.fixture
 def emulated_kernels(emulated_backend):
-    """Run every engine call and score map of the test on the emulated kernels."""
-    from chainfb.engines import use_kernel_backend
+    """Run every engine call and score map of the test on the emulated
+    kernels: where chainfb decides that data is on the device and which
+    kernel backend runs it (``chainfb.cuda.kernels.on_device`` /
+    ``backend_for``) are patched for the test (:func:`emulation.run_on`)."""
+    from emulation import run_on
 
-    with use_kernel_backend(emulated_backend):
+    with run_on(emulated_backend):
         yield emulated_backend
 
 

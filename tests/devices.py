@@ -7,9 +7,10 @@ run it
 - ``OnCPUNumPy``: the same with Numba hidden, so the NumPy engine runs;
 - ``OnCUDA``: CUDA tensors (CuPy kernels; skipped without a GPU);
 - ``OnEmulatedKernels``: CPU tensors, but every engine call and score map
-  runs through the CUDA kernels' CPU emulation
-  (:func:`chainfb.engines.use_kernel_backend`), so the GPU code path is
-  exercised on every machine.
+  runs through the CUDA kernels' CPU emulation (``tests/emulation/``: the
+  ``emulated_kernels`` fixture makes ``chainfb.cuda.kernels.on_device``
+  take all data for device data and ``backend_for`` return the emulated
+  backend), so the GPU code path is exercised on every machine.
 """
 
 import numpy as np

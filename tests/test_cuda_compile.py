@@ -65,9 +65,19 @@ def test_nvcc_compiles_without_warnings(src, arch, tmp_path):
 
 
 def test_sources_are_package_data():
+    import configparser
+    import fnmatch
+
     here = os.path.dirname(os.path.abspath(__import__("chainfb.cuda").cuda.__file__))
-    for src in set(KERNELS.values()) | {"common.cuh", "emulate.h", "emulate_launch.cpp"}:
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(os.path.dirname(here)), "setup.cfg"))
+    shipped = [p.strip() for p in cfg["options.package_data"]["chainfb"].split(",")]
+    for src in set(KERNELS.values()) | {"common.cuh", "forward_backward.cuh"}:
         assert os.path.isfile(os.path.join(here, src)), src
+        assert any(fnmatch.fnmatch(f"cuda/{src}", p) for p in shipped), src
+    # the host emulation belongs to the tests: not in the package, not shipped
+    assert not [f for f in os.listdir(here) if f.startswith("emulat")]
+    assert not any(p.endswith((".h", ".cpp")) for p in shipped)
     assert '#include "common.cuh"' not in load_source("engine.cu")  # inlined for NVRTC
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from chainfb import FstBatch, Lattice
+from chainfb.cuda import cupy_backend
 from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
 from chainfb.testing import random_fst
 from chainfb.transducer import symbol_table
@@ -33,7 +34,7 @@ class TestCudaKernels(OnCUDA):
         lengths = np.array([60, 59, 1, 0, 30])
         for leaky in (None, (0.1, np.log(init))):
             ll_ref, post_ref = forward_backward_numpy(lat, X.copy(), lengths, leaky=leaky)
-            runs = [forward_backward_cuda(lat, cupy.asarray(X), cupy.asarray(lengths), leaky=leaky)
+            runs = [forward_backward_cuda(cupy_backend(), lat, cupy.asarray(X), cupy.asarray(lengths), leaky=leaky)
                     for _ in range(2)]
             ll, post = (a.get() for a in runs[0])
             np.testing.assert_allclose(ll, ll_ref, rtol=1e-10)
@@ -58,8 +59,8 @@ class TestCudaKernels(OnCUDA):
         leaky = (0.1, np.tile(np.log(init / init.sum()), N))
         ll_ref, post_ref = forward_backward_numpy(lat, X.copy(), lengths, leaky=leaky)
         Xd, Ld = cupy.asarray(X, dtype=dtype), cupy.asarray(lengths)
-        ll, post = shared_cuda(lat, Xd.copy(), Ld, leaky=leaky)
-        llk, postk = lattice_cuda(lat, Xd.copy(), Ld, leaky=leaky)
+        ll, post = shared_cuda(cupy_backend(), lat, Xd.copy(), Ld, leaky=leaky)
+        llk, postk = lattice_cuda(cupy_backend(), lat, Xd.copy(), Ld, leaky=leaky)
         assert cupy.array_equal(ll, llk) and cupy.array_equal(post, postk)  # the same arithmetic
         tol = 1e-10 if dtype == np.float64 else 2e-4
         np.testing.assert_allclose(ll.get(), ll_ref, rtol=tol)
@@ -90,7 +91,7 @@ class TestCudaKernels(OnCUDA):
         kw = dict(sym=sym, colidx=colidx, logit_lengths=T_len, target_lengths=U_len)
         logits_cpu = torch.randn(B, T, U1, V, dtype=torch.float32).to(dtype)
         logits = logits_cpu.cuda()
-        X, lse = transducer_gather(logits, num_rows=rows, num_columns=C, zero_col=zero_col, **kw)
+        X, lse = transducer_gather(cupy_backend(), logits, num_rows=rows, num_columns=C, zero_col=zero_col, **kw)
         Xt, lset = twins.transducer_gather(logits_cpu, num_rows=rows, num_columns=C, zero_col=zero_col, **kw)
         tol = 1e-12 if dtype == torch.float64 else 2e-6
         np.testing.assert_allclose(X.get(), Xt, rtol=tol, atol=tol)
@@ -98,7 +99,8 @@ class TestCudaKernels(OnCUDA):
         post = rng.random((rows, C))
         for fastemit, clamp in ((0.0, -1.0), (0.2, 0.03)):
             w = np.array([1.0, 1.0 + fastemit, 1.0, 1.0])  # FastEmit weighs the label kind
-            g = transducer_grad(logits, post=post, lse=lse, scale=np.full(B, 0.5), kind_weight=w, clamp=clamp, **kw)
+            g = transducer_grad(cupy_backend(), logits, post=post, lse=lse, scale=np.full(B, 0.5), kind_weight=w,
+                                clamp=clamp, **kw)
             gt = twins.transducer_grad(logits_cpu, post=post, lse=lset, scale=np.full(B, 0.5), kind_weight=w,
                                        clamp=clamp, **kw)
             assert g.dtype == dtype and g.is_cuda
@@ -162,9 +164,9 @@ class TestCudaKernels(OnCUDA):
         rng = np.random.default_rng(5)
         logits_np, lat, args, rows, T_len, U_len, ref_args = rnnt_step_case(rng)
         logits = torch.tensor(logits_np, dtype=dtype, device="cuda")
-        X, lse = transducer_gather(logits, num_rows=rows, num_columns=lat.num_columns, **args)
-        ll, post = forward_backward_cuda(lat, X, cupy.asarray(T_len + U_len))
-        grad = transducer_grad(logits, post=post, lse=lse, scale=1.0, kind_weight=[1.0, 1.0], **args)
+        X, lse = transducer_gather(cupy_backend(), logits, num_rows=rows, num_columns=lat.num_columns, **args)
+        ll, post = forward_backward_cuda(cupy_backend(), lat, X, cupy.asarray(T_len + U_len))
+        grad = transducer_grad(cupy_backend(), logits, post=post, lse=lse, scale=1.0, kind_weight=[1.0, 1.0], **args)
         lt = torch.tensor(logits_np, requires_grad=True)
         ref = rnnt_reference(lt, T_len=T_len, U_len=U_len, **ref_args)
         ref.sum().backward()

@@ -1,5 +1,5 @@
 """The CUDA kernels' logic, run on the CPU: the same .cu sources built with
-the host compiler under chainfb/cuda/emulate.h (see chainfb.cuda.emulation),
+the host compiler under tests/emulation/emulate.h (see tests/emulation),
 compared with the NumPy engine, path enumeration and the NumPy twins."""
 
 import numpy as np
@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from chainfb import Fst, FstBatch, Lattice
-from chainfb.cuda.emulation import EmulatedBackend, build, find_compiler
 from chainfb.cuda.kernels import KERNELS
-from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
-from chainfb.engines.cuda import forward_backward_on
+from chainfb.cuda.transducer_maps import transducer_gather, transducer_grad
+from chainfb.engines.cuda import forward_backward as lattice_forward_backward
 from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
 from chainfb.testing import numerator_like_fst, random_fst
 from chainfb.transducer import symbol_table
 
+from emulation import EmulatedBackend, build, find_compiler, run_on
 from oracles import cuda_twins as twins
 from oracles.fst import brute_force
 from oracles.transducer import rnnt_reference, rnnt_step_case
@@ -38,7 +38,7 @@ def _compare(be, lat, X, lengths, leaky=None, block=None, dtype=np.float64, rtol
     Xn = X.astype(np.float64).copy()
     ll, post = forward_backward_numpy(lat, Xn, lengths, leaky=leaky)
     Xe = X.astype(dtype).copy()
-    lle, poste = forward_backward_on(be, lat, Xe, lengths, leaky=leaky, block_size=block)
+    lle, poste = lattice_forward_backward(be, lat, Xe, lengths, leaky=leaky, block_size=block)
     assert lle.dtype == dtype and poste.dtype == dtype and poste.shape == post.shape
     np.testing.assert_array_equal(np.isneginf(lle), np.isneginf(ll))
     fin = np.isfinite(ll)
@@ -74,7 +74,7 @@ def test_engine_matches_path_enumeration(be):
         T = 4
         scores = rng.normal(size=(T, 3))
         X = scores[:, lat.col_pdf]
-        ll, post = forward_backward_on(be, lat, X.copy(), np.array([T]), block_size=2)
+        ll, post = lattice_forward_backward(be, lat, X.copy(), np.array([T]), block_size=2)
         bl, bpost = brute_force(f, scores)
         if bl == -np.inf:
             assert ll[0] == -np.inf and not post.any()
@@ -132,7 +132,7 @@ def test_engine_deterministic_bitwise(be):
     lat = Lattice.of(FstBatch(fsts))
     X = rng.normal(size=(7, lat.num_columns))
     lengths = np.array([7, 5, 7, 3])
-    runs = [forward_backward_on(be, lat, X.copy(), lengths, block_size=b) for b in (4, 4, 2, 32)]
+    runs = [lattice_forward_backward(be, lat, X.copy(), lengths, block_size=b) for b in (4, 4, 2, 32)]
     for ll, post in runs[1:]:
         # fixed summation order per state and per column: identical bits, whatever the block size
         assert np.array_equal(ll, runs[0][0]) and np.array_equal(post, runs[0][1])
@@ -142,23 +142,23 @@ def test_engine_forward_only_and_errors(be):
     rng = np.random.default_rng(6)
     lat = Lattice.of(FstBatch([random_fst(rng)]))
     X = rng.normal(size=(3, lat.num_columns))
-    ll, post = forward_backward_on(be, lat, X.copy(), np.array([3]), need_posteriors=False)
+    ll, post = lattice_forward_backward(be, lat, X.copy(), np.array([3]), need_posteriors=False)
     assert post is None
     np.testing.assert_allclose(ll, forward_backward_numpy(lat, X.copy(), np.array([3]))[0])
     with pytest.raises(ValueError, match="X"):
-        forward_backward_on(be, lat, X[:, :1].copy(), np.array([3]))
+        lattice_forward_backward(be, lat, X[:, :1].copy(), np.array([3]))
     with pytest.raises(TypeError, match="X"):
-        forward_backward_on(be, lat, X.astype(np.float16), np.array([3]))
+        lattice_forward_backward(be, lat, X.astype(np.float16), np.array([3]))
     with pytest.raises(ValueError, match="lengths"):
-        forward_backward_on(be, lat, X.copy(), np.array([3, 3]))
+        lattice_forward_backward(be, lat, X.copy(), np.array([3, 3]))
     with pytest.raises(ValueError, match="lengths"):
-        forward_backward_on(be, lat, X.copy(), np.array([4]))
+        lattice_forward_backward(be, lat, X.copy(), np.array([4]))
     with pytest.raises(TypeError, match="lengths"):
-        forward_backward_on(be, lat, X.copy(), np.array([3.0]))
+        lattice_forward_backward(be, lat, X.copy(), np.array([3.0]))
     with pytest.raises(ValueError, match="leaky"):
-        forward_backward_on(be, lat, X.copy(), np.array([3]), leaky=(0.1, np.zeros(1)))
+        lattice_forward_backward(be, lat, X.copy(), np.array([3]), leaky=(0.1, np.zeros(1)))
     with pytest.raises(ValueError, match="leaky"):
-        forward_backward_on(be, lat, X.copy(), np.array([3]), leaky=(1.5, np.zeros(lat.num_states)))
+        lattice_forward_backward(be, lat, X.copy(), np.array([3]), leaky=(1.5, np.zeros(lat.num_states)))
 
 
 # ---------------------------------------------------------------- transducer score maps
@@ -215,7 +215,7 @@ def test_transducer_gather_matches_twin(be, kind, M, fused):
     rng = np.random.default_rng(hash((kind, M, fused)) % 2**32)
     logits, args, C, rows, zc = _case(rng, M=M)
     x = _as_input(logits, kind)
-    Xe, lse_e = transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused,
+    Xe, lse_e = transducer_gather(be, x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused,
                                      threads_per_row=4, block_size=8, **args)
     Xt, lse_t = twins.transducer_gather(x, num_rows=rows, num_columns=C, zero_col=zc, fused_log_softmax=fused,
                                         **args)
@@ -242,7 +242,7 @@ def test_transducer_grad_matches_twin(be, kind, M, fastemit, clamp, fused):
     w = np.ones(M + 2)
     w[1] += fastemit  # FastEmit: the label kind weighs 1 + lambda
     kw = dict(kind_weight=w, clamp=clamp, fused_log_softmax=fused, **args)
-    ge = transducer_grad_on(be, x, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **kw)
+    ge = transducer_grad(be, x, post=post, lse=lse, scale=scale, threads_per_row=2, block_size=4, **kw)
     gt = twins.transducer_grad(x, post=post, lse=lse, scale=scale, **kw)
     assert type(ge) is type(gt) and ge.dtype == gt.dtype and tuple(ge.shape) == tuple(gt.shape)
     ge = ge.float().numpy() if isinstance(ge, torch.Tensor) else ge.astype(np.float64)
@@ -279,7 +279,7 @@ def test_16bit_stores_round_like_numpy_and_torch(be):
     lse = np.zeros((B, T, 1), dtype=np.float32)
     for kind in ("f16", "bf16"):
         x = _as_input(np.zeros((B, T, 1, V), dtype=np.float32), kind)
-        g = transducer_grad_on(be, x, post=post, lse=lse, scale=1.0, kind_weight=[1.0, 1.0], fused_log_softmax=False,
+        g = transducer_grad(be, x, post=post, lse=lse, scale=1.0, kind_weight=[1.0, 1.0], fused_log_softmax=False,
                                threads_per_row=1, block_size=16, **args)
         if kind == "f16":
             with np.errstate(over="ignore"):
@@ -308,7 +308,7 @@ def test_16bit_loads_are_exact(be):
             keep = ~np.isnan(want)
             x, want = x[:, keep], want[keep]
         n = x.shape[1]
-        X, _ = transducer_gather_on(be, x, num_rows=n, num_columns=1, fused_log_softmax=False, threads_per_row=1,
+        X, _ = transducer_gather(be, x, num_rows=n, num_columns=1, fused_log_softmax=False, threads_per_row=1,
                                     block_size=64, **dict(args, logit_lengths=[n]))
         np.testing.assert_array_equal(X[:, 0], want)
 
@@ -321,11 +321,11 @@ def test_rnnt_through_kernels_and_engine(be):
     gather + emulated engine + emulated grad = the direct RNN-T recursion."""
     rng = np.random.default_rng(9)
     logits, lat, args, rows, T_len, U_len, ref_args = rnnt_step_case(rng)
-    X, lse = transducer_gather_on(be, logits, num_rows=rows, num_columns=lat.num_columns, threads_per_row=4,
+    X, lse = transducer_gather(be, logits, num_rows=rows, num_columns=lat.num_columns, threads_per_row=4,
                                   block_size=8, **args)
-    ll, post = forward_backward_on(be, lat, X, T_len + U_len, block_size=2)
+    ll, post = lattice_forward_backward(be, lat, X, T_len + U_len, block_size=2)
     scale = np.ones(len(T_len))  # the kernel formula is d(-logP) / d logits
-    grad = transducer_grad_on(be, logits, post=post, lse=lse, scale=scale, kind_weight=[1.0, 1.0], threads_per_row=2,
+    grad = transducer_grad(be, logits, post=post, lse=lse, scale=scale, kind_weight=[1.0, 1.0], threads_per_row=2,
                               block_size=4, **args)
     lt = torch.tensor(logits, requires_grad=True)
     ref = rnnt_reference(lt, T_len=T_len, U_len=U_len, **ref_args)
@@ -343,19 +343,19 @@ def test_fst_loglike_gradcheck_through_emulated_engine(be, monkeypatch):
     import chainfb.engines.cuda as cuda_engine
 
     calls = []
-    real = cuda_engine.forward_backward_on
+    real = cuda_engine.forward_backward
 
     def engine(backend, lat, X, lengths, leaky=None, need_posteriors=True, block_size=None):
         calls.append(backend)
         return real(backend, lat, X, lengths, leaky, need_posteriors, block_size=2)
 
-    monkeypatch.setattr(cuda_engine, "forward_backward_on", engine)
-    monkeypatch.setattr(chainfb.engines, "_local", type("L", (), {"backend": be})())
+    monkeypatch.setattr(cuda_engine, "forward_backward", engine)
     rng = np.random.default_rng(10)
     fsts = [random_fst(rng, num_states=4, num_arcs=10, num_pdfs=4) for _ in range(3)]
     scores = torch.tensor(rng.normal(size=(3, 4, 4)), requires_grad=True)
     lengths = [4, 2, 3]
-    assert torch.autograd.gradcheck(lambda s: chainfb.fst_loglike(s, fsts, lengths), (scores,))
+    with run_on(be):
+        assert torch.autograd.gradcheck(lambda s: chainfb.fst_loglike(s, fsts, lengths), (scores,))
     assert calls
 
 
@@ -402,9 +402,9 @@ def test_emulation_under_ubsan(tmp_path):
     for kind in ("f16", "bf16", "f64"):
         logits, args, C, rows, zc = _case(rng, M=2)
         x = _as_input(logits, kind)
-        Xe, lse = transducer_gather_on(ub, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
+        Xe, lse = transducer_gather(ub, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
                                        block_size=4, **args)
-        transducer_grad_on(ub, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+        transducer_grad(ub, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                            kind_weight=[1.0, 1.1, 1.0, 1.0], clamp=0.5, threads_per_row=2, block_size=4, **args)
 
 
@@ -414,7 +414,7 @@ def test_transducer_argument_errors(be):
     kw = dict(num_rows=rows, num_columns=C)
     V = logits.shape[-1]
     sym = args["sym"]
-    for fn in (lambda x, **a: transducer_gather_on(be, x, **a), twins.transducer_gather):
+    for fn in (lambda x, **a: transducer_gather(be, x, **a), twins.transducer_gather):
         with pytest.raises(TypeError, match="logits"):
             fn(logits.astype(np.int32), **kw, **args)
         with pytest.raises(ValueError, match="logits"):
@@ -438,10 +438,10 @@ def test_transducer_argument_errors(be):
         with pytest.raises(TypeError, match="logit_lengths"):
             fn(logits, **kw, **dict(args, logit_lengths=np.ones(3)))
     with pytest.raises(ValueError, match="threads_per_row"):
-        transducer_gather_on(be, logits, threads_per_row=3, block_size=6, **kw, **args)
+        transducer_gather(be, logits, threads_per_row=3, block_size=6, **kw, **args)
     _, lse = twins.transducer_gather(logits, **kw, **args)
     post = np.ones((rows, C), dtype=np.float32)
-    for fn in (lambda x, **a: transducer_grad_on(be, x, **a), twins.transducer_grad):
+    for fn in (lambda x, **a: transducer_grad(be, x, **a), twins.transducer_grad):
         for w in ([1.0], np.ones(3), np.ones((1, 2)), 1.0):
             with pytest.raises(ValueError, match="kind_weight"):
                 fn(logits, post=post, lse=lse, scale=1.0, kind_weight=w, **args)
@@ -464,9 +464,9 @@ def test_transducer_unused_kinds_contribute_nothing(be):
     a_sym = dict(args, sym=sym)
     a_cut = dict(args, sym=sym, colidx=cut)
     a_cut2 = dict(args, colidx=cut)  # the original symbols: they must not matter where colidx is -1
-    Xs, lse = transducer_gather_on(be, logits, threads_per_row=2, block_size=4, **kw, **a_sym)
+    Xs, lse = transducer_gather(be, logits, threads_per_row=2, block_size=4, **kw, **a_sym)
     for a in (a_cut, a_cut2):
-        Xc, lsec = transducer_gather_on(be, logits, threads_per_row=2, block_size=4, **kw, **a)
+        Xc, lsec = transducer_gather(be, logits, threads_per_row=2, block_size=4, **kw, **a)
         np.testing.assert_array_equal(Xs, Xc)
         np.testing.assert_array_equal(lse, lsec)
     Xt = twins.transducer_gather(logits, **kw, **a_sym)[0]
@@ -477,9 +477,9 @@ def test_transducer_unused_kinds_contribute_nothing(be):
     post[:, colidx[drop]] = 1e3  # would dominate the gradient if it were read
     w = np.array([1.0, 1.5, 0.5, 2.0])
     gk = dict(post=post, lse=lse, scale=1.0, kind_weight=w, threads_per_row=2, block_size=4)
-    gs = transducer_grad_on(be, logits, **gk, **a_sym)
+    gs = transducer_grad(be, logits, **gk, **a_sym)
     for a in (a_cut, a_cut2):
-        np.testing.assert_array_equal(gs, transducer_grad_on(be, logits, **gk, **a))
+        np.testing.assert_array_equal(gs, transducer_grad(be, logits, **gk, **a))
     gt = twins.transducer_grad(logits, post=post, lse=lse, scale=1.0, kind_weight=w, **a_sym)
     np.testing.assert_allclose(gs, gt, rtol=2e-5, atol=2e-5)
     assert np.abs(gs).max() < 10
@@ -500,13 +500,13 @@ def test_transducer_kind_weight_scales_per_formula(be, fused):
     scale = rng.random(logits.shape[0]) + 0.5
     kw = dict(post=post, lse=lse, scale=scale, fused_log_softmax=fused, **args)
     w = np.array([0.0, 2.5, -0.75, 1.25])
-    g = transducer_grad_on(be, logits, kind_weight=w, threads_per_row=4, block_size=8, **kw)
+    g = transducer_grad(be, logits, kind_weight=w, threads_per_row=4, block_size=8, **kw)
     np.testing.assert_allclose(g, twins.transducer_grad(logits, kind_weight=w, **kw), rtol=1e-12, atol=1e-12)
-    parts = [transducer_grad_on(be, logits, kind_weight=np.eye(J)[j], threads_per_row=4, block_size=8, **kw)
+    parts = [transducer_grad(be, logits, kind_weight=np.eye(J)[j], threads_per_row=4, block_size=8, **kw)
              for j in range(J)]
     np.testing.assert_allclose(g, sum(wj * p for wj, p in zip(w, parts)), rtol=1e-12, atol=1e-12)
     # doubling every weight doubles the gradient exactly (powers of two)
-    np.testing.assert_array_equal(transducer_grad_on(be, logits, kind_weight=2 * w, threads_per_row=4, block_size=8,
+    np.testing.assert_array_equal(transducer_grad(be, logits, kind_weight=2 * w, threads_per_row=4, block_size=8,
                                                      **kw), 2 * g)
 
 
@@ -519,7 +519,7 @@ def test_emulation_under_asan(tmp_path):
     import subprocess
     import sys
 
-    from chainfb.cuda.emulation import find_compiler as fc
+    from emulation import find_compiler as fc
 
     cxx = fc()
     libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
@@ -532,7 +532,7 @@ import sys
 sys.path.insert(0, {here!r})
 import numpy as np
 import test_cuda_emulated as t
-from chainfb.cuda.emulation import build, EmulatedBackend
+from emulation import build, EmulatedBackend
 be = EmulatedBackend(build({str(tmp_path)!r}, extra_flags=("-fsanitize=address",)))
 rng = np.random.default_rng(0)
 for block in (1, 3, 8):
@@ -544,9 +544,9 @@ for kind in ("f16", "bf16", "f32", "f64"):
     for M in (0, 2):
         logits, args, C, rows, zc = t._case(rng, M=M)
         x = t._as_input(logits, kind)
-        Xe, lse = t.transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
+        Xe, lse = t.transducer_gather(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=2,
                                          block_size=4, **args)
-        t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+        t.transducer_grad(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                              kind_weight=np.linspace(0.5, 1.5, M + 2), clamp=0.5, threads_per_row=2, block_size=4,
                              **args)
 import test_cuda_emulated_shared as sh  # the shared-graph kernels
@@ -588,7 +588,8 @@ def test_transducer_costs_kernel_route_matches_cpu(be, durations, fastemit, clam
     sigma = 0.05 if durations else 0.0
     args = (logits.shape, targets, Tb, Ub, blank, durations, sigma, fused, fastemit, clamp)
     ll_cpu, g_cpu = TransducerCriterion(*args).run(logits)
-    ll_k, g_k = TransducerCriterion(*args, backend=be).run(logits)
+    with run_on(be):
+        ll_k, g_k = TransducerCriterion(*args).run(logits)
     np.testing.assert_allclose(ll_k.numpy(), ll_cpu.numpy(), rtol=1e-10)
     torch.testing.assert_close(g_k, g_cpu, rtol=1e-9, atol=1e-10)
 

@@ -1,5 +1,5 @@
 """NaN and out-of-range inputs through the CUDA kernels, run on the CPU
-(chainfb.cuda.emulation): NaN propagates exactly as on the NumPy engine and
+(tests/emulation): NaN propagates exactly as on the NumPy engine and
 the torch transducer path; device-side lengths and indices never move an
 access out of bounds, in the per-sequence and the shared-graph engine
 kernels and the transducer maps (the ASan runs are in
@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from chainfb import FstBatch, Lattice
-from chainfb.cuda.emulation import find_compiler
-from chainfb.engines.cuda import forward_backward_on
-from chainfb.engines.cuda_shared import forward_backward_on as shared_forward_backward_on
+from chainfb.engines.cuda import forward_backward as lattice_forward_backward
+from chainfb.engines.cuda_shared import forward_backward as shared_forward_backward
 from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
 from chainfb.testing import random_fst
+
+from emulation import find_compiler, run_on
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
 
@@ -52,7 +53,7 @@ def _nan_case(seed, leaky):
 def test_engine_nan_propagates_like_numpy(be, leaky, dtype, block):
     lat, X, lengths, lk = _nan_case(3, leaky)
     ll, post = forward_backward_numpy(lat, X.copy(), lengths, leaky=lk)
-    lle, poste = forward_backward_on(be, lat, X.astype(dtype), lengths, leaky=lk, block_size=block)
+    lle, poste = lattice_forward_backward(be, lat, X.astype(dtype), lengths, leaky=lk, block_size=block)
     assert np.isnan(ll[[1, 2]]).all() and not np.isnan(ll[[0, 3, 4]]).any()
     np.testing.assert_array_equal(np.isnan(lle), np.isnan(ll))
     np.testing.assert_array_equal(np.isnan(poste), np.isnan(post))
@@ -78,7 +79,8 @@ def test_transducer_nan_logit_like_cpu(be, durations, fused, clamp):
     targets = torch.from_numpy(rng.integers(0, V - 1 - len(durations), size=(B, U1 - 1)))
     args = (logits.shape, targets, Tb, Ub, V - 1, durations, 0.0, fused, 0.0, clamp)
     ll_cpu, g_cpu = TransducerCriterion(*args).run(logits)
-    ll_k, g_k = TransducerCriterion(*args, backend=be).run(logits)
+    with run_on(be):
+        ll_k, g_k = TransducerCriterion(*args).run(logits)
     assert torch.isnan(ll_cpu[1]) and not torch.isnan(ll_cpu[[0, 2]]).any()
     np.testing.assert_allclose(ll_k.numpy(), ll_cpu.numpy(), rtol=1e-10)
     torch.testing.assert_close(g_k, g_cpu, rtol=1e-9, atol=1e-10, equal_nan=True)
@@ -89,7 +91,7 @@ def test_transducer_nan_logit_like_cpu(be, durations, fused, clamp):
 def test_transducer_gather_nan_row(be, kind):
     """A NaN logit: its row's lse is NaN and so is every score gathered from
     the row (fused), exactly the NaN pattern of the NumPy twin."""
-    from chainfb.cuda.transducer_maps import transducer_gather_on
+    from chainfb.cuda.transducer_maps import transducer_gather
     from oracles import cuda_twins as twins
     from test_cuda_emulated import _as_input, _case
 
@@ -97,7 +99,7 @@ def test_transducer_gather_nan_row(be, kind):
     logits, args, C, rows, zc = _case(rng, M=2)
     logits[0, 1, 2, 0] = np.nan
     x = _as_input(logits, kind)
-    Xe, lse_e = transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=4,
+    Xe, lse_e = transducer_gather(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=4,
                                      block_size=8, **args)
     Xt, lse_t = twins.transducer_gather(x, num_rows=rows, num_columns=C, zero_col=zc, **args)
     assert np.isnan(lse_e[0, 1, 2]) and np.isnan(lse_e).sum() == 1
@@ -122,7 +124,7 @@ def out_of_range_checks(be):
     """Run the kernels on out-of-range lengths, columns and symbols and check
     that they behave as the clamped / ignored inputs (run directly and, in a
     child process, under AddressSanitizer)."""
-    from chainfb.cuda.transducer_maps import transducer_gather_on, transducer_grad_on
+    from chainfb.cuda.transducer_maps import transducer_gather, transducer_grad
     from test_cuda_emulated import _case
 
     rng = np.random.default_rng(6)
@@ -131,8 +133,8 @@ def out_of_range_checks(be):
     bad = np.array([T + 7, -3, 2, 2**40])
     ok = np.clip(bad, 0, T)
     # the per-sequence kernels on four graphs, the shared-graph kernels on one graph for four sequences
-    for run, lat in ((forward_backward_on, Lattice.of(FstBatch(fsts))),
-                     (shared_forward_backward_on, Lattice.of(FstBatch(fsts[:1], np.zeros(4, dtype=np.int64))))):
+    for run, lat in ((lattice_forward_backward, Lattice.of(FstBatch(fsts))),
+                     (shared_forward_backward, Lattice.of(FstBatch(fsts[:1], np.zeros(4, dtype=np.int64))))):
         X = rng.normal(size=(T, lat.num_columns))
         for leaky in (None, (0.1, np.log(np.full(lat.num_states, 0.2)))):
             for block in (1, 4):
@@ -156,14 +158,14 @@ def out_of_range_checks(be):
     T_ok, U_ok = np.clip(T_bad, 0, Tl), np.clip(U_bad, -1, U1 - 1)
     zc_bad = np.array([C + 1, -5, 2**31 - 1], dtype=np.int32)
     kw = dict(num_rows=rows, num_columns=C, threads_per_row=2, block_size=4)
-    Xb, lseb = transducer_gather_on(be, logits, sym_bad, col_bad, T_bad, U_bad, zero_col=zc_bad, **kw)
-    Xr, lser = transducer_gather_on(be, logits, sym, cut, T_ok, U_ok, **kw)
+    Xb, lseb = transducer_gather(be, logits, sym_bad, col_bad, T_bad, U_bad, zero_col=zc_bad, **kw)
+    Xr, lser = transducer_gather(be, logits, sym, cut, T_ok, U_ok, **kw)
     np.testing.assert_array_equal(Xb, Xr)
     np.testing.assert_array_equal(lseb, lser)
     post = rng.random((rows, C)).astype(np.float32)
     gk = dict(post=post, lse=lseb, scale=1.0, kind_weight=np.ones(4), threads_per_row=2, block_size=4)
-    gb = transducer_grad_on(be, logits, sym_bad, col_bad, T_bad, U_bad, **gk)
-    gr = transducer_grad_on(be, logits, sym, cut, T_ok, U_ok, **gk)
+    gb = transducer_grad(be, logits, sym_bad, col_bad, T_bad, U_bad, **gk)
+    gr = transducer_grad(be, logits, sym, cut, T_ok, U_ok, **gk)
     np.testing.assert_array_equal(gb, gr)
 
 
@@ -173,7 +175,7 @@ def test_out_of_range_device_inputs(be, monkeypatch):
 
 
 def test_host_inputs_are_checked(be):
-    from chainfb.cuda.transducer_maps import transducer_gather_on
+    from chainfb.cuda.transducer_maps import transducer_gather
     from test_cuda_emulated import _case
 
     rng = np.random.default_rng(7)
@@ -182,7 +184,7 @@ def test_host_inputs_are_checked(be):
     for name, bad in (("logit_lengths", [T + 1, 1, 1]), ("logit_lengths", [-1, 1, 1]),
                       ("target_lengths", [U1, 0, 0]), ("target_lengths", [0, -1, 0])):
         with pytest.raises(ValueError, match=name):
-            transducer_gather_on(be, logits, num_rows=rows, num_columns=C, **dict(args, **{name: np.array(bad)}))
+            transducer_gather(be, logits, num_rows=rows, num_columns=C, **dict(args, **{name: np.array(bad)}))
 
 
 def test_gather_offsets_above_2_31(be, tmp_path):
@@ -190,7 +192,7 @@ def test_gather_offsets_above_2_31(be, tmp_path):
     (a sparse memory-mapped file: no disk is used) with 64-bit offsets.
     (The gradient kernel writes every element of a gradient as large as the
     logits, too big for a test; its row offsets use the same arithmetic.)"""
-    from chainfb.cuda.transducer_maps import transducer_gather_on
+    from chainfb.cuda.transducer_maps import transducer_gather
 
     B, V = 2049, 2**20
     try:
@@ -208,7 +210,7 @@ def test_gather_offsets_above_2_31(be, tmp_path):
     colidx[B - 1, 0] = [0, 1]
     T_len = np.zeros(B, dtype=np.int32)
     T_len[B - 1] = 1  # only the last row is live
-    X, lse = transducer_gather_on(be, logits, sym, colidx, T_len, np.zeros(B, dtype=np.int32), num_rows=1,
+    X, lse = transducer_gather(be, logits, sym, colidx, T_len, np.zeros(B, dtype=np.int32), num_rows=1,
                                   num_columns=2, threads_per_row=1, block_size=1024)
     r = row.astype(np.float64)
     want_lse = np.log(np.exp(r).sum())

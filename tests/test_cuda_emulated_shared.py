@@ -13,12 +13,13 @@ import torch
 from chainfb import FstBatch, Lattice
 from chainfb import engines
 from chainfb.chain import DenominatorGraph, Topology, den_graph, estimate_phone_lm
-from chainfb.cuda.emulation import find_compiler
 from chainfb.engines import cuda_shared
-from chainfb.engines.cuda import forward_backward_on as lattice_forward_backward_on
-from chainfb.engines.cuda_shared import forward_backward_on
+from chainfb.engines.cuda import forward_backward as lattice_forward_backward
+from chainfb.engines.cuda_shared import forward_backward as shared_forward_backward
 from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
 from chainfb.testing import random_fst
+
+from emulation import find_compiler, run_on
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
 
@@ -53,8 +54,8 @@ def compare(be, lat, X, lengths, leaky, dtype, block):
     per-sequence kernels (the same bits for the same block size)."""
     ll, post = forward_backward_numpy(lat, X.copy(), lengths, leaky=leaky)
     Xs = X.astype(dtype)
-    lls, posts = forward_backward_on(be, lat, Xs.copy(), lengths, leaky=leaky, block_size=block)
-    llk, postk = lattice_forward_backward_on(be, lat, Xs.copy(), lengths, leaky=leaky, block_size=block)
+    lls, posts = shared_forward_backward(be, lat, Xs.copy(), lengths, leaky=leaky, block_size=block)
+    llk, postk = lattice_forward_backward(be, lat, Xs.copy(), lengths, leaky=leaky, block_size=block)
     assert lls.dtype == dtype and posts.dtype == dtype and posts.shape == post.shape
     np.testing.assert_array_equal(lls, llk)
     np.testing.assert_array_equal(posts, postk)
@@ -118,7 +119,7 @@ def test_nan_frames_propagate_like_numpy(be):
         X[3, 2 * K] = np.nan  # past sequence 2's length: ignored
         for dtype in (np.float64, np.float32):
             ll, post = forward_backward_numpy(lat, X.copy(), lengths, leaky=leaky)
-            lls, posts = forward_backward_on(be, lat, X.astype(dtype), lengths, leaky=leaky, block_size=8)
+            lls, posts = shared_forward_backward(be, lat, X.astype(dtype), lengths, leaky=leaky, block_size=8)
             assert np.isnan(ll[1]) and not np.isnan(ll[[0, 2, 3]]).any()
             np.testing.assert_array_equal(np.isnan(lls), np.isnan(ll))
             np.testing.assert_array_equal(np.isnan(posts), np.isnan(post))
@@ -137,18 +138,18 @@ def test_device_arrays_are_cached(be, monkeypatch):
     uploads = []
     real = cuda_shared.check_log_init
     monkeypatch.setattr(cuda_shared, "check_log_init", lambda *a: uploads.append(a[2]) or real(*a))
-    first = forward_backward_on(be, lat, X.copy(), lengths, leaky=leaky)
+    first = shared_forward_backward(be, lat, X.copy(), lengths, leaky=leaky)
     graph = lat._cuda_graph_arrays[(be.cache_key(), "float64")]
-    same = forward_backward_on(be, lat, X.copy(), lengths, leaky=(0.1, leaky[1].copy()))
+    same = shared_forward_backward(be, lat, X.copy(), lengths, leaky=(0.1, leaky[1].copy()))
     assert lat._cuda_graph_arrays[(be.cache_key(), "float64")] is graph and len(lat._cuda_graph_arrays) == 1
     assert uploads == [den.num_states]  # one upload, of the graph's [Sg]
     np.testing.assert_array_equal(same[1], first[1])
     other = leaky[1] - 1.0  # another log_init, still one for all sequences
-    changed = forward_backward_on(be, lat, X.copy(), lengths, leaky=(0.1, other))
+    changed = shared_forward_backward(be, lat, X.copy(), lengths, leaky=(0.1, other))
     assert uploads == [den.num_states] * 2
     ref = forward_backward_numpy(lat, X.copy(), lengths, leaky=(0.1, other))
     np.testing.assert_allclose(changed[0], ref[0], rtol=1e-10)
-    forward_backward_on(be, lat, X.astype(np.float32), lengths, leaky=leaky)
+    shared_forward_backward(be, lat, X.astype(np.float32), lengths, leaky=leaky)
     assert len(lat._cuda_graph_arrays) == 2  # one per dtype
 
 
@@ -157,18 +158,18 @@ def test_argument_errors(be):
     f = random_fst(rng)
     lat, X, leaky = shared_case(f, 2, 3, rng, 0.1)
     with pytest.raises(ValueError, match="leaky"):
-        forward_backward_on(be, lat, X.copy(), [3, 3], leaky=(0.1, np.zeros(lat.num_states + 1)))
+        shared_forward_backward(be, lat, X.copy(), [3, 3], leaky=(0.1, np.zeros(lat.num_states + 1)))
     with pytest.raises(ValueError, match="leaky"):
-        forward_backward_on(be, lat, X.copy(), [3, 3], leaky=(1.0, leaky[1]))
+        shared_forward_backward(be, lat, X.copy(), [3, 3], leaky=(1.0, leaky[1]))
     with pytest.raises(ValueError, match="lengths"):
-        forward_backward_on(be, lat, X.copy(), [3, 4])
+        shared_forward_backward(be, lat, X.copy(), [3, 4])
     with pytest.raises(ValueError, match="X"):
-        forward_backward_on(be, lat, X[:, 1:].copy(), [3, 3])
+        shared_forward_backward(be, lat, X[:, 1:].copy(), [3, 3])
     with pytest.raises(ValueError, match="block_size"):
-        forward_backward_on(be, lat, X.copy(), [3, 3], block_size=2048)
+        shared_forward_backward(be, lat, X.copy(), [3, 3], block_size=2048)
     two = Lattice.of(FstBatch([f, random_fst(rng)]))
     with pytest.raises(ValueError, match="one graph"):
-        forward_backward_on(be, two, np.zeros((3, two.num_columns)), [3, 3])
+        shared_forward_backward(be, two, np.zeros((3, two.num_columns)), [3, 3])
 
 
 # ---------------------------------------------------------------- the engine picker
@@ -197,26 +198,29 @@ def test_select_picks_the_shared_kernels_for_one_graph():
         engines.select(shared, np.zeros((2, shared.num_columns)), engine="cuda_shared")
     with pytest.raises(ValueError, match="'numpy' cannot run on CuPy"):
         engines.select(shared, gpu, engine="numpy")
-    be = object()
-    assert engines.select(shared, np.zeros(1), backend=be) == "cuda_shared"
-    assert engines.select(shared, np.zeros(1), engine="numpy", backend=be) == "cuda_shared"
-    assert engines.select(shared, np.zeros(1), engine="cuda", backend=be) == "cuda"
-    assert engines.select(several, np.zeros(1), engine="shared", backend=be) == "cuda"
+    with run_on(object()):  # every array counts as device data, as in the emulated tests
+        assert engines.select(shared, np.zeros(1)) == "cuda_shared"
+        assert engines.select(several, np.zeros(1)) == "cuda"
+        assert engines.select(shared, np.zeros(1), engine="cuda") == "cuda"
+        with pytest.raises(ValueError, match="'numpy' cannot run on CuPy"):
+            engines.select(shared, np.zeros(1), engine="numpy")
+        with pytest.raises(ValueError, match="'shared' cannot run on CuPy"):
+            engines.select(several, np.zeros(1), engine="shared")
 
 
 @pytest.mark.parametrize("coefficient", [0.1, 0.0])
-def test_denominator_and_chain_loss_run_the_shared_kernels(emulated_kernels, coefficient):
+def test_denominator_and_chain_loss_run_the_shared_kernels(be, coefficient):
     """DenominatorGraph (and so ChainLoss) on the kernel path launch the
     shared-graph kernels, with the NumPy path's numbers."""
     den = phone_lm_den(10)
     rng = np.random.default_rng(11)
     y = rng.normal(scale=3, size=(3, 7, den.num_pdfs))
     lengths = [7, 5, 2]
-    start = len(emulated_kernels.launches)
-    ll, post = den.forward_backward(torch.from_numpy(y), lengths, coefficient)
-    names = {name for name, _, _ in emulated_kernels.launches[start:]}
+    start = len(be.launches)
+    with run_on(be):
+        ll, post = den.forward_backward(torch.from_numpy(y), lengths, coefficient)
+    names = {name for name, _, _ in be.launches[start:]}
     assert names == {"chainfb::fb_shared_forward<double>", "chainfb::fb_shared_backward<double>"}
-    with engines.use_kernel_backend(None):
-        ll_ref, post_ref = den.forward_backward(y, lengths, coefficient, engine="numpy")
+    ll_ref, post_ref = den.forward_backward(y, lengths, coefficient, engine="numpy")
     np.testing.assert_allclose(ll.numpy(), ll_ref, rtol=1e-10)
     np.testing.assert_allclose(post.numpy(), post_ref, atol=1e-10)

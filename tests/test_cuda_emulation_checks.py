@@ -1,4 +1,4 @@
-"""What the kernel emulation (chainfb/cuda/emulate.h) catches beyond a plain
+"""What the kernel emulation (tests/emulation/emulate.h) catches beyond a plain
 run: barriers after an exited thread, uninitialised shared memory (poisoned
 with NaN, one copy per block), launch limits, blocks in a random order, and
 data races (ThreadSanitizer on a replay of recorded launches)."""
@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from chainfb.cuda.emulation import EmulatedBackend, build, build_replay, find_compiler
+from emulation import EmulatedBackend, build, build_replay, find_compiler
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
 
@@ -64,9 +64,9 @@ def _run_kernels(be):
     t._compare(be, lat, X, np.array([5, 3, 1]), block=8, dtype=np.float32, rtol=2e-5, atol=2e-6)
     logits, args, C, rows, zc = t._case(rng, M=2)
     x = t._as_input(logits, "f16")
-    Xe, lse = t.transducer_gather_on(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=4,
+    Xe, lse = t.transducer_gather(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=4,
                                      block_size=8, **args)
-    t.transducer_grad_on(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+    t.transducer_grad(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                          kind_weight=np.ones(4), clamp=0.5, threads_per_row=4, block_size=8, **args)
 
 

@@ -57,22 +57,28 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     dtype = getattr(torch, args.dtype)
-    if args.device == "cpu":  # the kernels under their CPU emulation: a smoke run of the same code
-        import functools
-        import tempfile
-        import types
+    import functools
+    import types
 
-        from chainfb.cuda import transducer_maps as tm
-        from chainfb.cuda.emulation import EmulatedBackend, build
+    if args.device == "cpu":  # the kernels under their CPU emulation: a smoke run of the same code
+        import os
+        import sys
+        import tempfile
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from emulation import EmulatedBackend, build  # the test suite's CPU emulation of the kernels
 
         be = EmulatedBackend(build(tempfile.mkdtemp(prefix="chainfb-emu-")))
-        impl = types.SimpleNamespace(transducer_gather=functools.partial(tm.transducer_gather_on, be),
-                                     transducer_grad=functools.partial(tm.transducer_grad_on, be))
         B, Tmax, Umax, V = 2, 8, 4, 16
     else:
-        from chainfb.cuda import transducer_maps as impl
+        from chainfb.cuda.kernels import cupy_backend
 
+        be = cupy_backend()
         B, Tmax, Umax, V = args.batch, args.max_frames, args.max_labels, args.vocab
+    from chainfb.cuda import transducer_maps as tm
+
+    impl = types.SimpleNamespace(transducer_gather=functools.partial(tm.transducer_gather, be),
+                                 transducer_grad=functools.partial(tm.transducer_grad, be))
     kw, C, rows = make_case(rng, B, Tmax, Umax, V)
     kind_weight = np.ones(kw["sym"].shape[2])
     logits = torch.randn(B, Tmax, Umax + 1, V, dtype=torch.float32).to(dtype)

@@ -1,12 +1,19 @@
 // Shared device helpers for chainfb's kernels: -inf, exp/log per real type,
 // an online log-sum-exp accumulator, a deterministic block-wide log-sum-exp
-// (shared-memory tree, no warp shuffles), and 16-bit float storage types
-// (hardware conversions on the device, a bit-exact software twin in the host
-// emulation).
+// (shared-memory tree, no warp shuffles), and 16-bit float storage types.
+//
+// CHAINFB_EMULATE is defined only by the host build of the test suite
+// (tests/emulation/), which compiles these same sources with a C++ compiler
+// and runs them on the CPU.  Its two branches below are all the kernels need
+// to build there; NVRTC and nvcc never see them.
 #ifndef CHAINFB_COMMON_CUH
 #define CHAINFB_COMMON_CUH
 
 #ifdef CHAINFB_EMULATE
+// Host build: the emulation header (on the host compiler's include path, not
+// shipped) defines the CUDA subset used here -- thread and block indices,
+// __syncthreads, the intrinsics, the 16-bit conversions -- in place of the
+// CUDA headers.
 #include "emulate.h"
 #else
 #include <cuda_bf16.h>
@@ -21,8 +28,10 @@
 // compiler then keeps its register use low enough for 1024-thread blocks.
 #define CHAINFB_KERNEL __global__ __launch_bounds__(CHAINFB_MAX_THREADS)
 
-// A statically sized shared-memory array `T name[n]`.  In the host emulation
-// each block gets its own copy, poisoned at block start (see emulate.h).
+// A statically sized shared-memory array `T name[n]`.  Host build: a host
+// compiler has no __shared__ storage, so the emulation hands each block its
+// own copy of the array, keyed by the declaration site (and poisoned at
+// block start to expose reads before writes).
 #ifdef CHAINFB_EMULATE
 #define CHAINFB_SHARED_ARRAY(T, name, n)  \
   static char name##_site;                \
@@ -164,8 +173,8 @@ struct Storage<double> {
   static __device__ __forceinline__ double store(double v) { return v; }
 };
 
-#ifndef CHAINFB_EMULATE
-// On the device: the hardware conversions (round to nearest even).
+// The CUDA conversions (round to nearest even); the host emulation of the
+// tests supplies the same intrinsics in software, bit for bit.
 template <>
 struct Storage<BF16> {
   static __device__ __forceinline__ float load(BF16 v) { return __bfloat162float(__ushort_as_bfloat16(v.bits)); }
@@ -185,72 +194,6 @@ struct Storage<F16> {
     return r;
   }
 };
-#else
-// The software twin of the hardware conversions, for the host emulation
-// (bit-exact, round to nearest even).
-template <>
-struct Storage<BF16> {
-  static __device__ __forceinline__ float load(BF16 v) { return __int_as_float(((int)v.bits) << 16); }
-  static __device__ __forceinline__ BF16 store(float f) {
-    unsigned x = (unsigned)__float_as_int(f);
-    BF16 r;
-    if ((x & 0x7fffffffu) > 0x7f800000u) {
-      r.bits = (unsigned short)((x >> 16) | 0x40u);  // quiet NaN
-    } else {
-      x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
-      r.bits = (unsigned short)(x >> 16);
-    }
-    return r;
-  }
-};
-
-template <>
-struct Storage<F16> {
-  static __device__ __forceinline__ float load(F16 v) {
-    unsigned h = v.bits;
-    unsigned sign = (h & 0x8000u) << 16;
-    unsigned e = (h >> 10) & 0x1fu;
-    unsigned m = h & 0x3ffu;
-    if (e == 0) {
-      float f = (float)m * 5.9604644775390625e-8f;  // m * 2^-24, exact
-      return sign ? -f : f;
-    }
-    if (e == 31) return __int_as_float((int)(sign | 0x7f800000u | (m << 13)));
-    return __int_as_float((int)(sign | ((e + 112u) << 23) | (m << 13)));
-  }
-  static __device__ __forceinline__ F16 store(float f) {
-    unsigned x = (unsigned)__float_as_int(f);
-    unsigned sign = (x >> 16) & 0x8000u;
-    unsigned ax = x & 0x7fffffffu;
-    F16 r;
-    if (ax > 0x7f800000u) {
-      r.bits = (unsigned short)(sign | 0x7e00u);
-    } else if (ax >= 0x477ff000u) {  // >= 65520 (and inf) -> inf
-      r.bits = (unsigned short)(sign | 0x7c00u);
-    } else if (ax < 0x38800000u) {  // below 2^-14: subnormal half
-      if (ax <= 0x33000000u) {     // <= 2^-25 rounds to zero
-        r.bits = (unsigned short)sign;
-      } else {
-        unsigned e = ax >> 23;
-        unsigned m = (ax & 0x7fffffu) | 0x800000u;
-        unsigned shift = 126u - e;
-        unsigned q = m >> shift;
-        unsigned rem = m & ((1u << shift) - 1u);
-        unsigned half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (q & 1u))) q += 1u;
-        r.bits = (unsigned short)(sign | q);
-      }
-    } else {
-      unsigned h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13);
-      unsigned rem = ax & 0x1fffu;
-      if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
-      r.bits = (unsigned short)(sign | h);
-    }
-    return r;
-  }
-};
-
-#endif  // CHAINFB_EMULATE
 
 }  // namespace chainfb
 

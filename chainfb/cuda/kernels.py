@@ -1,11 +1,30 @@
 """The CUDA sources shipped with chainfb, the kernel instantiations they
-provide, and their run-time compilation by CuPy (NVRTC), cached per device.
+provide, their run-time compilation by CuPy (NVRTC), cached per device, and
+where data runs.
 
-A *backend* runs a kernel by name: ``backend.launch(name, grid, block,
-args)`` with ``args`` a list of arrays and NumPy scalars whose types match
-the kernel's parameters exactly.  :class:`CupyBackend` launches on the GPU;
-:mod:`chainfb.cuda.emulation` provides the same interface on the CPU by
-building the same sources with the host compiler.
+A *kernel backend* is what the CUDA engines (:mod:`chainfb.engines.cuda`,
+:mod:`chainfb.engines.cuda_shared`) and the score-map launchers
+(:mod:`chainfb.cuda.transducer_maps`) take as their first argument.  It has:
+
+``xp``
+    the array module of its memory (``cupy`` for the GPU): every array the
+    callers allocate or convert for the kernels comes from ``xp``.
+``launch(name, grid, block, args)``
+    run the kernel instantiation ``name`` (a key of :data:`KERNELS`) on a
+    1-D grid of ``grid`` blocks of ``block`` threads (nothing for ``grid <=
+    0``); ``args`` is a list of ``xp`` arrays (C-contiguous) and NumPy
+    scalars whose types match the kernel's parameters exactly.
+``cache_key()``
+    a hashable key of where arrays made now live and are ordered (device
+    and stream): device copies cached on a lattice are kept per key (see
+    :func:`chainfb.engines.cuda.cached`).
+
+:class:`CupyBackend` is the GPU's.  The test suite plugs a CPU emulation of
+the same sources into this interface (``tests/emulation/``).
+
+Where data runs is decided in one place: :func:`on_device` (CuPy arrays and
+CUDA tensors run through the kernels) and :func:`backend_for` (the backend
+those kernels run on).
 """
 
 from __future__ import annotations
@@ -22,6 +41,8 @@ __all__ = [
     "nvrtc_options",
     "CupyBackend",
     "cupy_backend",
+    "on_device",
+    "backend_for",
     "require_cupy",
     "cuda_include_dirs",
 ]
@@ -50,15 +71,16 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
 
 def source_dir() -> str:
-    """Directory holding the ``.cu``/``.cuh``/``.h`` files."""
+    """Directory holding the ``.cu``/``.cuh`` files."""
     return os.path.dirname(os.path.abspath(__file__))
 
 
 def load_source(name: str) -> str:
     """Text of ``name`` with its local ``#include "..."`` files inlined (once
     each), so the code alone determines the compiled result (and CuPy's cache
-    key).  The host-emulation header is never inlined: it sits behind
-    ``#ifdef CHAINFB_EMULATE`` and is only for the host compiler."""
+    key).  ``emulate.h`` is never inlined: its include sits behind ``#ifdef
+    CHAINFB_EMULATE`` (the test suite's host build, see ``common.cuh``) and
+    the file is not part of the package."""
     seen = set()
 
     def expand(fname):
@@ -198,3 +220,19 @@ def cupy_backend() -> CupyBackend:
     if _CUPY_BACKEND is None:
         _CUPY_BACKEND = CupyBackend()
     return _CUPY_BACKEND
+
+
+def on_device(x) -> bool:
+    """Whether ``x`` lives on a CUDA device -- a CuPy array or a CUDA torch
+    tensor -- and so runs through the kernels (on :func:`backend_for`'s
+    backend).  Imports neither CuPy nor torch."""
+    mod = type(x).__module__
+    if mod.startswith("cupy"):
+        return True
+    return mod.startswith("torch") and bool(getattr(x, "is_cuda", False))
+
+
+def backend_for(x):
+    """The kernel backend that runs ``x``: :func:`cupy_backend` when
+    :func:`on_device`, else None (the CPU paths)."""
+    return cupy_backend() if on_device(x) else None

@@ -1,4 +1,5 @@
-"""Transducer score maps on the GPU (kernels in ``transducer.cu``).
+"""Transducer score maps through the kernels of ``transducer.cu``, launched
+on a kernel backend (the GPU's: :func:`chainfb.cuda.kernels.cupy_backend`).
 
 Conventions (shared with the NumPy twins the tests check them against,
 ``tests/oracles/cuda_twins.py``):
@@ -45,13 +46,10 @@ import numpy as np
 
 from .._arrays import is_torch
 from .interop import on_torch_stream
-from .kernels import cupy_backend
 
 __all__ = [
     "transducer_gather",
     "transducer_grad",
-    "transducer_gather_on",
-    "transducer_grad_on",
     "logits_storage",
 ]
 
@@ -210,9 +208,32 @@ def _launch_rows(backend, kernel, tag, arr, dims, sym, colidx, Tl, Ul, fused_log
     )
 
 
-def transducer_gather_on(backend, logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns,
-                         zero_col=None, fused_log_softmax=True, threads_per_row=32, block_size=128):
-    """:func:`transducer_gather` on any kernel backend (GPU or emulation)."""
+@on_torch_stream
+def transducer_gather(backend, logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns,
+                      zero_col=None, fused_log_softmax=True, threads_per_row=32, block_size=128):
+    """Fused log-softmax + skewed gather of the engine's scores.
+
+    Parameters
+    ----------
+    backend : the kernel backend (:func:`chainfb.cuda.kernels.cupy_backend`
+        on the GPU; interface in :mod:`chainfb.cuda.kernels`).
+    logits : ``[B, T, U1, V]`` ``backend.xp`` array or torch tensor (CUDA
+        for the GPU; float16, bfloat16, float32, float64), contiguous.
+    sym, colidx : ``[B, U1, J]`` ints: the vocabulary index and the compact
+        column of each arc kind, -1 where unused (see the module docstring).
+    logit_lengths, target_lengths : ``[B]`` ints.
+    num_rows, num_columns : the shape of ``X`` (``num_rows >= T + U1 - 1``
+        covers every step).
+    zero_col : ``[B]`` ints or None: a column scoring 0 for ``n < T_b + U_b``.
+    fused_log_softmax : bool
+    threads_per_row, block_size : launch shape (a power of two dividing
+        ``block_size <= 1024`` threads per ``(b, t, u)`` row).
+
+    Returns
+    -------
+    X : ``backend.xp`` ``[num_rows, num_columns]`` compute dtype (float32, or float64)
+    lse : ``backend.xp`` ``[B, T, U1]`` compute dtype (0 where not live)
+    """
     xp = backend.xp
     _check_columns(colidx, zero_col, int(num_columns))
     arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
@@ -236,9 +257,21 @@ def transducer_gather_on(backend, logits, sym, colidx, logit_lengths, target_len
     return X, lse
 
 
-def transducer_grad_on(backend, logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight,
-                       clamp=-1.0, fused_log_softmax=True, threads_per_row=32, block_size=128):
-    """:func:`transducer_grad` on any kernel backend (GPU or emulation)."""
+@on_torch_stream
+def transducer_grad(backend, logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight,
+                    clamp=-1.0, fused_log_softmax=True, threads_per_row=32, block_size=128):
+    """Fused transducer gradient w.r.t. the logits.
+
+    Parameters as :func:`transducer_gather`, plus ``post [num_rows, C]``
+    (engine posteriors), ``lse [B, T, U1]`` (from the gather), ``scale [B]``
+    (or a scalar), ``kind_weight [J]`` (the weight ``w_j`` of each arc kind)
+    and ``clamp`` (<= 0: none).
+
+    Returns
+    -------
+    grad : ``[B, T, U1, V]``, same type (``backend.xp`` array / torch
+    tensor) and dtype as ``logits``.
+    """
     xp = backend.xp
     colidx_in = colidx
     arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
@@ -279,48 +312,3 @@ def wrap_grad(grad, tag, like):
 
     g = torch.from_numpy(grad) if isinstance(grad, np.ndarray) else torch.from_dlpack(grad)
     return g.view(torch.bfloat16) if tag == "bf16" else g
-
-
-@on_torch_stream
-def transducer_gather(logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns, zero_col=None,
-                      fused_log_softmax=True):
-    """Fused log-softmax + skewed gather of the engine's scores (GPU).
-
-    Parameters
-    ----------
-    logits : ``[B, T, U1, V]`` CuPy array or CUDA tensor (float16, bfloat16,
-        float32, float64), contiguous.
-    sym, colidx : ``[B, U1, J]`` ints: the vocabulary index and the compact
-        column of each arc kind, -1 where unused (see the module docstring).
-    logit_lengths, target_lengths : ``[B]`` ints.
-    num_rows, num_columns : the shape of ``X`` (``num_rows >= T + U1 - 1``
-        covers every step).
-    zero_col : ``[B]`` ints or None: a column scoring 0 for ``n < T_b + U_b``.
-    fused_log_softmax : bool
-
-    Returns
-    -------
-    X : CuPy ``[num_rows, num_columns]`` compute dtype (float32, or float64)
-    lse : CuPy ``[B, T, U1]`` compute dtype (0 where not live)
-    """
-    return transducer_gather_on(cupy_backend(), logits, sym, colidx, logit_lengths, target_lengths, num_rows,
-                                num_columns, zero_col, fused_log_softmax)
-
-
-@on_torch_stream
-def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight, clamp=-1.0,
-                    fused_log_softmax=True):
-    """Fused transducer gradient w.r.t. the logits (GPU).
-
-    Parameters as :func:`transducer_gather`, plus ``post [num_rows, C]``
-    (engine posteriors), ``lse [B, T, U1]`` (from the gather), ``scale [B]``
-    (or a scalar), ``kind_weight [J]`` (the weight ``w_j`` of each arc kind)
-    and ``clamp`` (<= 0: none).
-
-    Returns
-    -------
-    grad : ``[B, T, U1, V]``, same type (CuPy array / torch tensor) and
-    dtype as ``logits``.
-    """
-    return transducer_grad_on(cupy_backend(), logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale,
-                              kind_weight, clamp, fused_log_softmax)

@@ -15,6 +15,13 @@ Every engine is a module with two functions over a
     semiring, with the winning arcs as indices into the FstBatch's flat arc
     arrays (``-1`` past a length or without a path).
 
+The CUDA engines take the kernel backend to run on as their first argument,
+``forward_backward(backend, lat, X, lengths, leaky=None,
+need_posteriors=True, block_size=None)`` (backend interface in
+:mod:`chainfb.cuda.kernels`; ``X`` and the results are ``backend.xp``
+arrays); :func:`forward_backward` here resolves it once, with
+:func:`chainfb.cuda.kernels.backend_for`.
+
 The implementations:
 
 - :mod:`~chainfb.engines.numpy_log` -- NumPy, log domain, float64; the
@@ -40,12 +47,11 @@ public functions call :func:`forward_backward` / :func:`best_path` here.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
 import numpy as np
 
-__all__ = ["ENGINES", "select", "forward_backward", "best_path", "use_kernel_backend", "kernel_backend"]
+from ..cuda import kernels
+
+__all__ = ["ENGINES", "select", "forward_backward", "best_path"]
 
 #: engine names accepted by ``engine=``
 ENGINES = ("auto", "numpy", "numba", "shared", "cuda", "cuda_shared")
@@ -53,28 +59,6 @@ _GPU_ENGINES = ("cuda", "cuda_shared")
 
 # the shared-graph engine pays off from about this many arcs of the shared graph
 _SHARED_MIN_ARCS = 2000
-
-
-_local = threading.local()
-
-
-def kernel_backend():
-    """The kernel backend set by :func:`use_kernel_backend` in this thread, or None."""
-    return getattr(_local, "backend", None)
-
-
-@contextmanager
-def use_kernel_backend(backend):
-    """Within the block, every engine call and every criterion's score-map
-    kernels run on ``backend`` (e.g. the CPU emulation of the CUDA kernels,
-    :class:`chainfb.cuda.emulation.EmulatedBackend`): the whole GPU code
-    path, exercised without a GPU.  For tests."""
-    prev = kernel_backend()
-    _local.backend = backend
-    try:
-        yield backend
-    finally:
-        _local.backend = prev
 
 
 def _module(name):
@@ -97,10 +81,6 @@ def _module(name):
     from . import cuda
 
     return cuda
-
-
-def _is_cupy(X) -> bool:
-    return type(X).__module__.startswith("cupy")
 
 
 def _shared_is_safe(X: np.ndarray) -> bool:
@@ -132,7 +112,7 @@ def _kernel_engine(lat, engine: str) -> str:
     return "cuda"
 
 
-def select(lat, X, op: str = "forward_backward", engine: str = "auto", backend=None, leaky=None) -> str:
+def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=None) -> str:
     """The name of the engine that runs ``op`` (``"forward_backward"`` or
     ``"best_path"``) on ``lat`` and ``X``.
 
@@ -144,15 +124,12 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", backend=N
     :data:`chainfb.engines.scipy_shared.MAX_SPREAD` nats; ``"numba"`` for
     any other forward-backward on the CPU without ``leaky`` when Numba is
     installed; ``"numpy"`` otherwise.  An explicit name is checked against
-    where ``X`` lives and against the lattice.  With a kernel ``backend``
-    (or inside :func:`use_kernel_backend`) the answer is a CUDA engine:
-    ``"cuda"`` when asked for, else as for CuPy scores.
+    where ``X`` lives (:func:`chainfb.cuda.kernels.on_device`) and against
+    the lattice.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
-    if backend is not None or kernel_backend() is not None:
-        return _kernel_engine(lat, engine if engine in _GPU_ENGINES else "auto")
-    on_gpu = _is_cupy(X)
+    on_gpu = kernels.on_device(X)
     if engine == "auto":
         if on_gpu:
             return _kernel_engine(lat, engine)
@@ -184,17 +161,14 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", backend=N
     return engine
 
 
-def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, engine: str = "auto",
-                     backend=None):
-    """Run the engine :func:`select` picks (protocol in the module docstring).
-
-    ``backend``: a kernel backend for the CUDA engines (default: CuPy on the
-    GPU; :class:`chainfb.cuda.emulation.EmulatedBackend` runs the same
-    kernels on the CPU, for tests).  Giving one selects a CUDA engine."""
-    backend = backend if backend is not None else kernel_backend()
-    module = _module(select(lat, X, "forward_backward", engine, backend, leaky))
-    if backend is not None:
-        return module.forward_backward_on(backend, lat, X, lengths, leaky, need_posteriors)
+def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, engine: str = "auto"):
+    """Run the engine :func:`select` picks (protocol in the module docstring);
+    a CUDA engine runs on the kernel backend of ``X``
+    (:func:`chainfb.cuda.kernels.backend_for`)."""
+    name = select(lat, X, "forward_backward", engine, leaky)
+    module = _module(name)
+    if name in _GPU_ENGINES:
+        return module.forward_backward(kernels.backend_for(X), lat, X, lengths, leaky, need_posteriors)
     return module.forward_backward(lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors)
 
 

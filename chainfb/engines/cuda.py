@@ -1,6 +1,7 @@
 """The CUDA engine: the engine protocol (see :mod:`chainfb.engines`) through
 the kernels of ``chainfb/cuda/engine.cu``, with exactly the contract of
-:func:`chainfb.engines.numpy_log.forward_backward` (CuPy arrays in and out).
+:func:`chainfb.engines.numpy_log.forward_backward`, on the arrays of the
+kernel backend it is given (CuPy's on the GPU, see :mod:`chainfb.cuda.kernels`).
 
 The lattice's index arrays are converted once (CSR pointers by destination,
 by source and by column, int32) and cached on the :class:`Lattice` per
@@ -14,11 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cuda.kernels import cupy_backend
 from ..lattice import Lattice
 
-__all__ = ["forward_backward", "best_path", "forward_backward_on", "lattice_arrays", "default_block_size",
-           "run_engine"]
+__all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "run_engine"]
 
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
@@ -218,34 +217,34 @@ def _lattice_layout(backend, lat: Lattice, dtype, leaky):
     return "fb", fwd, bwd, log_init, a["max_width"]
 
 
-def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors=True, block_size=None):
-    """:func:`forward_backward` on any kernel backend (the GPU or the host
-    emulation); arrays belong to ``backend.xp``."""
-    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _lattice_layout)
+def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True,
+                     block_size=None):
+    """Forward-backward over a lattice through the kernels of ``engine.cu``.
 
-
-def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
-    """Forward-backward over a lattice on the GPU.
-
-    Same contract as :func:`chainfb.engines.numpy_log.forward_backward`.
+    Same contract as :func:`chainfb.engines.numpy_log.forward_backward`, on
+    ``backend``'s arrays.
 
     Parameters
     ----------
+    backend : the kernel backend (:func:`chainfb.cuda.kernels.cupy_backend`
+        on the GPU; interface in :mod:`chainfb.cuda.kernels`).
     lat : Lattice
-    X : CuPy float32/float64 ``[T, C]``
+    X : ``backend.xp`` float32/float64 ``[T, C]``
         Compact scores; frames ``t >= lengths[seq]`` are set to ``-inf`` in
         place (when ``X`` is C-contiguous).
-    lengths : ``[N]`` ints in ``[0, T]`` (NumPy or CuPy; a CuPy array avoids
-        any host-device copy).
+    lengths : ``[N]`` ints in ``[0, T]`` (host or ``backend.xp``; a device
+        array avoids any host-device copy).
     leaky : ``(coefficient, log_init [S])`` or None
     need_posteriors : bool
+    block_size : threads per block (1..1024), or None for
+        :func:`default_block_size` of the widest sequence.
 
     Returns
     -------
-    loglike : CuPy ``[N]`` (dtype of ``X``)
-    posteriors : CuPy ``[T, C]`` or None
+    loglike : ``backend.xp`` ``[N]`` (dtype of ``X``)
+    posteriors : ``backend.xp`` ``[T, C]`` or None
     """
-    return forward_backward_on(cupy_backend(), lat, X, lengths, leaky, need_posteriors)
+    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _lattice_layout)
 
 
 def best_path(lat: Lattice, X, lengths):

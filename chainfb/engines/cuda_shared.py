@@ -25,12 +25,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..batch import FstBatch
-from ..cuda.kernels import cupy_backend
 from ..lattice import Lattice
 from .cuda import best_path, cached, check_log_init, host_array, lattice_host_arrays, run_engine, upload
 from .scipy_shared import shared_graph
 
-__all__ = ["forward_backward", "best_path", "forward_backward_on", "graph_arrays"]
+__all__ = ["forward_backward", "best_path", "graph_arrays"]
 
 
 def graph_arrays(backend, lat: Lattice, dtype) -> dict:
@@ -87,15 +86,10 @@ def _shared_layout(backend, lat: Lattice, dtype, leaky):
     return "fb_shared", fwd, bwd, log_init, g["max_width"]
 
 
-def forward_backward_on(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors=True, block_size=None):
-    """:func:`forward_backward` on any kernel backend (the GPU or the host
-    emulation); arrays belong to ``backend.xp``."""
+def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True,
+                     block_size=None):
+    """Forward-backward of a lattice whose sequences all use one graph,
+    through the kernels of ``shared_graph.cu`` on ``backend``: parameters and
+    return values as :func:`chainfb.engines.cuda.forward_backward` (``X [T,
+    C]`` with ``C = N * K``, ``K`` the graph's distinct pdfs)."""
     return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _shared_layout)
-
-
-def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
-    """Forward-backward of a lattice whose sequences all use one graph, on
-    the GPU: parameters and return values as
-    :func:`chainfb.engines.cuda.forward_backward` (``X [T, C]`` with ``C =
-    N * K``, ``K`` the graph's distinct pdfs)."""
-    return forward_backward_on(cupy_backend(), lat, X, lengths, leaky, need_posteriors)

@@ -1,6 +1,6 @@
 """The transducer criterion: the step graphs of :mod:`.graphs` plus the
 transducer score map, with a torch backend (CPU) and a CUDA-kernel backend
-(GPU, or the kernels' CPU emulation) behind it.
+(GPU) behind it.
 
 Arc meanings live here and nowhere else.  Main state ``u`` of utterance
 ``b`` has arc kinds ``j`` (see :mod:`.graphs`); :func:`symbol_table` gives
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..criterion import Criterion
+from ..cuda import kernels
 from ..lattice import concat_ranges
 from .graphs import compile_layout
 
@@ -88,13 +89,14 @@ class TransducerCriterion(Criterion):
     blank : vocabulary index of the blank; durations : big-blank durations
         (big blank ``i`` at ``blank - 1 - i``); sigma : subtracted on real arcs.
     fused_log_softmax, fastemit_lambda, clamp : see :func:`chainfb.rnnt_loss`.
-    backend : a kernel backend to run the CUDA score-map and engine kernels
-        on (e.g. the CPU emulation); default: CUDA kernels for CUDA logits,
-        the torch backend otherwise.
+
+    The score map runs on the kernel backend of the logits
+    (:func:`chainfb.cuda.kernels.backend_for`: CUDA kernels for CUDA
+    logits), the torch backend otherwise.
     """
 
     def __init__(self, shape, targets, logit_lengths, target_lengths, blank, durations=(), sigma=0.0,
-                 fused_log_softmax=True, fastemit_lambda=0.0, clamp=-1.0, backend=None):
+                 fused_log_softmax=True, fastemit_lambda=0.0, clamp=-1.0):
         B, T, U1, V = shape
         self.layout = lay = compile_layout(target_lengths, logit_lengths, durations, sigma, umax=U1 - 1)
         self.lattice, self.lengths = lay.lat, lay.steps
@@ -103,29 +105,14 @@ class TransducerCriterion(Criterion):
         self.kind_weight = np.ones(2 + len(big))
         self.kind_weight[1] += fastemit_lambda
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)
-        self.backend = backend
-        self._state = None
-
-    def _kernels(self, x):
-        """The kernel backend for ``x``, or None for the torch backend."""
-        if self.backend is not None:
-            return self.backend
-        from .. import engines
-
-        if engines.kernel_backend() is not None:
-            return engines.kernel_backend()
-        if x.is_cuda:
-            from ..cuda.kernels import cupy_backend
-
-            return cupy_backend()
-        return None
+        self._state = self._backend = None
 
     def gather(self, x, need_grad=True):
-        kb = self._kernels(x)
+        kb = self._backend = kernels.backend_for(x)  # finish runs on the same backend
         if kb is None:
             X, self._state = _torch_gather(x, self.sym, self.layout, self.fused, need_grad)
             return X
-        from ..cuda.transducer_maps import transducer_gather_on
+        from ..cuda.transducer_maps import transducer_gather
 
         lay = self.layout
         zero = np.flatnonzero(lay.col_j < 0)
@@ -133,14 +120,14 @@ class TransducerCriterion(Criterion):
         if zero.size:
             zero_col = np.full(len(lay.steps), -1, dtype=np.int64)
             zero_col[lay.col_b[zero]] = zero
-        X, self._state = transducer_gather_on(
+        X, self._state = transducer_gather(
             kb, x.detach().contiguous(), self.sym, lay.colidx, lay.logit_lengths.astype(np.int32),
             lay.target_lengths.astype(np.int32), lay.num_steps, self.lattice.num_columns, zero_col=zero_col,
             fused_log_softmax=self.fused)
         return X
 
     def finish(self, x, loglike, post):
-        kb = self._kernels(x)
+        kb = self._backend
         if kb is None:
             ll = torch.from_numpy(np.asarray(loglike))
         elif kb.xp is np:
@@ -155,12 +142,12 @@ class TransducerCriterion(Criterion):
         if kb is None:
             grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad.numpy(), out_dtype=x.dtype)
             return value, grad
-        from ..cuda.transducer_maps import transducer_grad_on
+        from ..cuda.transducer_maps import transducer_grad
 
         lay = self.layout
         xp = kb.xp
         scale = xp.isfinite(loglike).astype(loglike.dtype)
-        grad = transducer_grad_on(
+        grad = transducer_grad(
             kb, x.detach().contiguous(), self.sym, lay.colidx, lay.logit_lengths.astype(np.int32),
             lay.target_lengths.astype(np.int32), post, state, scale, self.kind_weight, clamp=self.clamp,
             fused_log_softmax=self.fused)

@@ -1,6 +1,7 @@
 """NumPy twins of the GPU kernels, with the signatures of their GPU
-counterparts (as in CuPy's cupyx): the reference the kernel tests compare
-against, written straightforwardly and independently of the ``.cu`` code.
+counterparts less the leading kernel backend (as in CuPy's cupyx): the
+reference the kernel tests compare against, written straightforwardly and
+independently of the ``.cu`` code.
 
 - engine: :func:`chainfb.engines.numpy_log.forward_backward` is the twin of
   :func:`chainfb.engines.cuda.forward_backward`.

@@ -1,6 +1,8 @@
 // Host emulation of the small CUDA subset chainfb's kernels use, so the SAME
-// .cu sources build with g++ (-std=c++20 -x c++ -DCHAINFB_EMULATE) and run on
-// the CPU in tests.  The threads of a block run as std::threads and
+// .cu sources (chainfb/cuda/) build with g++ (-std=c++20 -x c++
+// -DCHAINFB_EMULATE, this directory on the include path: common.cuh
+// includes this header in place of the CUDA headers) and run on the CPU in
+// tests.  The threads of a block run as std::threads and
 // __syncthreads() is a std::barrier across them.  To catch more than a GPU
 // run would by chance:
 //   - several blocks run at once, in a random order (CHAINFB_EMULATE_SEED,
@@ -200,5 +202,7 @@ using std::log1p;
 inline int atomicAdd(int* p, int v) { return cfb_emu::atomic_add(p, v); }
 inline float atomicAdd(float* p, float v) { return cfb_emu::atomic_add(p, v); }
 inline double atomicAdd(double* p, double v) { return cfb_emu::atomic_add(p, v); }
+
+#include "emulate_half.h"
 
 #endif  // CHAINFB_EMULATE_H

@@ -1,14 +1,15 @@
-"""Run chainfb's CUDA kernels on the CPU: the same ``.cu`` sources built by
-the host C++ compiler under ``emulate.h`` (threads of a block as
+"""Run chainfb's CUDA kernels on the CPU: the same ``.cu`` sources
+(``chainfb/cuda/``) built by the host C++ compiler under ``emulate.h`` (this
+directory) (threads of a block as
 ``std::thread``\\ s, ``__syncthreads`` as a ``std::barrier``, several blocks
 at once in a random order, each with its own shared memory poisoned with
 NaN; a barrier after a thread exited, too many threads or too much shared
 memory is an error), loaded with ctypes.  Used by the tests to check the kernels'
 logic on machines without a GPU; far too slow for anything else.
 
-``EmulatedBackend`` has the interface of
-:class:`chainfb.cuda.kernels.CupyBackend` with NumPy arrays in place of
-CuPy arrays, so the GPU wrappers run unchanged on it.
+``EmulatedBackend`` is a kernel backend as :mod:`chainfb.cuda.kernels`
+describes it (``xp``, ``launch``, ``cache_key``), with NumPy arrays in place
+of CuPy arrays, so the CUDA engines and launchers run unchanged on it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import subprocess
 
 import numpy as np
 
-from .kernels import KERNELS, source_dir
+from chainfb.cuda.kernels import KERNELS, source_dir
 
-__all__ = ["find_compiler", "build", "build_replay", "EmulatedBackend"]
+#: this directory: emulate*.h and the host launchers
+EMULATION_DIR = os.path.dirname(os.path.abspath(__file__))
+
+__all__ = ["EMULATION_DIR", "find_compiler", "host_build_flags", "build", "build_replay", "EmulatedBackend"]
 
 _CTYPES = {
     np.dtype(np.int32): ctypes.c_int32,
@@ -41,6 +45,14 @@ def find_compiler() -> str | None:
     return None
 
 
+def host_build_flags() -> list:
+    """The host compiler's flags for the kernels: C++20, every warning an
+    error, ``CHAINFB_EMULATE`` defined and both this directory (the
+    emulation headers) and the package's kernel sources on the include path."""
+    return ["-std=c++20", "-O1", "-g", "-pthread", "-Wall", "-Werror", "-DCHAINFB_EMULATE", "-I", EMULATION_DIR,
+            "-I", source_dir()]
+
+
 def build(directory: str, compiler: str | None = None, extra_flags=()) -> str:
     """Compile the kernels for the host into ``directory``; returns the
     shared library's path.  Raises ``RuntimeError`` with the compiler's
@@ -49,26 +61,8 @@ def build(directory: str, compiler: str | None = None, extra_flags=()) -> str:
     if compiler is None:
         raise RuntimeError("no host C++ compiler found (set CXX)")
     out = os.path.join(directory, "libchainfb_emulated.so")
-    cmd = [
-        compiler,
-        "-std=c++20",
-        "-O1",
-        "-g",
-        "-shared",
-        "-fPIC",
-        "-pthread",
-        "-Wall",
-        "-Werror",
-        "-DCHAINFB_EMULATE",
-        "-I",
-        source_dir(),
-        "-x",
-        "c++",
-        os.path.join(source_dir(), "emulate_launch.cpp"),
-        "-o",
-        out,
-        *extra_flags,
-    ]
+    cmd = [compiler, *host_build_flags(), "-shared", "-fPIC", "-x", "c++",
+           os.path.join(EMULATION_DIR, "emulate_launch.cpp"), "-o", out, *extra_flags]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or res.stderr.strip():
         raise RuntimeError(f"host build of the kernels failed:\n{' '.join(cmd)}\n{res.stderr}")
@@ -149,9 +143,8 @@ def build_replay(directory: str, compiler: str | None = None, extra_flags=()) ->
     if compiler is None:
         raise RuntimeError("no host C++ compiler found (set CXX)")
     out = os.path.join(directory, "chainfb_replay")
-    cmd = [compiler, "-std=c++20", "-O1", "-g", "-pthread", "-Wall", "-Werror", "-DCHAINFB_EMULATE", "-I",
-           source_dir(), "-x", "c++", os.path.join(source_dir(), "emulate_launch.cpp"),
-           os.path.join(source_dir(), "emulate_replay.cpp"), "-o", out, *extra_flags]
+    cmd = [compiler, *host_build_flags(), "-x", "c++", os.path.join(EMULATION_DIR, "emulate_launch.cpp"),
+           os.path.join(EMULATION_DIR, "emulate_replay.cpp"), "-o", out, *extra_flags]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or res.stderr.strip():
         raise RuntimeError(f"host build of the replayer failed:\n{' '.join(cmd)}\n{res.stderr}")

@@ -1,5 +1,5 @@
-// Replays kernel launches recorded by chainfb.cuda.emulation.EmulatedBackend
-// (record_to=DIR) in a standalone program, so the emulation can run under
+// Replays kernel launches recorded by EmulatedBackend (backend.py, record_to=DIR)
+// in a standalone program, so the emulation can run under
 // sanitizers that cannot be preloaded into Python (ThreadSanitizer).  Built
 // with emulate_launch.cpp; usage: replay FILE...  Each file holds one launch:
 //   u32 name_len, name, u32 grid, u32 block, u32 nargs,
