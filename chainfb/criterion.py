@@ -22,7 +22,11 @@ gradient in the forward pass (the gradient is saved, like torchaudio's
 RNN-T), and backward scales the saved gradient per sequence by the
 incoming gradient, in place (a non-finite incoming gradient for a
 sequence counts as 0, so impossible sequences keep a zero gradient).  A
-second backward through the same graph recomputes it.
+second backward through the same graph recomputes it.  Second derivatives
+are not implemented: differentiating the gradient (e.g. a gradient penalty
+built with ``create_graph=True``) raises a ``RuntimeError``
+(:data:`SECOND_DERIVATIVE`) instead of silently treating the posteriors as
+constants; torch's own ``ctc_loss`` raises too.
 """
 
 from __future__ import annotations
@@ -72,6 +76,11 @@ class Criterion:
         return self.finish(x, loglike, post if need_grad else None)
 
 
+#: the error a second derivative raises
+SECOND_DERIVATIVE = ("chainfb: trying to differentiate twice a criterion's gradient (second derivatives, "
+                     "e.g. a gradient penalty, are not implemented)")
+
+
 class _CriterionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, criterion, *xs):
@@ -85,6 +94,20 @@ class _CriterionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        with torch.no_grad():
+            grads = _CriterionFunction._gradients(ctx, grad_out)
+        if not torch.is_grad_enabled():
+            return grads
+        # create_graph=True: the gradient depends on the saved input, but no second derivative is
+        # implemented; give it a node that raises if (and only if) it is differentiated
+        outs = tuple(g for g in grads[1:] if g is not None)
+        err = torch._C._functions.DelayedError(SECOND_DERIVATIVE.encode(), len(outs))
+        marked = err(*[g.detach().requires_grad_() for g in outs])
+        marked = iter(marked if isinstance(marked, tuple) else (marked,))
+        return (None, *(None if g is None else next(marked) for g in grads[1:]))
+
+    @staticmethod
+    def _gradients(ctx, grad_out):
         grad, ctx.grad = ctx.grad, None
         if grad is None:  # a second backward through this graph: recompute
             xs = ctx.saved_tensors
