@@ -7,14 +7,15 @@ topology as an acceptor over vocabulary indices) and the engine's max
 semiring (:func:`chainfb.engines.best_path`) finds the best path; the pdf of
 each winning arc is the frame's label.  There is no CTC recursion here.
 
-Ties.  Where several paths share the best score the engine keeps, for
-every state and frame, the incoming arc listed first in the graph:
-staying in the same position (a self-loop) before advancing by one before
-skipping a blank; at the end the path ending on the last label wins over
-the one ending on the trailing blank.  That is torchaudio's rule, except
-where advancing by one and skipping a blank tie strictly above staying:
-there torchaudio keeps the (worse) stay, chainfb the advance by one, so
-chainfb's path always has the best score.
+Ties.  Where several paths share the best score, the engine keeps, for
+every state and frame, the incoming arc from the lowest-numbered state: a
+label position is reached by skipping a blank before advancing by one
+before staying, so among equally good paths the one whose labels come as
+late as possible wins; at the end the path on the last label wins over the
+one on the trailing blank.  torchaudio breaks ties the other way round
+(staying first, labels as early as possible), so the two agree wherever
+the best path is unique, and may differ only between paths of equal
+score.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ Result: one :class:`TransducerAlignment` per utterance.  An utterance with
 no alignment (no frames, an impossible duration set, ``-inf`` scores on
 every path) gets ``score = -inf`` and empty ``frames`` / ``moves``; no
 error is raised, so a batch always aligns.  Ties between equally good
-paths go to the arc listed first in the step graph, i.e. to the blank
-(staying on the row) before the label.
+paths go, at every state, to the incoming arc from the lowest-numbered
+state: the label arc before the blank, so among equally good paths labels
+are emitted as late as possible.
 """
 
 from __future__ import annotations
