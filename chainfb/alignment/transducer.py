@@ -87,10 +87,8 @@ def _result(moves, U, with_durations, score):
     lab = mv[mv[:, 2] == LABEL]
     if len(lab) != U:  # cannot happen on a complete path; guards the arc reading
         raise RuntimeError(f"alignment: the best path emits {len(lab)} labels, expected {U}")
-    frames = np.zeros(U, dtype=np.int64)
-    durs = np.zeros(U, dtype=np.int64)
-    frames[lab[:, 1] - lab[:, 1].min() if U else []] = lab[:, 0]
-    durs[lab[:, 1] - lab[:, 1].min() if U else []] = lab[:, 3]
+    order = np.argsort(lab[:, 1], kind="stable")  # label u leaves row u (s_begin + k on the grid)
+    frames, durs = lab[order, 0].copy(), lab[order, 3].copy()
     return TransducerAlignment(torch.from_numpy(frames), torch.from_numpy(durs) if with_durations else None,
                                float(score), torch.from_numpy(mv))
 
@@ -143,7 +141,6 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
     fused = checks.flag(fused_log_softmax, "fused_log_softmax")
     blank, Tb, Ub = _check_common(logits, targets, logit_lengths, target_lengths, blank, len(durations))
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fused_log_softmax=fused)
-    lay = crit.layout
     W = len(durations) + 2
     kind_of = np.arange(W)
     dur_of = np.array([1, 0, *durations], dtype=np.int64)
@@ -154,7 +151,6 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
             continue
         mv = _step_moves(p, W, (int(Ub[b]) + 1) * W, kind_of, dur_of)
         out.append(_result(mv, int(Ub[b]), False, p.score))
-    del lay
     return out
 
 
