@@ -17,6 +17,8 @@ from .kaldi import DenominatorComputation, GenericNumeratorComputation, Supervis
 from .ctc import ctc_graph, ctc_loss
 from .lattice import Lattice
 from .transducer import multiblank_rnnt_loss, rnnt_loss, tdt_loss
+from . import alignment
+from .alignment import TokenSpan, align_pdfs, forced_align, merge_tokens, rnnt_align, tdt_align
 
 __version__ = "0.1.0"
 
@@ -40,4 +42,11 @@ __all__ = [
     "chain",
     "ChainLoss",
     "DenominatorGraph",
+    "alignment",
+    "forced_align",
+    "merge_tokens",
+    "TokenSpan",
+    "rnnt_align",
+    "tdt_align",
+    "align_pdfs",
 ]

@@ -23,6 +23,7 @@ from .grid import GridCriterion, grid_loglike
 from .pruned import *  # noqa: F401,F403 -- the pruned family, listed in pruned.__all__
 from .score_map import TransducerCriterion, symbol_table
 from .tdt import TDTCriterion, tdt_graphs, tdt_loss, tdt_step_graph
+from ..alignment.transducer import TransducerAlignment, grid_align, pruned_rnnt_align, rnnt_align, tdt_align
 
 __all__ = [
     "step_graph",
@@ -45,4 +46,10 @@ __all__ = [
     "GridCriterion",
     "grid_loglike",
     *pruned.__all__,
+    # Viterbi alignments over the same lattices (chainfb.alignment.transducer)
+    "TransducerAlignment",
+    "rnnt_align",
+    "tdt_align",
+    "grid_align",
+    "pruned_rnnt_align",
 ]
