@@ -184,7 +184,7 @@ class _Dense:
     as ``[K, R]`` (slot-major, so that reductions over slots run over
     contiguous rows): column ``r`` holds the arcs of state ``rows[r]`` (the
     side's key states), padded with arcs of weight ``-inf``.  ``other`` is each
-    arc's other end (padding: state 0), ``col`` its column (padding: 0),
+    arc's other end and ``col`` its column (padding: those of the row's first arc),
     ``log_prob`` its weight; ``all_rows``: every state is a row, in order."""
 
     def __init__(self, side, other, num_states: int, num_columns: int):
@@ -194,11 +194,13 @@ class _Dense:
         R, K = len(starts), int(lens.max())
         slot = np.arange(K)
         valid = slot[:, None] < lens[None, :]
-        pos = np.where(valid, starts[None, :] + slot[:, None], 0)
+        # padding repeats the row's first arc (weight -inf), so it only ever reads its own
+        # sequence's states and columns: a NaN or +inf there never reaches another sequence
+        pos = np.where(valid, starts[None, :] + slot[:, None], starts[None, :])
         self.rows, self.K = side.key_states, K
         self.all_rows = R == num_states and bool((self.rows == np.arange(num_states)).all())
-        self.other = np.where(valid, other[pos], 0)
-        self.col = np.where(valid, side.col[pos], 0)
+        self.other = other[pos]
+        self.col = side.col[pos]
         self.log_prob = np.where(valid, side.log_prob[pos], -np.inf)
         self._valid, self._num_columns = valid, num_columns
         self._to_columns = None
@@ -439,7 +441,7 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
         if plan.dense_bwd is not None:
             _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post)
-            return loglike, post
+            return loglike, _zero_impossible(lat, loglike, post)
         for t in range(Tmax - 1, -1, -1):
             if t == Tmax - 1 or t % chunk == chunk - 1:
                 c0 = t - t % chunk
@@ -455,7 +457,16 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
             np.exp(g, out=g)
             post[t] = np.bincount(b.col, weights=g, minlength=C)
             beta = _next_beta(beta, t, leak, ends_at, final, plan, sos)
-    return loglike, post
+    return loglike, _zero_impossible(lat, loglike, post)
+
+
+def _zero_impossible(lat, loglike, post):
+    """Zero posteriors for sequences without a complete path (``-inf``),
+    whatever NaN their scores held."""
+    dead = loglike == -np.inf
+    if dead.any():
+        post[:, dead[lat.col_seq]] = 0.0
+    return post
 
 
 def _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post):
