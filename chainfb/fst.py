@@ -108,7 +108,8 @@ def _whole_array(values, name: str) -> np.ndarray:
     if arr.dtype.kind == "f" and arr.size:
         bad = ~np.isfinite(arr) | (arr != np.floor(arr))
         if bad.any():
-            raise ValueError(f"{name}: expected integer ids, got {arr.reshape(-1)[np.argmax(bad.reshape(-1))]!r}")
+            first = float(arr.reshape(-1)[np.argmax(bad.reshape(-1))])
+            raise ValueError(f"{name}: expected integer ids, got {first!r}")
         if np.abs(arr).max() >= _MAX_ID:
             raise ValueError(f"{name}: id outside [0, 2**62)")
     return np.ascontiguousarray(arr, dtype=np.int64).reshape(-1)

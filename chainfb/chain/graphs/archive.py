@@ -13,6 +13,8 @@ import re
 import struct
 from typing import Iterable
 
+import numpy as np
+
 from ...fst import Fst
 
 __all__ = ["write_fst_archive", "read_fst_archive", "have_kaldifst", "write_kaldi_fst_archive", "read_kaldi_fst_archive"]
@@ -131,110 +133,140 @@ def write_kaldi_fst_archive(path: str | os.PathLike, items: Iterable[tuple[str, 
     return n
 
 
-# OpenFst's binary VectorFst header (fst.h FstHeader) and its "standard" (tropical float) arcs
+# OpenFst's binary VectorFst (fst.h FstHeader, vector-fst.h) with "standard" (tropical float) arcs
 _FST_MAGIC = 2125659606
 _FST_MAGIC_BYTES = struct.pack("<i", _FST_MAGIC)
-_ARC_BYTES = 16  # ilabel int32, olabel int32, weight float32, nextstate int32
+_ARC = np.dtype([("ilabel", "<i4"), ("olabel", "<i4"), ("weight", "<f4"), ("nextstate", "<i4")])
 _STATE_BYTES = 12  # final weight float32, number of arcs int64
 _KEY = re.compile(rb"([^\s]+) ")
 
 
-def _scan_kaldi_archive(path, data: bytes):
-    """``[(key, byte offset)]`` of the entries of a Kaldi archive of binary
-    VectorFsts (each entry: the key, a space, the FST in OpenFst's binary
-    form -- read from their headers and arc counts, without decoding
-    them), or None when an entry is in a form this scan does not follow (a
-    text entry, symbol tables, another FST or arc type: kaldifst alone
-    decides then).  A truncated or damaged entry is a ``ValueError`` naming
-    the file, the key and the byte offset."""
+def _decode_kaldi_archive(path, data: bytes):
+    """``[(key, byte offset, Fst)]``: the entries of a Kaldi archive of
+    binary StdVectorFsts (each entry: the key, a space, the FST in OpenFst's
+    binary form), decoded here; None when an entry is in a form this reader
+    does not decode (a text entry, symbol tables, another FST or arc type:
+    ``kaldifst`` reads those).  A truncated or damaged entry is a
+    ``ValueError`` naming the file, the key and the entry's byte offset."""
     entries, pos, n = [], 0, len(data)
     while pos < n:
+        after = f" after entry {entries[-1][0]!r}" if entries else ""
         m = _KEY.match(data, pos)
         if not m:
-            after = f" after entry {entries[-1][0]!r}" if entries else ""
+            rest = data[pos:]
+            if rest and not re.search(rb"\s", rest):
+                partial = rest.decode("utf-8", "replace")
+                raise _damaged(path, f"byte {pos}: entry {partial!r}{after} is truncated: the file ends in its key")
             raise _damaged(path, f"byte {pos}{after}: expected a key followed by a space")
         try:
             key = m.group(1).decode("utf-8")
         except UnicodeDecodeError:
-            raise _damaged(path, f"byte {pos}: the key is not UTF-8 text") from None
+            raise _damaged(path, f"byte {pos}{after}: the key is not UTF-8 text") from None
         start, pos = pos, m.end()
+
+        def damaged(what):
+            return _damaged(path, f"byte {start}: entry {key!r} {what}")
 
         def need(size, what):
             if pos + size > n:
-                raise _damaged(path, f"byte {start}: entry {key!r} is truncated: its {what} would run past the "
-                                     f"end of the file ({n} bytes)")
+                raise damaged(f"is truncated: its {what} would run past the end of the file ({n} bytes)")
 
         need(1, "graph")
         if data[pos: pos + 1] != _FST_MAGIC_BYTES[:1]:
             return None  # a text entry (Kaldi tells binary FSTs by the magic number's first byte)
         need(4, "header")
-        if struct.unpack_from("<i", data, pos)[0] != _FST_MAGIC:
-            raise _damaged(path, f"byte {start}: entry {key!r} is not a binary OpenFst FST (bad magic number)")
+        if data[pos: pos + 4] != _FST_MAGIC_BYTES:
+            raise damaged("is not a binary OpenFst FST (bad magic number)")
         pos += 4
         names = []
         for _ in range(2):  # the FST type and the arc type
             need(4, "header")
             (size,) = struct.unpack_from("<i", data, pos)
             if not 0 <= size <= 64:
-                raise _damaged(path, f"byte {start}: entry {key!r} has a damaged header")
+                raise damaged("has a damaged header")
             need(4 + size, "header")
             names.append(data[pos + 4: pos + 4 + size])
             pos += 4 + size
         need(40, "header")
-        _version, flags, _props, _start, num_states, _num_arcs = struct.unpack_from("<iiQqqq", data, pos)
+        _version, flags, _props, start_state, num_states, _num_arcs = struct.unpack_from("<iiQqqq", data, pos)
         pos += 40
-        if names != [b"vector", b"standard"] or flags & 3 or num_states < 0:
-            return None  # a form kaldifst reads but this scan does not follow
-        for _ in range(num_states):
+        if names != [b"vector", b"standard"] or flags & 7 or num_states == -1:
+            return None  # symbol tables, alignment, a streamed state count: kaldifst reads these
+        if num_states < 1 or not 0 <= start_state < num_states:
+            raise damaged(f"has a damaged header ({num_states} states, start state {start_state})")
+        final = np.empty(num_states, dtype=np.float64)
+        arcs, src = [], []
+        for s in range(num_states):
             need(_STATE_BYTES, "states")
-            (num_arcs,) = struct.unpack_from("<q", data, pos + 4)
+            final[s], num_arcs = struct.unpack_from("<fq", data, pos)
             if num_arcs < 0:
-                raise _damaged(path, f"byte {start}: entry {key!r} has a negative arc count")
-            need(_STATE_BYTES + _ARC_BYTES * num_arcs, "arcs")
-            pos += _STATE_BYTES + _ARC_BYTES * num_arcs
-        entries.append((key, start))
+                raise damaged(f"has a damaged arc count ({num_arcs}) at state {s}")
+            need(_STATE_BYTES + _ARC.itemsize * num_arcs, "arcs")
+            arcs.append(np.frombuffer(data, _ARC, num_arcs, pos + _STATE_BYTES))
+            src.append(np.full(num_arcs, s, dtype=np.int64))
+            pos += _STATE_BYTES + _ARC.itemsize * num_arcs
+        arc = np.concatenate(arcs)
+        if (arc["ilabel"] != arc["olabel"]).any():
+            raise damaged("is not an acceptor (an arc's input and output labels differ)")
+        if (arc["ilabel"] <= 0).any():
+            raise damaged("has an epsilon or negative label (graphs are epsilon-free, label = pdf + 1)")
+        if arc.size and (arc["nextstate"].min() < 0 or arc["nextstate"].max() >= num_states):
+            raise damaged(f"has an arc to a state outside [0, {num_states})")
+        try:
+            fst = Fst(num_states, start_state, np.concatenate(src), arc["nextstate"], arc["ilabel"] - 1,
+                      -arc["weight"].astype(np.float64), -final)
+        except ValueError as e:
+            raise damaged(f"is not a valid graph: {e}") from None
+        entries.append((key, start, fst))
     return entries
 
 
 def read_kaldi_fst_archive(path: str | os.PathLike) -> dict[str, Fst]:
     """Read a Kaldi archive of StdVectorFst acceptors (e.g. e2e supervision
-    graphs, label = pdf + 1) through ``kaldifst``: ``{key: Fst}`` in file
-    order.
+    graphs, label = pdf + 1): ``{key: Fst}`` in file order.
 
-    A damaged archive (truncated, or with bytes that are not an FST) is a
+    Binary vector FSTs (what Kaldi's ``fstcopy`` and
+    :func:`write_kaldi_fst_archive` write) are decoded here; archives with
+    other entries (text, symbol tables) go through ``kaldifst``.  A damaged
+    archive (truncated, or with bytes that are not an FST) is a
     ``ValueError`` naming the file, the entry's key and its byte offset;
-    ``kaldifst`` alone would stop at the damage and return the entries
-    before it.
+    ``kaldifst`` alone would print an error and return the entries before
+    the damage.
     """
-    kaldifst = _kaldifst()
-    name = os.fspath(path)
     with open(path, "rb") as f:  # a missing file is the usual OSError
         data = f.read()
-    entries = _scan_kaldi_archive(path, data)
+    entries = _decode_kaldi_archive(path, data)
+    if entries is not None:
+        out: dict[str, Fst] = {}
+        for key, offset, fst in entries:
+            if key in out:
+                raise _damaged(path, f"byte {offset}: duplicate key {key!r}")
+            out[key] = fst
+        return out
+    return _read_with_kaldifst(path)
+
+
+def _read_with_kaldifst(path) -> dict[str, Fst]:
+    kaldifst = _kaldifst()
     try:
-        reader = kaldifst.SequentialVectorFstReader(f"ark:{name}")
+        reader = kaldifst.SequentialVectorFstReader(f"ark:{os.fspath(path)}")
     except RuntimeError:
-        where = f"entry {entries[0][0]!r} at byte 0" if entries else "its first entry"
-        raise _damaged(path, f"kaldifst cannot read {where}") from None
+        raise _damaged(path, "kaldifst cannot read its first entry") from None
     out: dict[str, Fst] = {}
     try:
         while not reader.done:
             key = reader.key
-            where = f"entry {key!r}" + (f" at byte {entries[len(out)][1]}" if entries and len(out) < len(entries) else "")
             if key in out:
-                raise _damaged(path, f"{where}: duplicate key")
+                raise _damaged(path, f"entry {key!r}: duplicate key")
             try:
                 out[key] = Fst.from_openfst_text(str(reader.value))
             except ValueError as e:
-                raise _damaged(path, f"{where}: {e}") from None
+                raise _damaged(path, f"entry {key!r}: {e}") from None
             reader.next()
     finally:
-        impl = getattr(reader, "_impl", None)  # kaldifst's close() drops Kaldi's status; the binding returns it
+        impl = getattr(reader, "_impl", None)  # kaldifst's close() drops Kaldi's status; its binding returns it
         closed_ok = impl.close() if impl is not None and impl.is_open else True
-    if closed_ok is False or (entries is not None and len(out) != len(entries)):
-        if entries is not None and len(out) < len(entries):
-            key, offset = entries[len(out)]
-            raise _damaged(path, f"byte {offset}: kaldifst cannot read entry {key!r}")
+    if closed_ok is False:
         after = f" after entry {list(out)[-1]!r}" if out else ""
-        raise _damaged(path, f"kaldifst stopped{after} with an error")
+        raise _damaged(path, f"kaldifst stopped{after} with an error (the next entry is damaged)")
     return out
