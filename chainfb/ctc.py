@@ -184,6 +184,29 @@ class CtcCriterion(PdfCriterion):
         return xp.zeros((T, N, C), dtype=arr.dtype).transpose(1, 0, 2)  # laid out like log_probs
 
 
+def _to_host(**named):
+    """The integer tensors among ``named`` (labels and lengths) as int64
+    NumPy arrays of the same shapes, brought to the host in one transfer
+    when they share a device; other values are returned as they are (the
+    checks downstream take lists and arrays).  A tensor that is not of an
+    integer dtype is a ``TypeError`` naming its argument."""
+    tensors = {k: v for k, v in named.items() if isinstance(v, torch.Tensor)}
+    for name, t in tensors.items():
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            checks.int_array(t, name)  # raises, naming the argument
+    out = dict(named)
+    if len({t.device for t in tensors.values()}) == 1:
+        flat = torch.cat([t.detach().reshape(-1).to(torch.int64) for t in tensors.values()])
+        host = flat.cpu().numpy()  # the one device -> host crossing
+        pos = 0
+        for name, t in tensors.items():
+            out[name] = host[pos: pos + t.numel()].reshape(tuple(t.shape))
+            pos += t.numel()
+    else:
+        out.update({name: checks.int_array(t, name) for name, t in tensors.items()})
+    return tuple(out.values())
+
+
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, reduction: str = "mean",
              zero_infinity: bool = False):
     """The CTC loss, ``torch.nn.functional.ctc_loss``'s signature and numbers.
@@ -218,18 +241,22 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, 
         log_probs = log_probs.unsqueeze(1)
         if isinstance(targets, torch.Tensor) and targets.dim() == 1:
             targets = targets.unsqueeze(0)
-        input_lengths = checks.int_array(input_lengths, "input_lengths").reshape(-1)
-        target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
     checks.tensor(log_probs, "log_probs", ndim=3, layout="[T, N, C]")
     T, N, C = log_probs.shape
     blank = checks.blank(blank, C)
-    il = checks.lengths(input_lengths, "input_lengths", N, T)
-    tl = checks.lengths(target_lengths, "target_lengths", N)
     if isinstance(targets, torch.Tensor) and targets.dim() not in (1, 2):
         raise ValueError(f"targets: expected a padded [N, S] or a concatenated 1-D tensor, "
                          f"got shape {tuple(targets.shape)}")
     if isinstance(targets, torch.Tensor) and targets.dim() == 2 and targets.shape[0] != N:
         raise ValueError(f"targets: batch size {targets.shape[0]} does not match log_probs' batch size {N}")
+    length_tensor = target_lengths if isinstance(target_lengths, torch.Tensor) else None
+    targets, input_lengths, target_lengths = _to_host(
+        targets=targets, input_lengths=input_lengths, target_lengths=target_lengths)
+    if unbatched:
+        input_lengths = checks.int_array(input_lengths, "input_lengths").reshape(-1)
+        target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
+    il = checks.lengths(input_lengths, "input_lengths", N, T)
+    tl = checks.lengths(target_lengths, "target_lengths", N)
     rows = _label_rows(targets, tl)
     for i, r in enumerate(rows):
         if r.size and (r.min() < 0 or r.max() >= C):
@@ -246,8 +273,8 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, 
         costs = costs.squeeze(0)
     if reduction != "mean":
         return checks.reduce(costs, reduction)
-    if isinstance(target_lengths, torch.Tensor):  # already a tensor (on the device for CUDA inputs)
-        div = target_lengths.reshape(-1).to(device=costs.device, dtype=costs.dtype)
+    if length_tensor is not None:  # already a tensor (on the device for CUDA inputs)
+        div = length_tensor.reshape(-1).to(device=costs.device, dtype=costs.dtype)
     else:
         div = torch.as_tensor(tl, device=costs.device).to(costs.dtype)
     div = div.clamp(min=1)

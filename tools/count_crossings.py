@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chainfb  # noqa: E402
+import chainfb.testing  # noqa: E402
 from chainfb.chain import DenominatorGraph, Topology, den_graph, estimate_phone_lm, numerator_graph, read_lexicon  # noqa: E402
 
 
@@ -179,8 +180,6 @@ def main(argv=None):
     ap.add_argument("--where", action="store_true", help="list the source line of each crossing")
     ap.add_argument("cases", nargs="*", default=list(CASES), help=f"of {', '.join(CASES)}")
     args = ap.parse_args(argv)
-    import chainfb.testing  # noqa: F401
-
     counter = Counter()
     rows = []
     with counter.installed():
