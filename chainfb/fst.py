@@ -20,6 +20,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from . import checks
+
 __all__ = ["Fst"]
 
 
@@ -261,6 +263,8 @@ class Fst:
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected str, got {type(text).__name__}")
+        if acceptor is not None:
+            acceptor = checks.flag(acceptor, "acceptor")
         rows = []
         for lineno, line in enumerate(text.splitlines(), 1):
             fields = line.split()
