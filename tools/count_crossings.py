@@ -31,7 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chainfb  # noqa: E402
 import chainfb.testing  # noqa: E402
-from chainfb.chain import DenominatorGraph, Topology, den_graph, estimate_phone_lm, numerator_graph, read_lexicon  # noqa: E402
+from chainfb.chain import (  # noqa: E402
+    DenominatorGraph, Topology, den_graph, estimate_phone_lm, numerator_graph, read_lexicon,
+)
 
 
 class Counter:
