@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import engines
+from . import checks, engines
 from ._arrays import as_array, check_lengths, is_torch, wrap_like
 from .batch import FstBatch
 from .criterion import Criterion, apply
@@ -39,39 +39,63 @@ class PdfCriterion(Criterion):
         posterior, not masked by the clip (Kaldi).
     leaky : ``(c, log_init [S])`` or None; engine : see :func:`chainfb.engines.select`.
     value_dtype : dtype of the value (default: the scores' dtype).
+
+    The scores cross from torch to NumPy/CuPy once per call: ``gather``
+    keeps the array view it made, and ``finish`` (given the same tensor)
+    uses it.
     """
+
+    #: the argument named in errors
+    name = "scores"
 
     def __init__(self, fsts, shape, lengths=None, clamp=None, leaky=None, engine="auto", value_dtype=None,
                  lattice=None):
         if len(shape) != 3:
-            raise ValueError(f"scores: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
+            raise ValueError(f"{self.name}: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
         N, T, P = shape
         if lattice is None:
             batch = FstBatch.coerce(fsts, N)
             if batch.num_pdfs > P:
                 raise ValueError(
-                    f"scores: the graphs use pdf {batch.num_pdfs - 1} but scores has only P={P} columns"
+                    f"{self.name}: the graphs use pdf {batch.num_pdfs - 1} but scores has only P={P} columns"
                 )
             lattice = Lattice.of(batch)
         self.lattice = lattice
         self.lengths = check_lengths(lengths, N, T)
-        self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf)
+        self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf, self.name)
         self.clamp, self.leaky, self.engine, self.value_dtype = clamp, leaky, engine, value_dtype
+        self._held = None
+
+    def _array(self, x, keep: bool):
+        """``(array, xp)`` of ``x``: the view ``gather`` made when ``x`` is the
+        tensor it was given, else a new one (kept for ``finish`` if ``keep``)."""
+        held = self._held
+        if held is not None and held[0] is x:
+            arr, xp = held[1], held[2]
+        else:
+            arr, xp = as_array(x, self.name)
+        self._held = (x, arr, xp) if keep else None
+        return arr, xp
 
     def gather(self, x, need_grad=True):
-        arr, xp = as_array(x, "scores")
+        arr, xp = self._array(x, keep=True)
         X = self.score_map.gather(xp, arr)
         if self.clamp is not None:
             xp.clip(X, self.clamp[0], self.clamp[1], out=X)
         return X
 
+    def _grad_buffer(self, xp, arr):
+        """A zero gradient buffer for ``arr`` ``[N, T, P]`` (contiguous)."""
+        return xp.zeros(arr.shape, dtype=arr.dtype)
+
     def finish(self, x, loglike, post):
-        arr, xp = as_array(x, "scores")
+        arr, xp = self._array(x, keep=False)
         dtype = arr.dtype if self.value_dtype is None else self.value_dtype
-        value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x, self.value_dtype is None)
+        value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x,
+                            self.value_dtype is None)
         if post is None:
             return value, None
-        grad = xp.zeros(arr.shape, dtype=arr.dtype)
+        grad = self._grad_buffer(xp, arr)
         self.score_map.scatter_add(xp, grad, post, accumulate=False)
         return value, _like_input(wrap_like(grad, x), x)
 
@@ -111,8 +135,11 @@ def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
         ``d loglike / d scores`` (zero past each length and for impossible
         sequences).  Same array type, device and dtype as ``scores``.
     """
-    arr, _ = as_array(scores, "scores")
-    return PdfCriterion(fsts, arr.shape, lengths).run(scores, need_posteriors)
+    need_posteriors = checks.flag(need_posteriors, "need_posteriors")
+    arr, xp = as_array(scores, "scores")
+    crit = PdfCriterion(fsts, arr.shape, lengths)
+    crit._held = (scores, arr, xp)  # converted once, here
+    return crit.run(scores, need_posteriors)
 
 
 @on_torch_stream
@@ -136,10 +163,12 @@ def best_path(fsts, scores, lengths=None):
         The arcs of each best path (``lengths[n]`` of them, empty when there
         is no path), as indices into that sequence's own Fst.
     """
-    arr, _ = as_array(scores, "scores")
+    arr, xp = as_array(scores, "scores")
     crit = PdfCriterion(fsts, arr.shape, lengths)
+    crit._held = (scores, arr, xp)  # converted once, here
     lat, lengths = crit.lattice, crit.lengths
     score, arcs = engines.best_path(lat, crit.gather(scores), lengths)
+    crit._held = None
     batch = lat.batch
     first_arc = batch.arc_offsets[batch.seq_to_graph]
     paths = [arcs[n, : lengths[n]] - first_arc[n] if score[n] > -np.inf else np.zeros(0, np.int64)
@@ -161,8 +190,7 @@ def fst_loglike(scores: torch.Tensor, fsts, lengths=None) -> torch.Tensor:
     ``[N]`` tensor; its gradient w.r.t. ``scores`` is the pdf posteriors
     times the incoming gradient (zero for sequences with no path).
     """
-    if not isinstance(scores, torch.Tensor):
-        raise TypeError(f"scores: expected a torch.Tensor, got {type(scores).__name__}")
+    checks.tensor(scores, "scores", ndim=3, layout="[N, T, P]")
     return apply(scores, PdfCriterion(fsts, scores.shape, lengths))
 
 
@@ -177,17 +205,13 @@ class NumeratorLoss(torch.nn.Module):
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
-        if reduction not in ("none", "sum", "mean", "frame"):
-            raise ValueError(f"reduction: expected 'none', 'sum', 'mean' or 'frame', got {reduction!r}")
-        self.reduction = reduction
+        self.reduction = checks.reduction(reduction, ("none", "sum", "mean", "frame"))
 
     def forward(self, scores, fsts, lengths=None):
+        """``scores [N, T, P]``, ``fsts`` (Fst, list of N Fst or FstBatch),
+        ``lengths [N]`` (default all ``T``) -> the reduced loss."""
         nll = -fst_loglike(scores, fsts, lengths)
-        if self.reduction == "none":
-            return nll
-        if self.reduction == "sum":
-            return nll.sum()
-        if self.reduction == "mean":
-            return nll.mean()
-        frames = scores.shape[0] * scores.shape[1] if lengths is None else torch.as_tensor(lengths).sum()
-        return nll.sum() / frames
+        frames = None
+        if self.reduction == "frame":  # the lengths were checked by fst_loglike
+            frames = scores.shape[0] * scores.shape[1] if lengths is None else lengths
+        return checks.reduce(nll, self.reduction, frames)

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import checks
 from .fst import Fst
 
 __all__ = ["FstBatch"]
@@ -54,10 +55,7 @@ class FstBatch:
         if seq_to_graph is None:
             seq_to_graph = np.arange(G, dtype=np.int64)
         else:
-            seq_to_graph = np.asarray(seq_to_graph)
-            if seq_to_graph.ndim != 1 or seq_to_graph.dtype.kind not in "iu":
-                raise TypeError("seq_to_graph: expected a 1-D integer array [N]")
-            seq_to_graph = seq_to_graph.astype(np.int64)
+            seq_to_graph = checks.int_array(seq_to_graph, "seq_to_graph", ndim=1)
             if seq_to_graph.size and (seq_to_graph.min() < 0 or seq_to_graph.max() >= G):
                 raise ValueError(f"seq_to_graph: graph ids must lie in [0, {G})")
         self.seq_to_graph = seq_to_graph
@@ -112,7 +110,7 @@ class FstBatch:
         if isinstance(fsts, FstBatch):
             batch = fsts
         elif isinstance(fsts, Fst):
-            n = 1 if num_sequences is None else num_sequences
+            n = 1 if num_sequences is None else checks.integer(num_sequences, "num_sequences", lo=0)
             batch = cls([fsts], np.zeros(n, dtype=np.int64))
         elif isinstance(fsts, (list, tuple)):
             batch = cls(fsts)

@@ -30,59 +30,47 @@ Gradient convention: the gradient w.r.t. ``log_probs`` is the true one
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import torch
 
-from ._arrays import as_array, check_tensor, wrap_like
+from . import checks
+from .api import PdfCriterion
+from .criterion import apply
 from .batch import FstBatch
-from .criterion import Criterion, apply
 from .fst import Fst
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
 __all__ = ["ctc_graph", "ctc_loss", "CtcCriterion"]
 
-_REDUCTIONS = ("none", "mean", "sum")
 
-
-def _int_array(x, name):
-    """``x`` (tensor, array, list or int) as an int64 NumPy array."""
-    if isinstance(x, torch.Tensor):
-        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-            raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
-        return x.detach().cpu().to(torch.int64).numpy()
-    try:
-        arr = np.asarray(x)
-    except Exception:  # noqa: BLE001 -- ragged lists and other non-arrays
-        raise TypeError(f"{name}: expected integers, got {type(x).__name__}") from None
-    if arr.size == 0:
-        return arr.astype(np.int64)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
-
-
-def _label_rows(targets, target_lengths, N=None):
+def _label_rows(targets, target_lengths):
     """Per-sequence label arrays from padded ``[N, S]`` or concatenated 1-D
-    targets (or a list of label lists)."""
+    targets (or a list of label lists); ``target_lengths`` is None or a
+    checked int64 array."""
     if isinstance(targets, (list, tuple)) and targets and not np.isscalar(targets[0]) and target_lengths is None:
-        rows = [_int_array(r, f"targets[{i}]").reshape(-1) for i, r in enumerate(targets)]
-        for i, r in enumerate(rows):
-            if r.ndim != 1:
-                raise ValueError(f"targets[{i}]: expected a 1-D label list")
+        rows = []
+        for i, r in enumerate(targets):
+            try:
+                rows.append(checks.int_array(r, f"targets[{i}]", 1))
+            except ValueError:
+                raise ValueError(f"targets[{i}]: expected a 1-D label list") from None
         return rows
-    tg = _int_array(targets, "targets")
+    try:
+        tg = checks.int_array(targets, "targets")
+    except ValueError as e:  # NumPy's own error for ragged lists does not name the argument
+        if str(e).startswith("targets"):
+            raise
+        raise TypeError(f"targets: expected integers, got {type(targets).__name__}") from None
     if tg.ndim == 2:
         n, S = tg.shape
         if target_lengths is None:
             lens = np.full(n, S, dtype=np.int64)
         else:
-            lens = _int_array(target_lengths, "target_lengths").reshape(-1) if np.ndim(target_lengths) else None
-            if lens is None or lens.shape != (n,):
+            lens = target_lengths
+            if lens.shape != (n,):
                 raise ValueError(f"target_lengths: expected shape ({n},) to match targets [N={n}, S], "
-                                 f"got {tuple(np.shape(target_lengths))}")
+                                 f"got {tuple(lens.shape)}")
         if n and (lens.min() < 0 or lens.max() > S):
             bad = lens[(lens < 0) | (lens > S)][0]
             raise ValueError(f"target_lengths: every length must lie in [0, S={S}] (targets' width), got {bad}")
@@ -90,7 +78,7 @@ def _label_rows(targets, target_lengths, N=None):
     if tg.ndim == 1:
         if target_lengths is None:
             return [tg]
-        lens = _int_array(target_lengths, "target_lengths").reshape(-1)
+        lens = target_lengths
         if lens.size and lens.min() < 0:
             raise ValueError(f"target_lengths: lengths must be >= 0, got {lens.min()}")
         if int(lens.sum()) != tg.shape[0]:
@@ -142,7 +130,9 @@ def ctc_graph(targets, target_lengths=None, blank: int = 0) -> FstBatch:
         other graphs through :func:`chainfb.forward_backward` /
         :class:`chainfb.PdfCriterion`.
     """
-    blank = _check_blank(blank)
+    blank = checks.blank(blank)
+    if target_lengths is not None:
+        target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
     rows = _label_rows(targets, target_lengths)
     if not rows:
         raise ValueError("targets: expected at least one sequence")
@@ -152,62 +142,69 @@ def ctc_graph(targets, target_lengths=None, blank: int = 0) -> FstBatch:
     return FstBatch([_ctc_fst(r, blank) for r in rows])
 
 
-def _check_blank(blank):
-    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
-        raise TypeError(f"blank: expected an int, got {type(blank).__name__}")
-    if blank < 0:
-        raise ValueError(f"blank: expected an index >= 0, got {blank}")
-    return int(blank)
+def _compile(rows, blank):
+    """The lattice and score map of the CTC graphs of ``rows`` (cached per
+    label set and blank)."""
+    key = (blank, len(rows), np.array([len(r) for r in rows], dtype=np.int64).tobytes(),
+           (np.concatenate(rows) if rows else np.zeros(0, np.int64)).tobytes())
+
+    def build():
+        lattice = Lattice.of(FstBatch([_ctc_fst(r, blank) for r in rows]))
+        return lattice, PdfScoreMap(lattice.col_seq, lattice.col_pdf, "log_probs")
+
+    return _compiled.get(key, build)
 
 
-class _Cache:
-    """Small LRU of compiled lattices keyed by (labels, blank)."""
-
-    def __init__(self, size=8):
-        self.size, self.items = size, OrderedDict()
-
-    def get(self, rows, blank):
-        key = (blank, len(rows), np.array([len(r) for r in rows]).tobytes(),
-               (np.concatenate(rows) if rows else np.zeros(0, np.int64)).tobytes())
-        lat = self.items.get(key)
-        if lat is None:
-            lat = Lattice.of(FstBatch([_ctc_fst(r, blank) for r in rows]))
-            self.items[key] = lat
-            if len(self.items) > self.size:
-                self.items.popitem(last=False)
-        else:
-            self.items.move_to_end(key)
-        return lat
+#: compiled CTC lattices and their score maps, per label set and blank
+_compiled = checks.LRU(8)
 
 
-_cache = _Cache()
-
-
-class CtcCriterion(Criterion):
+class CtcCriterion(PdfCriterion):
     """CTC over ``log_probs [T, N, C]``: value = minus the CTC loss per
     sequence (the log-likelihood of the targets), gradient w.r.t.
     ``log_probs``.  It runs on ``log_probs.transpose(0, 1)``, the zero-copy
     ``[N, T, C]`` view, through the pdf column gather; the gradient is
-    returned in that view of a buffer laid out like ``log_probs``."""
+    returned in that view of a buffer laid out like ``log_probs``.
 
-    def __init__(self, lattice: Lattice, input_lengths: np.ndarray):
+    ``lattice`` (from :func:`ctc_graph`'s graphs), ``input_lengths`` a
+    checked int64 ``[N]`` array; ``score_map`` defaults to the lattice's
+    :class:`~chainfb.score_map.PdfScoreMap`."""
+
+    name = "log_probs"
+
+    def __init__(self, lattice: Lattice, input_lengths: np.ndarray, score_map: PdfScoreMap | None = None):
         self.lattice = lattice
         self.lengths = input_lengths
-        self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf)
+        self.score_map = score_map or PdfScoreMap(lattice.col_seq, lattice.col_pdf, self.name)
+        self.clamp = self.leaky = self.value_dtype = None
+        self._held = None
 
-    def gather(self, x, need_grad=True):
-        arr, xp = as_array(x, "log_probs")  # the [N, T, C] view of [T, N, C]
-        return self.score_map.gather(xp, arr)
-
-    def finish(self, x, loglike, post):
-        arr, xp = as_array(x, "log_probs")
-        value = wrap_like(xp.asarray(loglike).astype(arr.dtype), x)
-        if post is None:
-            return value, None
+    def _grad_buffer(self, xp, arr):
         N, T, C = arr.shape
-        grad = xp.zeros((T, N, C), dtype=arr.dtype).transpose(1, 0, 2)  # laid out like log_probs
-        self.score_map.scatter_add(xp, grad, post, accumulate=False)
-        return value, wrap_like(grad, x)
+        return xp.zeros((T, N, C), dtype=arr.dtype).transpose(1, 0, 2)  # laid out like log_probs
+
+
+def _to_host(**named):
+    """The integer tensors among ``named`` (labels and lengths) as int64
+    NumPy arrays of the same shapes, brought to the host in one transfer
+    when they share a device; other values are returned as they are (the
+    checks downstream take lists and arrays).  A tensor that is not of an
+    integer dtype is a ``TypeError`` naming its argument."""
+    tensors = {k: v for k, v in named.items() if isinstance(v, torch.Tensor)}
+    for name, t in tensors.items():
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            checks.int_array(t, name)  # raises, naming the argument
+    out = dict(named)
+    if len({t.device for t in tensors.values()}) == 1:
+        flat = torch.cat([t.detach().reshape(-1).to(torch.int64) for t in tensors.values()])
+        host = flat.cpu().numpy()  # the one device -> host crossing
+        pos = 0
+        for name, t in tensors.items():
+            out[name] = host[pos: pos + t.numel()].reshape(tuple(t.shape))
+            pos += t.numel()
+    else:
+        out.update({name: checks.int_array(t, name) for name, t in tensors.items()})
+    return tuple(out.values())
 
 
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, reduction: str = "mean",
@@ -236,36 +233,30 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, 
     ``log_probs`` is the true gradient (minus the label posteriors per
     frame); see the module docstring for how it relates to torch's.
     """
-    check_tensor(log_probs, "log_probs", (torch.float32, torch.float64))
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
+    checks.tensor(log_probs, "log_probs", (torch.float32, torch.float64))
+    reduction = checks.reduction(reduction)
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     unbatched = log_probs.dim() == 2
     if unbatched:
         log_probs = log_probs.unsqueeze(1)
         if isinstance(targets, torch.Tensor) and targets.dim() == 1:
             targets = targets.unsqueeze(0)
-        input_lengths = np.reshape(_int_array(input_lengths, "input_lengths"), (1,))
-        target_lengths = np.reshape(_int_array(target_lengths, "target_lengths"), (1,))
-    if log_probs.dim() != 3:
-        raise ValueError(f"log_probs: expected a 3-D tensor [T, N, C], got shape {tuple(log_probs.shape)}")
+    checks.tensor(log_probs, "log_probs", ndim=3, layout="[T, N, C]")
     T, N, C = log_probs.shape
-    blank = _check_blank(blank)
-    if blank >= C:
-        raise ValueError(f"blank: index {blank} is outside the vocabulary [0, C={C})")
-    il = _int_array(input_lengths, "input_lengths").reshape(-1)
-    tl = _int_array(target_lengths, "target_lengths").reshape(-1)
-    if il.shape != (N,):
-        raise ValueError(f"input_lengths: expected {N} lengths (log_probs' batch size), got {il.shape[0]}")
-    if tl.shape != (N,):
-        raise ValueError(f"target_lengths: expected {N} lengths (log_probs' batch size), got {tl.shape[0]}")
-    if N and (il.min() < 0 or il.max() > T):
-        bad = il[(il < 0) | (il > T)][0]
-        raise ValueError(f"input_lengths: every length must lie in [0, T={T}], got {bad}")
+    blank = checks.blank(blank, C)
     if isinstance(targets, torch.Tensor) and targets.dim() not in (1, 2):
         raise ValueError(f"targets: expected a padded [N, S] or a concatenated 1-D tensor, "
                          f"got shape {tuple(targets.shape)}")
     if isinstance(targets, torch.Tensor) and targets.dim() == 2 and targets.shape[0] != N:
         raise ValueError(f"targets: batch size {targets.shape[0]} does not match log_probs' batch size {N}")
+    length_tensor = target_lengths if isinstance(target_lengths, torch.Tensor) else None
+    targets, input_lengths, target_lengths = _to_host(
+        targets=targets, input_lengths=input_lengths, target_lengths=target_lengths)
+    if unbatched:
+        input_lengths = checks.int_array(input_lengths, "input_lengths").reshape(-1)
+        target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
+    il = checks.lengths(input_lengths, "input_lengths", N, T)
+    tl = checks.lengths(target_lengths, "target_lengths", N)
     rows = _label_rows(targets, tl)
     for i, r in enumerate(rows):
         if r.size and (r.min() < 0 or r.max() >= C):
@@ -274,14 +265,17 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, 
     if N == 0:
         costs = log_probs.sum((0, 2)) * 0
     else:
-        costs = -apply(log_probs.transpose(0, 1), CtcCriterion(_cache.get(rows, blank), il))
+        lattice, score_map = _compile(rows, blank)
+        costs = -apply(log_probs.transpose(0, 1), CtcCriterion(lattice, il, score_map))
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
     if unbatched:
         costs = costs.squeeze(0)
-    if reduction == "none":
-        return costs
-    if reduction == "sum":
-        return costs.sum()
-    div = torch.as_tensor(tl, device=costs.device).clamp(min=1).to(costs.dtype)
+    if reduction != "mean":
+        return checks.reduce(costs, reduction)
+    if length_tensor is not None:  # already a tensor (on the device for CUDA inputs)
+        div = length_tensor.reshape(-1).to(device=costs.device, dtype=costs.dtype)
+    else:
+        div = torch.as_tensor(tl, device=costs.device).to(costs.dtype)
+    div = div.clamp(min=1)
     return (costs / (div[0] if unbatched else div)).mean()

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Iterable, Mapping
 
 import numpy as np
+
+from . import checks
 
 __all__ = ["Fst"]
 
@@ -76,14 +79,42 @@ def _id_array_slow(values, where: str, what: str) -> np.ndarray:
     return out
 
 
+# ids in text FSTs: ASCII digits only (Python's int() would also take "1_0", "+0" and non-ASCII digits)
+_ID = re.compile(r"[0-9]+")
+_NEGATIVE_ID = re.compile(r"-[0-9]+")
+
+
 def _parse_int(field: str, what: str, lineno: int) -> int:
-    try:
-        value = int(field)
-    except ValueError:
-        raise ValueError(f"line {lineno}: {what} {field!r} is not an integer") from None
-    if value < 0:
-        raise ValueError(f"line {lineno}: {what} {value} is negative")
-    return value
+    if _ID.fullmatch(field):
+        return int(field)
+    if _NEGATIVE_ID.fullmatch(field):
+        raise ValueError(f"line {lineno}: {what} {field} is negative")
+    raise ValueError(f"line {lineno}: {what} {field!r} is not an integer (ASCII digits only)")
+
+
+def _whole(value, name: str) -> int:
+    """``value`` (an int, or a float without a fractional part) as an ``int``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer, float, np.floating)):
+        raise TypeError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    return int(value)
+
+
+def _whole_array(values, name: str) -> np.ndarray:
+    """``values`` as a 1-D int64 array; fractional, non-finite, boolean or
+    non-numeric entries are errors naming ``name`` (never truncated)."""
+    arr = np.asarray(values)
+    if arr.dtype.kind == "b" or (arr.dtype.kind not in "iuf" and arr.size):
+        raise TypeError(f"{name}: expected integer ids, got dtype {arr.dtype}")
+    if arr.dtype.kind == "f" and arr.size:
+        bad = ~np.isfinite(arr) | (arr != np.floor(arr))
+        if bad.any():
+            first = float(arr.reshape(-1)[np.argmax(bad.reshape(-1))])
+            raise ValueError(f"{name}: expected integer ids, got {first!r}")
+        if np.abs(arr).max() >= _MAX_ID:
+            raise ValueError(f"{name}: id outside [0, 2**62)")
+    return np.ascontiguousarray(arr, dtype=np.int64).reshape(-1)
 
 
 class Fst:
@@ -109,11 +140,11 @@ class Fst:
     __slots__ = ("num_states", "start", "src", "dst", "pdf", "log_prob", "final")
 
     def __init__(self, num_states, start, src, dst, pdf, log_prob, final):
-        num_states = int(num_states)
-        start = int(start)
-        src = np.ascontiguousarray(src, dtype=np.int64).reshape(-1)
-        dst = np.ascontiguousarray(dst, dtype=np.int64).reshape(-1)
-        pdf = np.ascontiguousarray(pdf, dtype=np.int64).reshape(-1)
+        num_states = _whole(num_states, "num_states")
+        start = _whole(start, "start")
+        src = _whole_array(src, "src")
+        dst = _whole_array(dst, "dst")
+        pdf = _whole_array(pdf, "pdf")
         log_prob = np.ascontiguousarray(log_prob, dtype=np.float64).reshape(-1)
         final = np.ascontiguousarray(final, dtype=np.float64).reshape(-1)
         if num_states <= 0:
@@ -232,6 +263,8 @@ class Fst:
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected str, got {type(text).__name__}")
+        if acceptor is not None:
+            acceptor = checks.flag(acceptor, "acceptor")
         rows = []
         for lineno, line in enumerate(text.splitlines(), 1):
             fields = line.split()

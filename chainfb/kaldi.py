@@ -21,6 +21,7 @@ import warnings
 import numpy as np
 
 from . import engines
+from . import checks
 from ._arrays import as_array, check_lengths, is_torch
 from .batch import FstBatch
 from .chain.denominator import DenominatorGraph
@@ -52,13 +53,8 @@ class Supervision:
         if isinstance(fsts, Fst):
             fsts = [fsts]
         self.batch = FstBatch.coerce(fsts)
-        if not isinstance(frames_per_sequence, (int, np.integer)) or frames_per_sequence < 0:
-            raise ValueError(f"frames_per_sequence: expected a non-negative int, got {frames_per_sequence!r}")
-        weight = float(weight)
-        if not np.isfinite(weight):
-            raise ValueError(f"weight: expected a finite number, got {weight}")
-        self.frames_per_sequence = int(frames_per_sequence)
-        self.weight = weight
+        self.frames_per_sequence = checks.integer(frames_per_sequence, "frames_per_sequence", lo=0)
+        self.weight = checks.number(weight, "weight")
         self.num_sequences = self.batch.num_sequences
         self.lengths = check_lengths(lengths, self.num_sequences, self.frames_per_sequence)
 
@@ -72,6 +68,8 @@ def _kaldi_view(xp, arr, N: int, T: int, name: str):
             f"{name}: expected frames_per_sequence*num_sequences = {T}*{N} = {T * N} rows, got {arr.shape[0]}"
         )
     rs, cs = arr.strides
+    if rs < 0 or cs < 0:
+        raise ValueError(f"{name}: strides must be non-negative, got {arr.strides}")
     return xp.lib.stride_tricks.as_strided(arr, shape=(N, T, arr.shape[1]), strides=(rs, N * rs, cs))
 
 
@@ -95,7 +93,7 @@ class GenericNumeratorComputation:
         N, T = supervision.num_sequences, supervision.frames_per_sequence
         self._view = _kaldi_view(self._xp, self._arr, N, T, "nnet_output")
         self.lattice = Lattice.of(supervision.batch)
-        self.score_map = PdfScoreMap(self.lattice.col_seq, self.lattice.col_pdf)
+        self.score_map = PdfScoreMap(self.lattice.col_seq, self.lattice.col_pdf, "nnet_output")
         if supervision.batch.num_pdfs > self._arr.shape[1]:
             raise ValueError(
                 f"nnet_output: the graphs use pdf {supervision.batch.num_pdfs - 1} "
@@ -133,7 +131,7 @@ class GenericNumeratorComputation:
                     f"but it has {deriv.shape[1]} columns"
                 )
             loglike, post = self._run(True)
-            self.score_map.scatter_add(self._xp, dview, post, sup.weight)
+            self.score_map.scatter_add(self._xp, dview, post, sup.weight, name="nnet_output_deriv")
             total = sup.weight * float(loglike.sum())
             # Kaldi's CheckValues: per sequence and frame, the posteriors sum to 1
             # (ok and the total are host values, so the posteriors come to the host)
@@ -178,14 +176,14 @@ class DenominatorComputation:
         if not isinstance(den_graph, DenominatorGraph):
             raise TypeError(f"den_graph: expected DenominatorGraph, got {type(den_graph).__name__}")
         arr, xp = as_array(nnet_output, "nnet_output")
-        N = int(num_sequences)
-        if N <= 0 or arr.ndim != 2 or arr.shape[0] % N:
+        N = checks.integer(num_sequences, "num_sequences", lo=1)
+        if arr.ndim != 2 or arr.shape[0] % N:
             raise ValueError(f"nnet_output: expected [T * {N}, P] rows, got shape {tuple(arr.shape)}")
         self.den_graph, self.N, self.T = den_graph, N, arr.shape[0] // N
         self._xp = xp
         self._view = _kaldi_view(xp, arr, N, self.T, "nnet_output")
         self.lengths = check_lengths(lengths, N, self.T)
-        self.leaky = float(leaky_hmm_coefficient)
+        self.leaky = checks.number(leaky_hmm_coefficient, "leaky_hmm_coefficient", 0.0, 1.0, hi_open=True)
         self.engine = engine
         self._post = None
 
@@ -197,6 +195,7 @@ class DenominatorComputation:
 
     def backward(self, deriv_weight: float, nnet_output_deriv) -> bool:
         """Add ``deriv_weight * posteriors`` into ``nnet_output_deriv``; returns ok."""
+        deriv_weight = checks.number(deriv_weight, "deriv_weight")
         if self._post is None:
             self.forward()
         deriv, _ = as_array(nnet_output_deriv, "nnet_output_deriv")

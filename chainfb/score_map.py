@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import LRU
+
 __all__ = ["PdfScoreMap"]
 
 
@@ -38,35 +40,52 @@ class PdfScoreMap:
     col_seq, col_pdf : int arrays ``[C]``
         The sequence and pdf of each compact column (``Lattice.col_seq`` and
         ``Lattice.col_pdf``), i.e. Kaldi's ``index_to_pdf``.
+    name : the argument named in errors (``"scores"``, ``"nnet_output"``...).
+
+    The column offsets and the view's width depend only on the array's
+    strides (and its array module): they are computed once per layout and
+    kept (a handful of layouts per map at most).
     """
 
-    def __init__(self, col_seq, col_pdf):
+    _MAX_LAYOUTS = 8
+
+    def __init__(self, col_seq, col_pdf, name: str = "scores"):
         self.col_seq = np.asarray(col_seq, dtype=np.int64)
         self.col_pdf = np.asarray(col_pdf, dtype=np.int64)
+        self.name = name
+        self._layouts = LRU(self._MAX_LAYOUTS)
 
-    def _offsets(self, xp, arr):
+    def _offsets(self, xp, arr, name=None):
+        """``(offsets [C] as an ``xp`` array, width)`` of ``arr``'s layout."""
         item = arr.itemsize
-        sN, _, sP = (s // item for s in arr.strides)
-        if any(s < 0 for s in arr.strides) or any(s % item for s in arr.strides):
-            raise ValueError("scores: strides must be non-negative multiples of the item size")
-        offs = self.col_seq * sN + self.col_pdf * sP
-        width = int(offs.max()) + 1 if offs.size else 1
-        return xp.asarray(offs), width
+        strides = tuple(arr.strides)
+        if any(s < 0 for s in strides) or any(s % item for s in strides):
+            raise ValueError(f"{name or self.name}: strides must be non-negative multiples of the item size, "
+                             f"got {strides} for item size {item}")
 
-    def gather(self, xp, scores, dtype=np.float64):
+        def build():
+            sN, _, sP = (s // item for s in strides)
+            offs = self.col_seq * sN + self.col_pdf * sP
+            width = int(offs.max()) + 1 if offs.size else 1
+            return xp.asarray(offs), width
+
+        device = getattr(getattr(arr, "device", None), "id", None)  # CuPy: one offsets copy per GPU
+        return self._layouts.get((xp.__name__, device, item, strides), build)
+
+    def gather(self, xp, scores, dtype=np.float64, name=None):
         """Compact scores ``[T, C]`` (``dtype``) from ``scores`` ``[N, T, P]``."""
-        offs, width = self._offsets(xp, scores)
+        offs, width = self._offsets(xp, scores, name)
         view = _frame_view(xp, scores, width)
         return view[:, offs].astype(dtype, copy=False)
 
-    def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True):
+    def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True, name=None):
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
         (``=`` instead of ``+=`` when ``accumulate`` is False).
 
-        ``target`` is ``[N, T, P]`` (any strides); columns are distinct, so
-        the fancy-index add is exact and deterministic.
+        ``target`` is ``[N, T, P]`` (any non-negative strides); columns are
+        distinct, so the fancy-index add is exact and deterministic.
         """
-        offs, width = self._offsets(xp, target)
+        offs, width = self._offsets(xp, target, name)
         view = _frame_view(xp, target, width)
         T = min(target.shape[1], post.shape[0])
         if scale != 1.0:

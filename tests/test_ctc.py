@@ -209,3 +209,88 @@ def _args(**kw):
 def test_bad_inputs(kw, exc, name):
     with pytest.raises(exc, match=name):
         chainfb.ctc_loss(**_args(**kw))
+
+
+def test_threads_share_the_layout_cache():
+    """Many threads, more label sets than the cache holds: every call gets
+    its own graphs' loss (no KeyError from a half-updated cache, no graphs
+    of another thread's labels)."""
+    import sys
+    import threading
+
+    rng = np.random.default_rng(7)
+    T, C = 6, 4
+    cases = []
+    for _ in range(24):  # > the cache's 8 entries: entries are evicted while other threads use them
+        tg = torch.from_numpy(rng.integers(1, C, size=(2, 2)))
+        lp = torch.from_numpy(rng.normal(size=(T, 2, C))).log_softmax(-1)
+        ref = chainfb.ctc_loss(lp, tg, torch.tensor([T, T]), torch.tensor([2, 2]), reduction="none")
+        cases.append((lp, tg, ref))
+    errors = []
+
+    def work(seed):
+        order = np.random.default_rng(seed).permutation(len(cases) * 4) % len(cases)
+        try:
+            for i in order:
+                lp, tg, ref = cases[i]
+                got = chainfb.ctc_loss(lp, tg, torch.tensor([T, T]), torch.tensor([2, 2]), reduction="none")
+                if not torch.allclose(got, ref, rtol=1e-12, atol=0):
+                    errors.append(f"case {i}: {got} != {ref}")
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(repr(e))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]
+
+
+def test_bad_flags_and_layouts():
+    with pytest.raises(TypeError, match="zero_infinity"):
+        chainfb.ctc_loss(**_args(zero_infinity="False"))
+    with pytest.raises(TypeError, match="zero_infinity"):
+        chainfb.ctc_loss(**_args(zero_infinity=1))
+
+
+def test_layout_cache_is_thread_safe():
+    """The compiled-layout cache under many threads and constant eviction:
+    the unlocked get-then-move_to_end it replaced raised KeyError a few
+    times per 10^5 operations here."""
+    import sys
+    import threading
+
+    from chainfb import checks
+    from chainfb.ctc import _compiled
+
+    assert isinstance(_compiled, checks.LRU)
+    cache = checks.LRU(_compiled.size)
+    errors = []
+
+    def work(seed):
+        keys = np.random.default_rng(seed).integers(0, 3 * cache.size, 4000)
+        try:
+            for k in keys.tolist():
+                if cache.get(k, lambda k=k: k * 10) != k * 10:
+                    errors.append(f"key {k}: wrong value")
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(repr(e))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]
+    assert len(cache) <= cache.size

@@ -171,3 +171,29 @@ def test_batch_errors(rng):
         FstBatch([f, "x"])
     with pytest.raises(ValueError, match="at least one"):
         FstBatch([])
+
+
+def test_constructor_rejects_fractional_ids():
+    final = [-math.inf, 0.0]
+    with pytest.raises(ValueError, match="src: expected integer ids, got 0.5"):
+        Fst(2, 0, [0.5], [1], [0], [0.0], final)
+    with pytest.raises(ValueError, match="pdf"):
+        Fst(2, 0, [0], [1], [1.9], [0.0], final)
+    with pytest.raises(ValueError, match="num_states"):
+        Fst(2.5, 0, [0], [1], [0], [0.0], final)
+    with pytest.raises(ValueError, match="start"):
+        Fst(2, 0.2, [0], [1], [0], [0.0], final)
+    with pytest.raises(TypeError, match="dst"):
+        Fst(2, 0, [0], [True], [0], [0.0], final)
+    f = Fst(2.0, 0, [0.0], [1.0], [2.0], [0.0], final)  # whole floats are ids
+    assert f.arcs() == [(0, 1, 2, 0.0)] and Fst(1, 0, [], [], [], [], [0.0]).num_arcs == 0
+
+
+@pytest.mark.parametrize("field", ["1_0", "+0", "\u0661", "0x1", "1.0", "\uff11"])
+def test_text_ids_are_ascii_digits_only(field):
+    with pytest.raises(ValueError, match="line 1: .*not an integer"):
+        Fst.from_openfst_text(f"0 {field} 1\n1\n")
+    with pytest.raises(ValueError, match="line 2: state .*not an integer"):
+        Fst.from_openfst_text(f"0 1 1\n{field}\n")
+    with pytest.raises(ValueError, match="line 1: label .*not an integer"):
+        Fst.from_openfst_text(f"0 1 {field}\n1\n")

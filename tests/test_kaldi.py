@@ -118,3 +118,50 @@ def test_bad_inputs(rng):
         Supervision(fsts, -1)
     with pytest.raises(ValueError, match="lengths"):
         Supervision(fsts, 4, lengths=[5, 1])
+
+
+def test_supervision_numbers_are_checked(rng):
+    fsts = graphs(rng, 2, 5)
+    with pytest.raises(TypeError, match="frames_per_sequence"):
+        Supervision(fsts, True)
+    with pytest.raises(TypeError, match="frames_per_sequence"):
+        Supervision(fsts, 4.0)
+    with pytest.raises(TypeError, match="weight"):
+        Supervision(fsts, 4, weight="1")
+    with pytest.raises(TypeError, match="weight"):
+        Supervision(fsts, 4, weight=True)
+
+
+def test_negative_strides_name_the_argument(rng):
+    fsts = graphs(rng, 2, 5)
+    sup = Supervision(fsts, 4)
+    out = np.zeros((8, 5))
+    with pytest.raises(ValueError, match="nnet_output: strides must be non-negative"):
+        GenericNumeratorComputation(sup, out[::-1])
+    with pytest.raises(ValueError, match="nnet_output: strides must be non-negative"):
+        GenericNumeratorComputation(sup, out[:, ::-1])
+    comp = GenericNumeratorComputation(sup, out)
+    with pytest.raises(ValueError, match="nnet_output_deriv: strides must be non-negative"):
+        comp.forward_backward(np.zeros((8, 5))[::-1])
+
+
+def test_numerator_loss_reductions(rng):
+    import torch
+
+    from chainfb import NumeratorLoss, fst_loglike
+
+    fsts = [Fst.from_arcs([(0, 0, 0, -0.5), (0, 1, 1, -1.0)], {0: -0.2, 1: 0.0}) for _ in range(2)]
+    x = torch.from_numpy(rng.normal(size=(2, 5, 3)))
+    nll = -fst_loglike(x, fsts, [5, 3])
+    assert torch.equal(NumeratorLoss("none")(x, fsts, [5, 3]), nll)
+    assert NumeratorLoss("sum")(x, fsts, [5, 3]).item() == pytest.approx(nll.sum().item())
+    assert NumeratorLoss("frame")(x, fsts, [5, 3]).item() == pytest.approx(nll.sum().item() / 8)
+    assert NumeratorLoss("frame")(x, fsts, torch.tensor([5, 3])).item() == pytest.approx(nll.sum().item() / 8)
+    assert NumeratorLoss("frame")(x, fsts).item() == pytest.approx(-fst_loglike(x, fsts).sum().item() / 10)
+    # zero frames in all: the sum (the start state is final), divided by 1, not 0/0
+    zero = NumeratorLoss("frame")(x, fsts, [0, 0])
+    assert zero.item() == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="reduction"):
+        NumeratorLoss("mean_volume")
+    with pytest.raises(ValueError, match="reduction"):
+        NumeratorLoss(None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import checks
 from ..transducer.loss import reduce_costs, rnnt_loss
 
 __all__ = ["TransducerLoss"]
@@ -50,11 +51,9 @@ class TransducerLoss(torch.nn.Module):
 
     def __init__(self, blank: int = 0, reduction: str = "mean", true_gradient: bool = False):
         super().__init__()
-        if reduction not in ("none", "mean", "sum"):
-            raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
-        self.blank = blank
-        self.reduction = reduction
-        self.true_gradient = bool(true_gradient)
+        self.blank = checks.integer(blank, "blank")
+        self.reduction = checks.reduction(reduction)
+        self.true_gradient = checks.flag(true_gradient, "true_gradient")
 
     def forward(self, logits, labels, T, U):
         costs = rnnt_loss(logits, labels, T, U, blank=self.blank, reduction="none")

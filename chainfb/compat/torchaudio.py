@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import checks
 from ..transducer.loss import check_inputs, rnnt_loss as _rnnt_loss
 
 __all__ = ["rnnt_loss", "RNNTLoss"]
@@ -40,8 +41,8 @@ def rnnt_loss(
     int32; ``blank < 0`` means ``V + blank``; reduction ``"mean"`` (batch
     mean), ``"sum"`` or ``"none"`` (``[B]``).  See the module docstring for
     the reproduced quirks."""
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
+    reduction = checks.reduction(reduction)
+    fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if isinstance(x, torch.Tensor) and x.dtype != torch.int32:
             raise TypeError(f"{name}: torchaudio requires dtype int32, got {x.dtype}")
@@ -51,7 +52,7 @@ def rnnt_loss(
             f"targets: expected shape [B, {logits.shape[2] - 1}] (logits.shape[2] - 1), got {tuple(targets.shape)}"
         )
     return _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=blank, clamp=clamp,
-                      reduction=reduction, fused_log_softmax=bool(fused_log_softmax))
+                      reduction=reduction, fused_log_softmax=fused_log_softmax)
 
 
 class RNNTLoss(torch.nn.Module):

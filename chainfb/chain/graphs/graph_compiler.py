@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ... import checks
 from ...fst import Fst
 from .lexicon import Lexicon
 from .minimize import _build, merge_equivalent_states, trim
@@ -57,6 +58,7 @@ def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False):
     ``(Fst, word_of_arc [A])``: the trimmed pdf acceptor and, per arc, the
     word id of the phone arc it enters (``-1`` on non-entering arcs).
     """
+    all_final = checks.flag(all_final, "all_final")
     if not isinstance(topology, Topology):
         raise TypeError(f"topology: expected a chainfb.chain.Topology, got {type(topology).__name__}")
     ids: dict = {}

@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ... import checks
+
 __all__ = ["Lexicon", "read_lexicon", "read_text", "read_phones"]
 
 
@@ -91,6 +93,8 @@ def read_lexicon(path_or_lines, with_probs: bool | None = None) -> Lexicon:
     Lexicon
     """
     rows = [(n, ln.split()) for n, ln in _lines(path_or_lines, "path_or_lines")]
+    if with_probs is not None:
+        with_probs = checks.flag(with_probs, "with_probs")
     if with_probs is None:
         with_probs = bool(rows) and all(len(f) >= 3 and _is_prob(f[1]) for _, f in rows)
     lex = Lexicon()

@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ... import checks
 from ...fst import Fst
 from .graph_compiler import expand
 from .minimize import merge_equivalent_states
@@ -232,6 +233,7 @@ def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True) -> F
     -------
     Fst — epsilon-free pdf acceptor, start state 0.
     """
+    minimize = checks.flag(minimize, "minimize")
     if not isinstance(phone_lm, PhoneLM):
         raise TypeError(f"phone_lm: expected a PhoneLM, got {type(phone_lm).__name__}")
     fst, _ = expand(phone_lm.to_phone_graph(), topology)
