@@ -12,7 +12,7 @@ import torch
 
 import chainfb
 from chainfb.compat.espnet import TDTLossNumba
-from chainfb.transducer.tdt import tdt_graphs, tdt_step_graph
+from chainfb.transducer.graphs import tdt_graphs, tdt_step_graph
 
 from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.tdt import enumerate_loglike, enumerate_paths, grid_reference

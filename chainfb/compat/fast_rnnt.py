@@ -37,7 +37,7 @@ from ..criterion import apply
 from ..transducer import pruned as P
 from ..transducer.grid import check_boundary, grid_loglike
 from ..transducer.loss import reduce_costs
-from ..transducer.score_map import TransducerCriterion
+from ..transducer.criterion import TransducerCriterion
 
 __all__ = [
     "mutual_information_recursion",
