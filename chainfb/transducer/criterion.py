@@ -275,7 +275,9 @@ def _torch_gather(logits: torch.Tensor, sym: torch.Tensor, layout, fused_log_sof
             work = torch.softmax(x, dim=-1, dtype=ct)
             # normaliser from the row maximum, whose probability (>= 1/V) never underflows
             norm = mx - work.amax(dim=-1).log_()
-            work.masked_fill_(~torch.isfinite(mx)[..., None], 0.0)  # all -inf / inf / NaN rows: no softmax
+            bad_rows = ~torch.isfinite(mx)
+            if bool(bad_rows.any()):  # all -inf / inf / NaN rows: no usable softmax there (CPU: no sync cost)
+                work[bad_rows] = 0.0
         else:
             norm = torch.logsumexp(x.to(ct) if x.dtype != ct else x, dim=-1)
     elif need_gradient:
@@ -322,7 +324,8 @@ def _torch_gradient(state: ScoreMapState, post, kind_weight, clamp: float = -1.0
     if zero_samples is not None:
         z = zero_samples if isinstance(zero_samples, torch.Tensor) else torch.tensor(
             np.asarray(zero_samples, dtype=bool).tolist(), dtype=torch.bool)
-        g.masked_fill_(z.view(-1, 1, 1, 1), 0.0)
+        if bool(z.any()):  # a CPU tensor: no sync to avoid, and a pass over the gradient saved
+            g[z] = 0.0
     if out_dtype is not None and out_dtype != g.dtype:
         g = g.to(out_dtype)
     state.work = None

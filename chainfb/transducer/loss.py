@@ -146,8 +146,10 @@ def rnnt_loss(
     clamp : ``> 0`` clamps each gradient element to ``[-clamp, clamp]``
         (before any reduction scaling); ``<= 0`` disables.
     reduction : ``"mean"`` (batch mean), ``"sum"`` or ``"none"`` (``[B]``).
-    fused_log_softmax : ``False`` treats ``logits`` as log-probabilities
-        (the gradient is then minus the arc posteriors only).
+    fused_log_softmax : ``True`` or ``False`` (anything else, e.g. the
+        string ``"False"``, is a ``TypeError``); ``False`` treats ``logits``
+        as log-probabilities (the gradient is then minus the arc posteriors
+        only).
     fastemit_lambda : FastEmit regularisation as NeMo defines it: cost
         ``-(1 + lambda) log P`` and the label-arc gradient terms scaled by
         ``1 + lambda``, plus ``lambda * softmax * P(label arc)``.
