@@ -58,10 +58,10 @@ from .. import checks
 from .._arrays import as_array
 from ..criterion import Criterion, apply
 from .criterion import TransducerCriterion, compute_dtype, layout_tables, symbol_table
-from .graphs import MAX_DURATION, compile_layout, tdt_graphs, tdt_step_graph
+from .graphs import MAX_DURATION, compile_layout
 from .loss import check_inputs, check_options
 
-__all__ = ["tdt_step_graph", "tdt_graphs", "TDTCriterion", "tdt_loss", "check_tdt_durations", "TDT_REDUCTIONS"]
+__all__ = ["TDTCriterion", "tdt_loss", "check_tdt_durations", "TDT_REDUCTIONS"]
 
 #: reductions of :func:`tdt_loss` (NeMo's names included, see :data:`chainfb.checks.REDUCTIONS`)
 TDT_REDUCTIONS = ("none", "sum", "mean", "mean_batch", "mean_volume")
