@@ -12,7 +12,7 @@ import torch
 
 import chainfb
 from chainfb.compat.espnet import TDTLossNumba
-from chainfb.transducer.tdt import tdt_graphs, tdt_step_graph
+from chainfb.transducer.graphs import tdt_graphs, tdt_step_graph
 
 from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.tdt import enumerate_loglike, enumerate_paths, grid_reference
@@ -219,6 +219,35 @@ def test_second_backward_and_noncontiguous_input():
     np.testing.assert_allclose(g1.numpy(), gref.numpy() / 2, atol=1e-12)
 
 
+def test_omega_is_deterministic_and_reads_no_random_state():
+    durs = [0, 1, 2]
+    x, tg, Tb, Ub = tdt_batch(12, B=2, durations=durs)
+    random.seed(5)
+    state = random.getstate()
+    a = chainfb.tdt_loss(x, tg, Tb, Ub, 4, durs, omega=0.5, reduction="none")
+    assert random.getstate() == state
+    random.seed(6)
+    assert torch.equal(a, chainfb.tdt_loss(x, tg, Tb, Ub, 4, durs, omega=0.5, reduction="none"))
+
+
+def test_tdt_batches_share_the_transducer_compiler():
+    from chainfb.transducer import TDTCriterion, compile_layout
+
+    durs = (0, 1, 2)
+    x, tg, Tb, Ub = tdt_batch(13, B=3, T=5, U=3, durations=durs, Tb=[5, 2, 4], Ub=[3, 1, 3])
+    crit = TDTCriterion(x.shape, tg, Tb.numpy(), Ub.numpy(), 4, durs)
+    lay = compile_layout(Ub.numpy(), Tb.numpy(), durs, umax=3, family="tdt")
+    assert crit.layout is lay and lay.width == 6 and lay.family == "tdt"
+    assert compile_layout(Ub.numpy(), Tb.numpy(), umax=3) is not lay  # RNN-T: another layout
+    batch = tdt_graphs(Ub.numpy(), durs, Tb.numpy())
+    assert lay.batch.num_graphs == batch.num_graphs == 2
+    assert (lay.batch.seq_to_graph == batch.seq_to_graph).all()
+    for g, h in zip(lay.batch.fsts, batch.fsts):
+        assert g.num_states == h.num_states
+        for a in ("src", "dst", "pdf", "final"):
+            np.testing.assert_array_equal(getattr(g, a), getattr(h, a))
+
+
 # ------------------------------------------------------------ NeMo's module
 def test_nemo_module_reductions_and_clamp():
     durs = [0, 1, 2, 3]
@@ -276,6 +305,8 @@ def test_bad_inputs():
         (dict(durations="012"), TypeError, "durations"),
         (dict(durations=None), TypeError, "durations"),
         (dict(durations=list(range(1, 9))), ValueError, "durations"),
+        (dict(durations=[0, 1, 2**64]), ValueError, "durations"),
+        (dict(durations=torch.tensor([0.0, 1.0])), TypeError, "durations"),
         (dict(blank=5), ValueError, "blank"),
         (dict(blank=1.0), TypeError, "blank"),
         (dict(reduction="avg"), ValueError, "reduction"),
@@ -284,6 +315,8 @@ def test_bad_inputs():
         (dict(sigma=float("nan")), ValueError, "sigma"),
         (dict(fastemit_lambda=-1.0), ValueError, "fastemit_lambda"),
         (dict(clamp="x"), TypeError, "clamp"),
+        (dict(clamp=float("nan")), ValueError, "clamp"),
+        (dict(sigma=True), TypeError, "sigma"),
         (dict(logits=x.numpy()), TypeError, "logits"),
         (dict(logits=x[0]), ValueError, "logits"),
         (dict(targets=tg.float()), TypeError, "targets"),

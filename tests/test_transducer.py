@@ -381,6 +381,9 @@ def _ok():
         (dict(fastemit_lambda=-0.1), ValueError, "fastemit_lambda"),
         (dict(clamp=float("nan")), ValueError, "clamp"),
         (dict(clamp="1"), TypeError, "clamp"),
+        (dict(fused_log_softmax="False"), TypeError, "fused_log_softmax"),
+        (dict(fused_log_softmax=1), TypeError, "fused_log_softmax"),
+        (dict(fastemit_lambda=float("inf")), ValueError, "fastemit_lambda"),
         (dict(logits=torch.randn(0, 3, 3, 5), targets=torch.zeros(0, 2, dtype=torch.int32),
               logit_lengths=torch.zeros(0, dtype=torch.int32), target_lengths=torch.zeros(0, dtype=torch.int32)),
          ValueError, "B = 0"),
@@ -400,6 +403,8 @@ def test_bad_inputs(change, exc, match):
         (dict(big_blank_durations=[]), ValueError, "big_blank_durations"),
         (dict(big_blank_durations=3), TypeError, "big_blank_durations"),
         (dict(big_blank_durations=[2, 3, 4, 5, 6]), ValueError, "big_blank_durations"),
+        (dict(big_blank_durations=[2, 2**64]), ValueError, "big_blank_durations"),
+        (dict(big_blank_durations=[2, 2.5]), TypeError, "big_blank_durations"),
         (dict(blank=1), ValueError, "blank"),
         (dict(sigma=float("nan")), ValueError, "sigma"),
     ],
@@ -521,6 +526,138 @@ def test_non_contiguous_logits():
     b.backward()
     assert a.item() == pytest.approx(b.item(), rel=1e-14)
     np.testing.assert_allclose(xt.grad.numpy(), x.grad.numpy(), atol=1e-15)
+
+
+def test_numpy_fused_flag_is_accepted():
+    rng = np.random.default_rng(24)
+    x, tg, Tb, Ub = random_batch(rng, B=2, T=3, U=2, V=5)
+    a = chainfb.rnnt_loss(x, tg, Tb, Ub, fused_log_softmax=np.bool_(False), reduction="none")
+    b = chainfb.rnnt_loss(torch.log_softmax(x, -1), tg, Tb, Ub, fused_log_softmax=False, reduction="none")
+    assert torch.equal(a, chainfb.rnnt_loss(x, tg, Tb, Ub, fused_log_softmax=False, reduction="none"))
+    assert not torch.allclose(a, b)  # unfused: the logits are read as log-probs as they are
+
+
+def count_crossings(fn):
+    """Run ``fn()`` with every torch <-> NumPy / host crossing counted:
+    ``{name: calls}`` for ``Tensor.numpy``, ``torch.from_numpy``,
+    ``torch.as_tensor``, ``Tensor.cpu``, ``Tensor.tolist``, ``Tensor.item``."""
+    import collections
+
+    counts = collections.Counter()
+    patched = [(torch.Tensor, "numpy"), (torch, "from_numpy"), (torch, "as_tensor"), (torch.Tensor, "cpu"),
+               (torch.Tensor, "tolist"), (torch.Tensor, "item")]
+    saved = [getattr(owner, name) for owner, name in patched]
+
+    def counting(orig, label):
+        def f(*a, **k):
+            counts[label] += 1
+            return orig(*a, **k)
+        return f
+
+    try:
+        for (owner, name), orig in zip(patched, saved):
+            setattr(owner, name, counting(orig, name))
+        fn()
+    finally:
+        for (owner, name), orig in zip(patched, saved):
+            setattr(owner, name, orig)
+    return dict(counts)
+
+
+def test_cpu_call_crosses_once_each_way():
+    """One forward + backward of rnnt_loss on the CPU: the integer inputs go
+    to NumPy in one copy, the scores once, the log-likelihoods and the
+    posteriors come back once each (the layout's tables are cached)."""
+    rng = np.random.default_rng(25)
+    x, tg, Tb, Ub = random_batch(rng, B=3, T=6, U=3, V=6, dtype=torch.float32)
+    x.requires_grad_()
+
+    def step():
+        chainfb.rnnt_loss(x, tg.int(), Tb.int(), Ub.int(), blank=5).backward()
+
+    step()  # compiles and caches the layout
+    counts = count_crossings(step)
+    assert counts == {"numpy": 2, "from_numpy": 2}, counts
+
+
+def test_kernel_metadata_is_cached_per_layout(emulated_kernels, monkeypatch):
+    """Under the kernels (here their emulation), the per-layout tables
+    (colidx, lengths, zero columns, kind weights) are built once per device
+    and handed to every later call as the same arrays."""
+    from chainfb.cuda import transducer_maps
+
+    seen = []
+    for name in ("transducer_gather", "transducer_grad"):
+        orig = getattr(transducer_maps, name)
+
+        def record(*a, _orig=orig, **k):
+            seen.append(list(a[3:6]) + [k.get("zero_col")] + list(a[9:10]))  # kept alive: compared by identity
+            return _orig(*a, **k)
+
+        monkeypatch.setattr(transducer_maps, name, record)
+    rng = np.random.default_rng(26)
+    x, tg, Tb, Ub = random_batch(rng, B=3, T=5, U=3, V=8, reserved=3)
+    for _ in range(2):
+        xd = x.clone().requires_grad_()
+        chainfb.multiblank_rnnt_loss(xd, tg, Tb, Ub, 7, [2, 3], fastemit_lambda=0.1).backward()
+    gathers, grads = seen[0::2], seen[1::2]
+    assert len(gathers) == 2 and len(gathers[0]) == 4 and len(grads[0]) == 5
+
+    def same(a, b):
+        return all(u is v for u, v in zip(a, b))
+
+    assert gathers[0][3] is not None  # the zero-pdf columns of the big blanks' chains
+    assert same(gathers[0], gathers[1]) and same(grads[0], grads[1]) and same(grads[0][:3], gathers[0][:3])
+
+
+def test_threads_share_the_compiled_layouts():
+    """rnnt_loss and tdt_loss from 4 threads, over more batch shapes than the
+    caches hold (so entries are evicted while others read them): every
+    thread gets exactly the single-thread costs and gradients."""
+    import threading
+
+    from chainfb.transducer import graphs
+
+    rng = np.random.default_rng(27)
+    durs = [0, 1, 2]
+    cases = []
+    for i in range(2 * graphs._LAYOUTS.size + 4):
+        Tb = torch.tensor(rng.integers(1, 7, 3))
+        Ub = torch.tensor(rng.integers(0, 4, 3))
+        x = torch.tensor(rng.normal(size=(3, 6, 4, 6 + len(durs))))
+        tg = torch.tensor(rng.integers(0, 5, (3, 3)))
+        cases.append((x, tg, Tb, Ub))
+
+    def run(case):
+        x, tg, Tb, Ub = case
+        a = x[..., :6].clone().requires_grad_()
+        ra = chainfb.rnnt_loss(a, tg, Tb, Ub, blank=5, reduction="none")
+        ra.sum().backward()
+        b = x.clone().requires_grad_()
+        rb = chainfb.tdt_loss(b, tg, Tb, Ub, 5, durs, sigma=0.05, reduction="none")
+        rb.sum().backward()
+        return ra.detach(), a.grad, rb.detach(), b.grad
+
+    want = [run(c) for c in cases]
+    got, errors = [[None] * len(cases) for _ in range(4)], []
+
+    def worker(k):
+        try:
+            for i in (range(len(cases)) if k % 2 == 0 else reversed(range(len(cases)))):
+                got[k][i] = run(cases[i])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in range(4):
+        for w, g in zip(want, got[k]):
+            for a, b in zip(w, g):
+                assert torch.equal(a, b)
 
 
 # ------------------------------------------------------------- per device

@@ -24,19 +24,26 @@ Quirks reproduced from the NeMo code (ESPnet vendors a copy):
   probability: each call draws ``random.uniform(0, 1)`` (Python's
   ``random``, as NeMo) and computes the plain RNN-T loss of the token logits
   (no sigma, zero duration gradient) for the whole batch when the draw is
-  below ``omega``, the TDT loss otherwise.  FastEmit scales only the token
-  gradient of label arcs; ``clamp`` clamps only the token gradient.
+  below ``omega``, the TDT loss otherwise (:func:`sample_rnnt`; the native
+  :func:`chainfb.tdt_loss` is deterministic and takes the draw's
+  expectation instead).  FastEmit scales only the token gradient of label
+  arcs; ``clamp`` clamps only the token gradient.
+
+Arguments are checked with :mod:`chainfb.checks` when a module is built;
+tensors and lengths by the native losses.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import random
+
 import torch
 
-from ..transducer.loss import check_number, multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
-from ..transducer.tdt import sample_rnnt, tdt_loss
+from .. import checks
+from ..transducer.loss import check_options, multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
+from ..transducer.tdt import tdt_loss
 
-__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba", "TDTLossNumba"]
+__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba", "TDTLossNumba", "sample_rnnt"]
 
 
 def _nemo_reduce(costs, reduction):
@@ -47,21 +54,23 @@ def _nemo_reduce(costs, reduction):
 
 
 def _check(reduction, fastemit_lambda, clamp):
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
-    lam = check_number(fastemit_lambda, "fastemit_lambda")
-    if not (np.isfinite(lam) and lam >= 0):
-        raise ValueError(f"fastemit_lambda: expected a finite number >= 0, got {fastemit_lambda!r}")
-    clamp = check_number(clamp, "clamp")
-    if np.isnan(clamp):
-        raise ValueError("clamp: expected a number, got NaN")
-    return clamp if clamp > 0 else 0.0
+    """``(reduction, fastemit_lambda, clamp)`` checked; a clamp ``<= 0`` is off (0)."""
+    reduction = checks.reduction(reduction)
+    clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
+    return reduction, fastemit_lambda, clamp if clamp > 0 else 0.0
+
+
+def sample_rnnt(omega: float) -> bool:
+    """NeMo's per-call draw for TDT's ``omega``: use the plain RNN-T loss for
+    this batch iff ``random.uniform(0, 1) < omega`` (Python's ``random``
+    module, so ``random.seed`` reproduces the draws)."""
+    return random.uniform(0, 1) < omega
 
 
 def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean", fastemit_lambda=0.0, clamp=0.0):
     """NeMo's functional ``rnnt_loss``: as :class:`RNNTLossNumba`, but a
     negative ``clamp`` is a ``ValueError`` (``0`` disables clamping)."""
-    if isinstance(clamp, (int, float)) and clamp < 0:
+    if checks.number(clamp, "clamp", lo=-float("inf"), finite=False) < 0:
         raise ValueError(f"clamp: must be 0.0 or a positive value, got {clamp}")
     return RNNTLossNumba(blank, reduction, fastemit_lambda, clamp)(acts, labels, act_lens, label_lens)
 
@@ -74,10 +83,8 @@ class RNNTLossNumba(torch.nn.Module):
 
     def __init__(self, blank: int = 0, reduction: str = "mean", fastemit_lambda: float = 0.0, clamp: float = -1):
         super().__init__()
-        self.clamp = _check(reduction, fastemit_lambda, clamp)
+        self.reduction, self.fastemit_lambda, self.clamp = _check(reduction, fastemit_lambda, clamp)
         self.blank = blank
-        self.reduction = reduction
-        self.fastemit_lambda = float(fastemit_lambda)
 
     def forward(self, acts, labels, act_lens, label_lens):
         costs = _rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank, clamp=self.clamp,
@@ -93,12 +100,10 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
 
     def __init__(self, blank, big_blank_durations, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0):
         super().__init__()
-        self.clamp = _check(reduction, fastemit_lambda, clamp)
+        self.reduction, self.fastemit_lambda, self.clamp = _check(reduction, fastemit_lambda, clamp)
         self.blank = blank
         self.big_blank_durations = list(big_blank_durations)
-        self.reduction = reduction
-        self.fastemit_lambda = float(fastemit_lambda)
-        self.sigma = float(sigma)
+        self.sigma = checks.number(sigma, "sigma")
 
     def forward(self, acts, labels, act_lens, label_lens):
         if not isinstance(acts, torch.Tensor):
@@ -115,21 +120,17 @@ class TDTLossNumba(torch.nn.Module):
     ``forward(acts [B, T, U + 1, V + D], labels, act_lens, label_lens)``.
     ``blank`` indexes the ``V`` token logits (NeMo: ``V - 1``).  Runs on the
     CPU too (NeMo's version needs CUDA).  ``omega`` samples the RNN-T loss
-    per call as NeMo does (module docstring); :func:`chainfb.tdt_loss`
-    takes its expectation instead."""
+    per call as NeMo does (:func:`sample_rnnt`, module docstring);
+    :func:`chainfb.tdt_loss` takes its expectation instead."""
 
     def __init__(self, blank, durations=None, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0,
                  omega=0.0):
         super().__init__()
-        self.clamp = _check(reduction, fastemit_lambda, clamp)
+        self.reduction, self.fastemit_lambda, self.clamp = _check(reduction, fastemit_lambda, clamp)
         self.blank = blank
         self.durations = list(durations) if durations is not None else []
-        self.reduction = reduction
-        self.fastemit_lambda = float(fastemit_lambda)
-        self.sigma = float(sigma)
-        if isinstance(omega, bool) or not isinstance(omega, (int, float)) or not 0 <= omega <= 1:
-            raise ValueError(f"omega: expected a probability in [0, 1], got {omega!r}")
-        self.omega = float(omega)
+        self.sigma = checks.number(sigma, "sigma")
+        self.omega = checks.number(omega, "omega", 0.0, 1.0)
 
     def forward(self, acts, labels, act_lens, label_lens):
         rnnt = sample_rnnt(self.omega)  # drawn on every call, like NeMo

@@ -57,7 +57,7 @@ from .. import checks
 from ..criterion import apply
 from ..transducer import pruned as P
 from ..transducer.grid import check_boundary, grid_loglike
-from ..transducer.score_map import TransducerCriterion
+from ..transducer.criterion import TransducerCriterion
 
 __all__ = [
     "mutual_information_recursion",

@@ -2,27 +2,29 @@
 RNN-T, TDT (and, through :mod:`chainfb.compat`, the torchaudio, NeMo/ESPnet and
 SpeechBrain flavours).
 
-- :mod:`.graphs`: the compilers (``rnnt_graphs``, ``multiblank_graphs``
-  return ordinary :class:`~chainfb.FstBatch` objects; ``compile_layout``
-  adds the column bookkeeping);
-- :mod:`.score_map`: :class:`TransducerCriterion`, the step graphs plus the
+- :mod:`.graphs`: the one compiler of the family (``rnnt_graphs``,
+  ``multiblank_graphs``, ``tdt_graphs`` return ordinary
+  :class:`~chainfb.FstBatch` objects; ``compile_layout`` batches, caches
+  and adds the column bookkeeping);
+- :mod:`.criterion`: :class:`TransducerCriterion`, the step graphs plus the
   transducer score map (torch and CUDA-kernel backends);
 - :mod:`.loss`: the public losses;
 - :mod:`.grid`: the ``(s, t)`` grid lattice of k2's mutual-information
   recursion as a step-graph criterion over ``(px, py)``;
-- :mod:`.tdt`: the Token-and-Duration Transducer (``tdt_loss``; step graphs
-  with duration arcs and a score map over token and duration logits);
+- :mod:`.tdt`: the Token-and-Duration Transducer (``TDTCriterion``, a score
+  map over token and duration logits, and ``tdt_loss``);
 - :mod:`.pruned`: the pruned RNN-T family (simple / smoothed / full / pruned
   losses, prune ranges) on that grid.
 """
 
-from .graphs import TransducerLayout, compile_layout, multiblank_graphs, rnnt_graphs, step_graph
+from .graphs import (TransducerLayout, compile_layout, multiblank_graphs, rnnt_graphs, step_graph, tdt_graphs,
+                     tdt_step_graph)
 from .loss import check_inputs, multiblank_rnnt_loss, reduce_costs, rnnt_loss
 from . import pruned
 from .grid import GridCriterion, grid_loglike
 from .pruned import *  # noqa: F401,F403 -- the pruned family, listed in pruned.__all__
-from .score_map import TransducerCriterion, symbol_table
-from .tdt import TDTCriterion, tdt_graphs, tdt_loss, tdt_step_graph
+from .criterion import TransducerCriterion, symbol_table
+from .tdt import TDTCriterion, tdt_loss
 from ..alignment.transducer import TransducerAlignment, grid_align, pruned_rnnt_align, rnnt_align, tdt_align
 
 __all__ = [

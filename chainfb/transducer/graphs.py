@@ -25,24 +25,52 @@ self-loop, ``j = 1`` the label arc (``u < U_b`` only), ``j = 2 + i`` big blank
 ``i``; the zero pdf is ``(U_b + 1) * (M + 2)``.  Arcs of real symbols carry
 log-prob ``-sigma`` (multi-blank's logit under-normalisation), auxiliary
 arcs 0.
+
+TDT (token-and-duration transducer, durations ``d_0 .. d_{D-1}``, ``d = 0``
+allowed for labels): a blank of duration ``d`` advances ``d`` steps, a
+label of duration ``d`` advances ``d + 1``.  Main states ``u = 0 .. U_b``;
+each owns a chain ``r^u_1 .. r^u_L`` ("lands on ``u`` in ``k`` steps",
+``r^u_k -> r^u_{k-1}`` and ``r^u_1 -> u`` carry the zero pdf).  A blank of
+duration ``d`` from ``u`` enters ``r^u_{d-1}`` (``u`` itself for ``d = 1``),
+a label of duration ``d`` from ``u`` enters ``r^{u+1}_d`` (``u + 1`` for
+``d = 0``).  Durations longer than every utterance of the batch get no
+arcs and ``L`` is the longest usable one.  pdf numbering: ``u * 2D + i``
+the blank of duration ``d_i`` (``d_i > 0``), ``u * 2D + D + i`` the label of
+duration ``d_i`` (``u < U_b``), zero pdf ``(U_b + 1) * 2D``; arcs carry log-prob 0
+(the scores, ``- sigma`` included, come from the score map).  Which ``t``
+each TDT arc may be taken at (NeMo's boundary rules) is the score map's
+business: :meth:`TransducerLayout.entries` lists them.
+
+Both families share one compiler, :func:`compile_layout`: the batch's
+distinct graphs, the lattice, the column bookkeeping and the per-layout
+tables derived from it (score-map entries, device copies), cached.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
+from .. import checks
 from ..batch import FstBatch
 from ..fst import Fst
-from ..lattice import Lattice
+from ..lattice import Lattice, concat_ranges
+
+#: the longest duration (big blank or TDT) accepted; longer ones could never be taken anyway
+MAX_DURATION = 2**31 - 1
+
+#: graph families :func:`compile_layout` knows
+FAMILIES = ("rnnt", "tdt")
 
 __all__ = [
     "step_graph",
     "rnnt_graphs",
     "multiblank_graphs",
+    "tdt_step_graph",
+    "tdt_graphs",
     "TransducerLayout",
+    "ScoreEntries",
     "compile_layout",
 ]
 
@@ -92,15 +120,74 @@ def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.
     )
 
 
-def _graphs(target_lengths, logit_lengths, durations, sigma) -> FstBatch:
+def tdt_step_graph(num_labels: int, durations: Sequence[int], max_frames: int | None = None,
+                   possible: bool = True) -> Fst:
+    """The TDT step graph of one utterance with ``num_labels`` (``U_b``) labels
+    (module docstring).
+
+    ``durations``: the duration of each duration index; those longer than
+    ``max_frames`` (default: no limit) get no arcs.  ``possible=False``
+    gives no final state (an utterance with no frames)."""
+    U = int(num_labels)
+    if U < 0:
+        raise ValueError(f"num_labels: expected >= 0, got {U}")
+    durations = [int(d) for d in durations]
+    D = len(durations)
+    J = 2 * D
+    usable = [max_frames is None or d <= max_frames for d in durations]
+    L = max([d for d, ok in zip(durations, usable) if ok], default=0)
+    S = (U + 1) * (1 + L)
+    zero_pdf = (U + 1) * J
+    u = np.arange(U + 1)
+
+    def state(v, k):  # r^v_k (k >= 1), or v itself for k == 0
+        return np.where(k == 0, v, U + 1 + v * L + (k - 1))
+
+    srcs, dsts, pdfs = [], [], []
+    for i, d in enumerate(durations):
+        if not usable[i]:
+            continue
+        if d > 0:  # blank
+            srcs.append(u), dsts.append(state(u, np.full_like(u, d - 1))), pdfs.append(u * J + i)
+        if U > 0:  # label
+            v = u[:-1]
+            srcs.append(v), dsts.append(state(v + 1, np.full_like(v, d))), pdfs.append(v * J + D + i)
+    for k in range(1, L + 1):
+        srcs.append(state(u, np.full_like(u, k))), dsts.append(state(u, np.full_like(u, k - 1)))
+        pdfs.append(np.full(U + 1, zero_pdf))
+    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
+    pdf = np.concatenate(pdfs) if pdfs else np.zeros(0, np.int64)
+    final = np.full(S, -np.inf)
+    if possible:
+        final[U] = 0.0
+    return Fst(S, 0, src, dst, pdf, np.zeros(len(src)), final)
+
+
+def _builder(family: str, durations: tuple, sigma: float, logit_lengths) -> Callable[[int, bool], Fst]:
+    """``build(num_labels, possible)`` of a family's step graph for a batch
+    whose frame counts are ``logit_lengths`` (None: unknown)."""
+    if family == "tdt":
+        max_frames = None if logit_lengths is None else int(np.max(logit_lengths, initial=0))
+        return lambda u, ok: tdt_step_graph(u, durations, max_frames, possible=ok)
+    cap = None if logit_lengths is None or not len(logit_lengths) else max(int(np.max(logit_lengths)), 1)
+    return lambda u, ok: step_graph(u, durations, sigma, possible=ok, max_duration=cap)
+
+
+def _batch_graphs(target_lengths, logit_lengths, build) -> FstBatch:
+    """One :class:`FstBatch` of ``build(U_b, T_b > 0)`` graphs, one per
+    distinct ``(U_b, possible)`` (the graphs do not depend on the labels)."""
     U = np.asarray(target_lengths, dtype=np.int64).reshape(-1)
-    ok = np.ones_like(U, dtype=bool) if logit_lengths is None else np.asarray(logit_lengths).reshape(-1) > 0
-    cap = None if logit_lengths is None or not len(U) else max(int(np.max(logit_lengths)), 1)
+    ok = np.ones(len(U), dtype=bool) if logit_lengths is None else np.asarray(logit_lengths).reshape(-1) > 0
     keys = list(zip(U.tolist(), ok.tolist()))
     distinct = sorted(set(keys))
     index = {k: i for i, k in enumerate(distinct)}
-    fsts = [step_graph(u, durations, sigma, possible=o, max_duration=cap) for u, o in distinct]
+    fsts = [build(u, o) for u, o in distinct]
     return FstBatch(fsts, np.array([index[k] for k in keys], dtype=np.int64))
+
+
+def _durations(value, name: str, lo: int) -> tuple:
+    return tuple(checks.durations(value, name, lo, MAX_DURATION))
 
 
 def rnnt_graphs(target_lengths, logit_lengths=None) -> FstBatch:
@@ -110,16 +197,58 @@ def rnnt_graphs(target_lengths, logit_lengths=None) -> FstBatch:
     ``[B]``) marks utterances with zero frames as impossible.
 
     Run sequence ``b`` for ``logit_lengths[b] + target_lengths[b]`` steps."""
-    return _graphs(target_lengths, logit_lengths, (), 0.0)
+    return _batch_graphs(target_lengths, logit_lengths, _builder("rnnt", (), 0.0, logit_lengths))
 
 
 def multiblank_graphs(target_lengths, big_blank_durations, sigma: float = 0.0, logit_lengths=None) -> FstBatch:
     """The multi-blank RNN-T step graphs of a batch (see the module docstring
     for the auxiliary chains); ``sigma`` is subtracted on every real arc."""
-    durations = [int(d) for d in big_blank_durations]
-    if any(d < 2 for d in durations):
-        raise ValueError(f"big_blank_durations: every duration must be >= 2, got {durations}")
-    return _graphs(target_lengths, logit_lengths, durations, float(sigma))
+    durations = _durations(big_blank_durations, "big_blank_durations", 2)
+    sigma = checks.number(sigma, "sigma")
+    return _batch_graphs(target_lengths, logit_lengths, _builder("rnnt", durations, sigma, logit_lengths))
+
+
+def tdt_graphs(target_lengths, durations: Sequence[int], logit_lengths=None) -> FstBatch:
+    """The TDT step graphs of a batch as one :class:`~chainfb.FstBatch`
+    (utterances with the same label count share a graph).  With
+    ``logit_lengths`` (``[B]``), utterances with no frames are impossible
+    and durations longer than ``max(logit_lengths)`` get no arcs.  Run
+    sequence ``b`` for ``logit_lengths[b] + target_lengths[b]`` steps."""
+    durations = _durations(durations, "durations", 0)
+    return _batch_graphs(target_lengths, logit_lengths, _builder("tdt", durations, 0.0, logit_lengths))
+
+
+class ScoreEntries:
+    """Every ``(column, t)`` a score map fills for logits with ``T`` frames:
+    int64 ``[E]`` arrays ``rows`` (step ``t + u``), ``cols`` (engine column),
+    ``cells`` (flat ``(b, t, u)`` index into ``[B, T, U1]``), ``slots`` (flat
+    ``(b, u, j)`` index into a ``[B, U1, width]`` table) and ``kinds`` (``j``).
+
+    RNN-T / multi-blank: every ``t`` in ``[0, T_b)``.  TDT: the ``t`` at
+    which the move is allowed, ``t + d <= T_b - 1``, or ``t + d == T_b`` for
+    a blank on the last row ``u == U_b`` (NeMo's rules)."""
+
+    def __init__(self, layout: "TransducerLayout", T: int):
+        r = layout.real
+        b, u, j = layout.col_b[r], layout.col_u[r], layout.col_j[r]
+        Tb = layout.logit_lengths[b]
+        if layout.family == "tdt":
+            D = layout.width // 2
+            kind, d = j // D, np.asarray(layout.durations, dtype=np.int64)[j % D]
+            last_blank = (kind == 0) & (u == layout.target_lengths[b])
+            count = np.maximum(Tb - d + last_blank, 0)
+        else:
+            count = Tb
+        which = np.repeat(np.arange(len(r)), count)
+        t = concat_ranges(np.zeros(len(r), dtype=np.int64), count)
+        bw, uw = b[which], u[which]
+        U1 = layout.umax + 1
+        self.T = int(T)
+        self.rows = t + uw
+        self.cols = r[which]
+        self.cells = (bw * self.T + t) * U1 + uw
+        self.kinds = j[which]
+        self.slots = (bw * U1 + uw) * layout.width + self.kinds
 
 
 class TransducerLayout:
@@ -128,54 +257,82 @@ class TransducerLayout:
     Attributes
     ----------
     batch : FstBatch, lat : Lattice
+    family : ``"rnnt"`` (RNN-T, multi-blank) or ``"tdt"``; durations : the
+        big-blank (``"rnnt"``) or TDT durations.
     target_lengths, logit_lengths : int64 ``[B]``, ``U_b`` and ``T_b``.
     steps : int64 ``[B]``, ``T_b + U_b`` (the engine's lengths).
     num_steps : int, ``max(steps)`` (rows of the engine's score matrix).
-    width : int, ``M + 2`` arc kinds per main state.
-    colidx : int64 ``[B, Umax + 1, M + 2]``: column of ``(b, u, j)``, -1 if unused.
+    width : int, arc kinds per main state (``M + 2``; TDT ``2D``).
+    umax : int, ``U1 - 1`` of the logits the layout serves.
+    colidx : int64 ``[B, umax + 1, width]``: column of ``(b, u, j)``, -1 if unused.
     col_b, col_u, col_j : int64 ``[C]`` per column (``col_j = -1`` for the zero pdf).
-    real : int64 ``[R]`` the columns with ``col_j >= 0``.
+    real : int64 ``[R]`` the columns with ``col_j >= 0``; zero : the others.
+    zero_col : int64 ``[B]`` each sequence's zero-pdf column, or None if none has one.
+
+    Tables derived from the layout (:meth:`entries`, device copies) are kept
+    in :meth:`memo`, so a batch shape seen again costs no compilation and no
+    upload.
     """
 
-    def __init__(self, batch: FstBatch, target_lengths, logit_lengths, width: int, umax: int):
+    def __init__(self, batch: FstBatch, target_lengths, logit_lengths, width: int, umax: int,
+                 family: str = "rnnt", durations: tuple = ()):
         self.batch = batch
         self.lat = lat = Lattice.of(batch)
+        self.family, self.durations = family, tuple(durations)
         U = np.asarray(target_lengths, dtype=np.int64)
         T = np.asarray(logit_lengths, dtype=np.int64)
         self.target_lengths, self.logit_lengths = U, T
         self.steps = T + U
         self.num_steps = int(self.steps.max()) if len(U) else 0
-        self.width = width
+        self.width, self.umax = width, umax
         b = lat.col_seq
         zero = lat.col_pdf == (U[b] + 1) * width
         self.col_b = b
         self.col_u = np.where(zero, 0, lat.col_pdf // width)
         self.col_j = np.where(zero, -1, lat.col_pdf % width)
         self.real = np.flatnonzero(~zero)
+        self.zero = np.flatnonzero(zero)
+        self.zero_col = None
+        if self.zero.size:
+            self.zero_col = np.full(len(U), -1, dtype=np.int64)
+            self.zero_col[b[self.zero]] = self.zero
         self.colidx = np.full((len(U), umax + 1, width), -1, dtype=np.int64)
         r = self.real
         self.colidx[b[r], self.col_u[r], self.col_j[r]] = r
+        self._memo = checks.LRU(16)
+
+    def memo(self, key, build):
+        """``build()``, computed once per ``key`` and kept with the layout
+        (thread-safe; at most 16 keys: frame counts, devices, streams)."""
+        return self._memo.get(key, build)
+
+    def entries(self, T: int) -> ScoreEntries:
+        """The :class:`ScoreEntries` for logits with ``T`` frames (cached)."""
+        return self.memo(("entries", int(T)), lambda: ScoreEntries(self, T))
 
 
-_CACHE: "OrderedDict[tuple, TransducerLayout]" = OrderedDict()
-_CACHE_SIZE = 16
+_LAYOUTS = checks.LRU(16)
 
 
-def compile_layout(target_lengths, logit_lengths, durations=(), sigma: float = 0.0, umax: int | None = None) -> TransducerLayout:
-    """The :class:`TransducerLayout` of a batch (cached by the lengths, the
-    durations and sigma: the graphs do not depend on the label values)."""
+def compile_layout(target_lengths, logit_lengths, durations=(), sigma: float = 0.0, umax: int | None = None,
+                   family: str = "rnnt") -> TransducerLayout:
+    """The :class:`TransducerLayout` of a batch: ``family="rnnt"`` (RNN-T,
+    or multi-blank with big-blank ``durations`` and ``sigma`` on real arcs)
+    or ``"tdt"`` (TDT ``durations``).  Cached (thread-safe LRU) by the
+    lengths ``[B]``, the family, the durations, sigma and ``umax`` (the
+    logits' ``U1 - 1``, default ``max(U_b)``): the graphs do not depend on
+    the label values.  Arguments are trusted (the public losses check them)."""
     U = np.asarray(target_lengths, dtype=np.int64).reshape(-1)
     T = np.asarray(logit_lengths, dtype=np.int64).reshape(-1)
     durations = tuple(int(d) for d in durations)
     umax = int(U.max()) if umax is None and len(U) else int(umax or 0)
-    key = (U.tobytes(), T.tobytes(), durations, float(sigma), umax)
-    lay = _CACHE.get(key)
-    if lay is not None:
-        _CACHE.move_to_end(key)
-        return lay
-    batch = _graphs(U, T, durations, float(sigma))
-    lay = TransducerLayout(batch, U, T, len(durations) + 2, umax)
-    _CACHE[key] = lay
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return lay
+    key = (family, U.tobytes(), T.tobytes(), durations, float(sigma), umax)
+
+    def build():
+        batch = _batch_graphs(U, T, _builder(family, durations, float(sigma), T))
+        width = 2 * len(durations) if family == "tdt" else len(durations) + 2
+        return TransducerLayout(batch, U, T, width, umax, family, durations)
+
+    if family not in FAMILIES:
+        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+    return _LAYOUTS.get(key, build)

@@ -23,7 +23,7 @@ that starts in state 0 and ends in state ``S_b``:
 
 Everything else is ``-inf``.  The graph is exactly :func:`.graphs.step_graph`
 (the RNN-T chain, kind 0 = self-loop, kind 1 = forward arc), so the layout
-and the engine are shared with :mod:`.score_map`; only the gather differs
+and the engine are shared with :mod:`.criterion`; only the gather differs
 (it reads two ``[B, *, *]`` tensors instead of 4-D logits).  The value is
 the total log-probability ``[B]``; its gradient w.r.t. ``px`` and ``py`` is
 the engine's arc posteriors (the occupation probability of each grid arc),

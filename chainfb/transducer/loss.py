@@ -1,26 +1,42 @@
-"""RNN-T and multi-blank RNN-T losses: validate, compile the batch into a
-:class:`~chainfb.transducer.score_map.TransducerCriterion`, and run it
-through :func:`chainfb.criterion.apply` (per-utterance costs and their
+"""RNN-T and multi-blank RNN-T losses: validate (:func:`check_inputs` and
+:mod:`chainfb.checks`, once, at the public function), compile the batch
+into a :class:`~chainfb.transducer.criterion.TransducerCriterion`, and run
+it through :func:`chainfb.criterion.apply` (per-utterance costs and their
 gradient in one pass; backward scales the saved gradient).  Reductions are
-plain torch ops on the cost vector, so every reduction gets the right
-gradient.
+:func:`chainfb.checks.reduce` on the cost vector (plain torch ops), so every
+reduction gets the right gradient.
 """
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 
-from .._arrays import FLOATS, INTS, check_tensor
+from .. import checks
 from ..criterion import apply
-from .score_map import TransducerCriterion
+from .criterion import TransducerCriterion
+from .graphs import MAX_DURATION
 
-__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "check_inputs", "check_durations", "reduce_costs"]
+__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "check_inputs", "check_options", "check_durations",
+           "reduce_costs"]
 
-def _int_tensor(x, name, ndim):
-    return check_tensor(x, name, INTS, ndim).detach().cpu().to(torch.int64).numpy()
+
+def _host_ints(named: dict) -> dict:
+    """Integer tensors ``{name: tensor}`` as int64 NumPy arrays, read to the
+    host in one copy per device (one synchronisation for a GPU batch)."""
+    out, by_device = {}, {}
+    for name, t in named.items():
+        by_device.setdefault(t.device, []).append(name)
+    for device, names in by_device.items():
+        ts = [named[n].detach() for n in names]
+        flat = torch.cat([t.reshape(-1).to(torch.int64) for t in ts]) if len(ts) > 1 else ts[0].reshape(-1)
+        host = (flat.cpu() if device.type != "cpu" else flat).numpy()
+        host = host.astype(np.int64, copy=False)
+        at = 0
+        for n, t in zip(names, ts):
+            out[n] = host[at:at + t.numel()].reshape(t.shape)
+            at += t.numel()
+    return out
 
 
 def check_inputs(
@@ -38,9 +54,10 @@ def check_inputs(
     logits ``[B, T, U, V]`` float; targets ``[B, >= max(U_b)]`` int32/int64;
     logit_lengths, target_lengths ``[B]`` int32/int64.  With
     ``exact_shapes`` (torchaudio's rule) ``T == max(T_b)`` and
-    ``U == max(U_b) + 1`` are required; otherwise ``>=``.
+    ``U == max(U_b) + 1`` are required; otherwise ``>=``.  The three integer
+    tensors are read to the host together, in one copy.
     """
-    check_tensor(logits, "logits", FLOATS, 4, "[B, T, U, V]")
+    checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U, V]")
     if logits.device.type not in ("cpu", "cuda"):
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got a tensor on {logits.device}")
     B, T, U1, V = logits.shape
@@ -50,16 +67,15 @@ def check_inputs(
         raise ValueError("logits: the vocabulary dimension V is 0")
     if U1 == 0:
         raise ValueError("logits: the label dimension U (max target length + 1) is 0")
-    tg = _int_tensor(targets, "targets", 2)
-    Tb = _int_tensor(logit_lengths, "logit_lengths", 1)
-    Ub = _int_tensor(target_lengths, "target_lengths", 1)
-    for name, arr in (("targets", tg), ("logit_lengths", Tb), ("target_lengths", Ub)):
-        if arr.shape[0] != B:
-            raise ValueError(f"{name}: batch size {arr.shape[0]} does not match logits' batch size {B}")
-    if Tb.min() < 0:
-        raise ValueError(f"logit_lengths: lengths must be >= 0, got {Tb.min()}")
-    if Ub.min() < 0:
-        raise ValueError(f"target_lengths: lengths must be >= 0, got {Ub.min()}")
+    checks.tensor(targets, "targets", checks.INTS, 2)
+    checks.tensor(logit_lengths, "logit_lengths", checks.INTS, 1)
+    checks.tensor(target_lengths, "target_lengths", checks.INTS, 1)
+    host = _host_ints({"targets": targets, "logit_lengths": logit_lengths, "target_lengths": target_lengths})
+    tg = host["targets"]
+    if tg.shape[0] != B:
+        raise ValueError(f"targets: batch size {tg.shape[0]} does not match logits' batch size {B}")
+    Tb = checks.lengths(host["logit_lengths"], "logit_lengths", B)
+    Ub = checks.lengths(host["target_lengths"], "target_lengths", B)
     if Tb.max() > T:
         raise ValueError(f"logit_lengths: max length {Tb.max()} exceeds logits' time dimension T = {T}")
     if Ub.max() + 1 > U1:
@@ -75,12 +91,7 @@ def check_inputs(
             )
     if tg.shape[1] < Ub.max():
         raise ValueError(f"targets: {tg.shape[1]} columns cannot hold max(target_lengths) = {Ub.max()} labels")
-    if not isinstance(blank, (int, np.integer)) or isinstance(blank, bool):
-        raise TypeError(f"blank: expected an int, got {type(blank).__name__}")
-    b = int(blank) + V if blank < 0 else int(blank)
-    if not num_big_blanks <= b < V:
-        lo = num_big_blanks - V if num_big_blanks == 0 else num_big_blanks
-        raise ValueError(f"blank: expected an index in [{lo}, {V}) for vocabulary size {V}, got {blank}")
+    b = checks.blank(blank, V, negative=True, reserved=num_big_blanks)
     valid = np.arange(tg.shape[1])[None, :] < Ub[:, None]
     used = tg[valid]
     if used.size:
@@ -95,33 +106,17 @@ def check_inputs(
     return b, Tb, Ub
 
 
+def check_options(clamp, fastemit_lambda) -> tuple:
+    """``(clamp, fastemit_lambda)`` as floats: ``clamp`` any number but NaN
+    (``<= 0`` disables clamping), ``fastemit_lambda`` finite and ``>= 0``."""
+    clamp = checks.number(clamp, "clamp", lo=-np.inf, finite=False)
+    return clamp, checks.number(fastemit_lambda, "fastemit_lambda", lo=0.0)
+
+
 def reduce_costs(costs: torch.Tensor, reduction: str) -> torch.Tensor:
-    """``"none"`` ``[B]``, ``"sum"`` or ``"mean"`` (batch mean) of per-utterance costs."""
-    if reduction == "none":
-        return costs
-    if reduction == "sum":
-        return costs.sum()
-    if reduction == "mean":
-        return costs.mean()
-    raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
-
-
-def check_number(value, name: str) -> float:
-    """``value`` as a float: any real number (Python or NumPy scalar), not a
-    bool, a string or a tensor; NaN is left to the caller."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _check_common(reduction, clamp, fastemit_lambda):
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"reduction: expected 'none', 'mean' or 'sum', got {reduction!r}")
-    if np.isnan(check_number(clamp, "clamp")):
-        raise ValueError("clamp: expected a number (<= 0 disables clamping), got NaN")
-    fastemit_lambda = check_number(fastemit_lambda, "fastemit_lambda")
-    if fastemit_lambda < 0 or not np.isfinite(fastemit_lambda):
-        raise ValueError(f"fastemit_lambda: expected a finite value >= 0, got {fastemit_lambda}")
+    """``"none"`` ``[B]``, ``"sum"`` or ``"mean"`` (batch mean) of per-utterance
+    costs (:func:`chainfb.checks.reduce`; the name is checked)."""
+    return checks.reduce(costs, checks.reduction(reduction))
 
 
 def rnnt_loss(
@@ -151,8 +146,10 @@ def rnnt_loss(
     clamp : ``> 0`` clamps each gradient element to ``[-clamp, clamp]``
         (before any reduction scaling); ``<= 0`` disables.
     reduction : ``"mean"`` (batch mean), ``"sum"`` or ``"none"`` (``[B]``).
-    fused_log_softmax : ``False`` treats ``logits`` as log-probabilities
-        (the gradient is then minus the arc posteriors only).
+    fused_log_softmax : ``True`` or ``False`` (anything else, e.g. the
+        string ``"False"``, is a ``TypeError``); ``False`` treats ``logits``
+        as log-probabilities (the gradient is then minus the arc posteriors
+        only).
     fastemit_lambda : FastEmit regularisation as NeMo defines it: cost
         ``-(1 + lambda) log P`` and the label-arc gradient terms scaled by
         ``1 + lambda``, plus ``lambda * softmax * P(label arc)``.
@@ -163,31 +160,24 @@ def rnnt_loss(
     An utterance with no alignment (or non-finite logits) costs ``inf``/NaN
     and gets zero gradient.
     """
-    _check_common(reduction, clamp, fastemit_lambda)
+    reduction = checks.reduction(reduction)
+    clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
+    fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank)
-    crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, fused_log_softmax=bool(fused_log_softmax),
-                               fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
-    return reduce_costs(apply(logits, crit), reduction)
+    crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, fused_log_softmax=fused_log_softmax,
+                               fastemit_lambda=fastemit_lambda, clamp=clamp)
+    return checks.reduce(apply(logits, crit), reduction)
 
 
-def check_durations(big_blank_durations, V, T=None, name="big_blank_durations"):
-    """The big-blank durations as a list of ints: a sequence of integers (no
-    strings, no fractions), each ``>= 2`` and, given the logits' time
-    dimension ``T`` (a longer big blank can never be taken: the step graphs
-    leave it out, so memory stays bounded whatever the durations)."""
-    if isinstance(big_blank_durations, (str, bytes)) or not hasattr(big_blank_durations, "__iter__"):
-        raise TypeError(f"{name}: expected a sequence of ints, got {type(big_blank_durations).__name__}")
-    durations = []
-    for d in big_blank_durations:
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (numbers.Integral, np.integer)):
-            raise TypeError(f"{name}: expected integer durations, got {d!r}")
-        durations.append(int(d))
-    if not durations:
-        raise ValueError("big_blank_durations: expected at least one big-blank duration (use rnnt_loss otherwise)")
-    if any(d < 2 for d in durations):
-        raise ValueError(f"big_blank_durations: every duration must be >= 2, got {durations}")
+def check_durations(big_blank_durations, V: int, name: str = "big_blank_durations") -> list:
+    """The big-blank durations as a list of ints: a non-empty sequence of
+    integers (no strings, no fractions) in ``[2, MAX_DURATION]`` (a big
+    blank longer than every utterance is never taken: the step graphs leave
+    it out, so memory stays bounded whatever the durations), fewer than the
+    vocabulary size ``V`` (the standard blank needs an index too)."""
+    durations = checks.durations(big_blank_durations, name, 2, MAX_DURATION)
     if len(durations) >= V:
-        raise ValueError(f"big_blank_durations: {len(durations)} big blanks do not fit a vocabulary of {V}")
+        raise ValueError(f"{name}: {len(durations)} big blanks do not fit a vocabulary of {V}")
     return durations
 
 
@@ -224,13 +214,13 @@ def multiblank_rnnt_loss(
     -------
     Scalar cost (or ``[B]``): ``-(1 + lambda) * log P_sigma``.
     """
-    _check_common(reduction, clamp, fastemit_lambda)
-    check_tensor(logits, "logits")
+    reduction = checks.reduction(reduction)
+    clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
+    sigma = checks.number(sigma, "sigma")
+    checks.tensor(logits, "logits")
     V = logits.shape[-1] if logits.dim() == 4 else 0
-    durations = check_durations(big_blank_durations, max(V, 1), logits.shape[1] if logits.dim() == 4 else None)
-    if not np.isfinite(check_number(sigma, "sigma")):
-        raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
+    durations = check_durations(big_blank_durations, max(V, 1))
     blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank, len(durations))
-    crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, tuple(durations), float(sigma),
-                               fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
-    return reduce_costs(apply(logits, crit), reduction)
+    crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, tuple(durations), sigma,
+                               fastemit_lambda=fastemit_lambda, clamp=clamp)
+    return checks.reduce(apply(logits, crit), reduction)

@@ -1,5 +1,5 @@
 """The Token-and-Duration Transducer (TDT, Xu et al., arXiv 2304.06795;
-NeMo's ``TDTLossNumba``) compiled into step graphs for the generic engine.
+the semantics of NeMo's ``TDTLossNumba``) compiled into step graphs for the generic engine.
 
 The joiner output ``logits [B, T, U + 1, V + D]`` holds ``V`` token logits
 (log-softmax over ``V``, minus ``sigma`` -- on the blank too) and ``D``
@@ -13,22 +13,12 @@ From grid point ``(t, u)``, with score ``token_lp - sigma + duration_lp``:
   (the final arc: every alignment ends with a blank landing on
   ``(T_b, U_b)``).
 
-Step graph.  With step ``n = t + u`` a blank of duration ``d`` advances
-``d`` steps and a label of duration ``d`` advances ``d + 1``, so every move
-advances at least one step.  Main states ``u = 0 .. U_b`` (``t = n - u`` on
-state ``u``); each main state ``u`` owns a chain of auxiliary states ``r^u_1
-.. r^u_L`` (``r^u_k`` = "lands on ``u`` in ``k`` steps", ``r^u_k -> r^u_{k-1}``
-and ``r^u_1 -> u`` carry the zero pdf, score 0).  A blank of duration ``d``
-from ``u`` goes to ``r^u_{d-1}`` (``u`` itself for ``d = 1``), a label of
-duration ``d`` from ``u`` goes to ``r^{u+1}_d`` (``u + 1`` itself for
-``d = 0``).  Start 0, final ``U_b``, run for ``T_b + U_b`` steps.  Durations
-longer than every utterance of the batch can never be taken (NeMo skips them
-too): they get no arcs, and ``L = min(max(durations), max(T_b))``, so the
-graph never grows with an unusable duration.
-
-pdf numbering: main state ``u``, duration index ``i``: ``u * 2D + i`` the
-blank of duration ``d_i`` (``d_i > 0``), ``u * 2D + D + i`` the label of
-duration ``d_i`` (``u < U_b``); the zero pdf is ``(U_b + 1) * 2D``.
+Step graph: :func:`~chainfb.transducer.graphs.tdt_step_graph` (main
+states ``u = 0 .. U_b`` with auxiliary chains carrying durations; start 0,
+final ``U_b``, run for ``T_b + U_b`` steps), compiled, batched and cached by
+the one transducer compiler, :func:`~chainfb.transducer.graphs.compile_layout`
+(``family="tdt"``), which also lists the ``(column, t)`` entries where each
+move is allowed (:class:`~chainfb.transducer.graphs.ScoreEntries`).
 
 Score map (torch ops on the logits' device, so CUDA logits stay on the GPU
 and the CUDA engine runs them): column ``(b, u, j)`` at step ``t + u`` reads
@@ -48,136 +38,33 @@ clamps only the token part, as NeMo's kernel does; the duration part is the
 plain derivative).  ``P`` is filled by assignment and reduced with dense
 torch ops, so the gradient is deterministic on the GPU; the one 4-D buffer
 besides the logits holds the softmaxes during the gather and becomes the
-gradient.
+gradient.  The index tables are the layout's, cached per device
+(:func:`~chainfb.transducer.criterion.layout_tables`): a call uploads no
+metadata.
+
+Validation is shared with RNN-T (:func:`~chainfb.transducer.loss.check_inputs`
+and :mod:`chainfb.checks`), reductions are :func:`chainfb.checks.reduce`.
+:func:`tdt_loss` is deterministic: ``omega`` weights the RNN-T loss in
+(its expectation); NeMo's random per-call draw lives in
+:class:`chainfb.compat.espnet.TDTLossNumba`.
 """
 
 from __future__ import annotations
 
-import random
-from collections import OrderedDict
-from typing import Sequence
-
 import numpy as np
 import torch
 
-from .._arrays import check_tensor
-from ..batch import FstBatch
+from .. import checks
+from .._arrays import as_array
 from ..criterion import Criterion, apply
-from ..fst import Fst
-from ..lattice import Lattice, concat_ranges
-from .loss import _check_common, check_inputs, rnnt_loss
-from .score_map import compute_dtype
+from .criterion import TransducerCriterion, compute_dtype, layout_tables, symbol_table
+from .graphs import MAX_DURATION, compile_layout
+from .loss import check_inputs, check_options
 
-__all__ = ["tdt_step_graph", "tdt_graphs", "TDTCriterion", "tdt_loss", "check_tdt_durations", "TDT_REDUCTIONS"]
+__all__ = ["TDTCriterion", "tdt_loss", "check_tdt_durations", "TDT_REDUCTIONS"]
 
-#: reductions of :func:`tdt_loss`
+#: reductions of :func:`tdt_loss` (NeMo's names included, see :data:`chainfb.checks.REDUCTIONS`)
 TDT_REDUCTIONS = ("none", "sum", "mean", "mean_batch", "mean_volume")
-
-
-def tdt_step_graph(num_labels: int, durations: Sequence[int], max_frames: int | None = None,
-                   possible: bool = True) -> Fst:
-    """The TDT step graph of one utterance with ``num_labels`` (``U_b``) labels.
-
-    ``durations``: the duration of each duration index; those longer than
-    ``max_frames`` (default: no limit) get no arcs.  ``possible=False``
-    gives no final state (an utterance with no frames)."""
-    U = int(num_labels)
-    if U < 0:
-        raise ValueError(f"num_labels: expected >= 0, got {U}")
-    durations = [int(d) for d in durations]
-    D = len(durations)
-    J = 2 * D
-    usable = [d <= max_frames if max_frames is not None else True for d in durations]
-    L = max([d for d, ok in zip(durations, usable) if ok], default=0)
-    S = (U + 1) * (1 + L)
-    zero_pdf = (U + 1) * J
-    u = np.arange(U + 1)
-
-    def state(v, k):  # r^v_k (k >= 1), or v itself for k == 0
-        return np.where(k == 0, v, U + 1 + v * L + (k - 1))
-
-    srcs, dsts, pdfs = [], [], []
-    for i, d in enumerate(durations):
-        if not usable[i]:
-            continue
-        if d > 0:  # blank
-            srcs.append(u), dsts.append(state(u, np.full_like(u, d - 1))), pdfs.append(u * J + i)
-        if U > 0:  # label
-            v = u[:-1]
-            srcs.append(v), dsts.append(state(v + 1, np.full_like(v, d))), pdfs.append(v * J + D + i)
-    for k in range(1, L + 1):
-        srcs.append(state(u, np.full_like(u, k))), dsts.append(state(u, np.full_like(u, k - 1)))
-        pdfs.append(np.full(U + 1, zero_pdf))
-    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
-    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
-    pdf = np.concatenate(pdfs) if pdfs else np.zeros(0, np.int64)
-    final = np.full(S, -np.inf)
-    if possible:
-        final[U] = 0.0
-    return Fst(S, 0, src, dst, pdf, np.zeros(len(src)), final)
-
-
-def tdt_graphs(target_lengths, durations: Sequence[int], logit_lengths=None) -> FstBatch:
-    """The TDT step graphs of a batch as one :class:`~chainfb.FstBatch`
-    (utterances with the same label count share a graph).  With
-    ``logit_lengths`` (``[B]``), utterances with no frames are impossible
-    and durations longer than ``max(logit_lengths)`` get no arcs.  Run
-    sequence ``b`` for ``logit_lengths[b] + target_lengths[b]`` steps."""
-    U = np.asarray(target_lengths, dtype=np.int64).reshape(-1)
-    if logit_lengths is None:
-        ok, maxT = np.ones(len(U), dtype=bool), None
-    else:
-        Tb = np.asarray(logit_lengths, dtype=np.int64).reshape(-1)
-        ok, maxT = Tb > 0, int(Tb.max()) if len(Tb) else 0
-    keys = list(zip(U.tolist(), ok.tolist()))
-    distinct = sorted(set(keys))
-    index = {k: i for i, k in enumerate(distinct)}
-    fsts = [tdt_step_graph(u, durations, maxT, possible=o) for u, o in distinct]
-    return FstBatch(fsts, np.array([index[k] for k in keys], dtype=np.int64))
-
-
-class _Plan:
-    """A compiled batch: the lattice and, for every score-map entry, its
-    engine coordinates ``(rows, cols)`` and its flat index ``sidx`` into
-    ``S [B, T, U1, 2, D]``."""
-
-    def __init__(self, Ub, Tb, durations, T, U1):
-        self.batch = batch = tdt_graphs(Ub, durations, Tb)
-        self.lat = lat = Lattice.of(batch)
-        self.steps = Tb + Ub
-        self.num_rows = int(self.steps.max()) if len(Ub) else 0
-        D = len(durations)
-        J = 2 * D
-        b = lat.col_seq
-        zero = lat.col_pdf == (Ub[b] + 1) * J
-        self.zero_cols = np.flatnonzero(zero)
-        r = np.flatnonzero(~zero)
-        b, pdf = b[r], lat.col_pdf[r]
-        u, j = pdf // J, pdf % J
-        kind, i = j // D, j % D
-        d = np.asarray(durations, dtype=np.int64)[i]
-        n_t = np.maximum(Tb[b] - d + ((kind == 0) & (u == Ub[b])), 0)  # allowed t: [0, n_t)
-        which = np.repeat(np.arange(len(r)), n_t)
-        t = concat_ranges(np.zeros(len(r), dtype=np.int64), n_t)
-        bw, uw = b[which], u[which]
-        self.rows = t + uw
-        self.cols = r[which]
-        self.sidx = ((bw * T + t) * U1 + uw) * J + j[which]
-
-
-_PLANS: "OrderedDict[tuple, _Plan]" = OrderedDict()
-
-
-def _plan(Ub, Tb, durations, T, U1) -> _Plan:
-    key = (Ub.tobytes(), Tb.tobytes(), tuple(durations), T, U1)
-    p = _PLANS.get(key)
-    if p is None:
-        p = _PLANS[key] = _Plan(Ub, Tb, durations, T, U1)
-        if len(_PLANS) > 16:
-            _PLANS.popitem(last=False)
-    else:
-        _PLANS.move_to_end(key)
-    return p
 
 
 def _softmax_(a: torch.Tensor) -> torch.Tensor:
@@ -221,20 +108,19 @@ class TDTCriterion(Criterion):
         self.durations = tuple(int(d) for d in durations)
         D = len(self.durations)
         self.V = VD - D
-        Ub = np.asarray(target_lengths, dtype=np.int64)
-        Tb = np.asarray(logit_lengths, dtype=np.int64)
-        self.plan = p = _plan(Ub, Tb, self.durations, T, U1)
-        self.lattice, self.lengths = p.lat, p.steps
+        self.layout = lay = compile_layout(target_lengths, logit_lengths, self.durations, umax=U1 - 1, family="tdt")
+        self.lattice, self.lengths = lay.lat, lay.steps
         self.blank = int(blank)
         # label index read at (b, u): targets[b, u] for u < U_b, the blank elsewhere (its weight is 0 there)
-        lab = torch.full((B, U1), self.blank, dtype=torch.int64, device=targets.device)
-        k = min(U1, targets.shape[1])
-        lab[:, :k] = targets[:, :k].to(torch.int64)
-        mask = torch.arange(U1, device=targets.device)[None, :] >= torch.as_tensor(Ub, device=targets.device)[:, None]
-        lab[mask] = self.blank
-        self.labels = lab
+        lab = symbol_table(targets, layout_tables(lay, targets.device)["target_lengths"], U1, self.blank)[..., 1]
+        self.labels = torch.where(lab < 0, self.blank, lab).to(torch.int64)
         self.sigma, self.fastemit_lambda, self.clamp = float(sigma), float(fastemit_lambda), float(clamp)
         self._work = None
+
+    def _entries(self, dev, T):
+        """rows, cols and the flat index into ``S [B, T, U1, 2, D]`` of every entry, on ``dev``."""
+        tab = layout_tables(self.layout, dev, T)
+        return tab, tab["cells"] * self.layout.width + tab["kinds"]
 
     def gather(self, x, need_grad=True):
         B, T, U1, VD = x.shape
@@ -256,14 +142,10 @@ class TDTCriterion(Criterion):
         tok = tok.to(torch.float64) - tok_norm.to(torch.float64)[..., None] - self.sigma  # [B, T, U1, 2]
         dur = xd[..., V:].to(torch.float64) - dur_norm.to(torch.float64)[..., None]  # [B, T, U1, D]
         S = tok[..., :, None] + dur[..., None, :]  # [B, T, U1, 2, D]
-        p = self.plan
-        X = torch.full((p.num_rows, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
-        X[torch.from_numpy(p.rows).to(dev), torch.from_numpy(p.cols).to(dev)] = \
-            S.reshape(-1).index_select(0, torch.from_numpy(p.sidx).to(dev))
-        if p.zero_cols.size:
-            X[:, torch.from_numpy(p.zero_cols).to(dev)] = 0.0
-        from .._arrays import as_array
-
+        tab, sidx = self._entries(dev, T)
+        X = torch.full((self.layout.num_steps, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
+        X[tab["rows"], tab["cols"]] = S.reshape(-1).index_select(0, sidx)
+        X[:, tab["zero"]] = 0.0
         return as_array(X, "logits")[0]
 
     def finish(self, x, loglike, post):
@@ -275,10 +157,10 @@ class TDTCriterion(Criterion):
         B, T, U1, VD = x.shape
         V, D = self.V, len(self.durations)
         dev = x.device
-        p = self.plan
+        tab, sidx = self._entries(dev, T)
         P = _as_torch(post, dev)
         A = torch.zeros(B * T * U1 * 2 * D, dtype=torch.float64, device=dev)
-        A[torch.from_numpy(p.sidx).to(dev)] = P[torch.from_numpy(p.rows).to(dev), torch.from_numpy(p.cols).to(dev)]
+        A[sidx] = P[tab["rows"], tab["cols"]]
         A = A.view(B, T, U1, 2, D)
         Pk = A.sum(-1)  # [B, T, U1, 2]: blank, label
         Pb, Pl = Pk[..., 0], Pk[..., 1]
@@ -299,46 +181,19 @@ class TDTCriterion(Criterion):
         return value, g.to(x.dtype) if g.dtype != x.dtype else g
 
 
-def check_tdt_durations(durations, num_outputs: int):
-    """``durations`` as a list of ints, checked: a non-empty sequence of
-    integers ``>= 0``, at least one ``> 0`` (every alignment ends with a
-    blank of positive duration), fewer than ``num_outputs`` (the logits'
-    last dimension, which also holds the token logits)."""
-    if isinstance(durations, (str, bytes)) or durations is None:
-        raise TypeError(f"durations: expected a sequence of ints, got {type(durations).__name__}")
-    if isinstance(durations, torch.Tensor):
-        if durations.dtype.is_floating_point or durations.dim() != 1:
-            raise TypeError(f"durations: expected a 1-D integer tensor, got {durations.dtype} {tuple(durations.shape)}")
-        durations = durations.tolist()
-    try:
-        items = list(durations)
-    except TypeError:
-        raise TypeError(f"durations: expected a sequence of ints, got {type(durations).__name__}") from None
-    out = []
-    for d in items:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-            raise TypeError(f"durations: expected ints, got {d!r} ({type(d).__name__})")
-        out.append(int(d))
-    if not out:
-        raise ValueError("durations: expected at least one duration, e.g. [0, 1, 2, 3, 4]")
-    if min(out) < 0:
-        raise ValueError(f"durations: every duration must be >= 0, got {out}")
+def check_tdt_durations(durations, num_outputs: int) -> list:
+    """``durations`` as a list of ints, checked: a non-empty sequence (list,
+    tuple, 1-D integer tensor or array) of integers in ``[0, MAX_DURATION]``,
+    at least one ``> 0`` (every alignment ends with a blank of positive
+    duration), fewer than ``num_outputs`` (the logits' last dimension, which
+    also holds the token logits)."""
+    out = checks.durations(durations, "durations", 0, MAX_DURATION)
     if max(out) == 0:
         raise ValueError(f"durations: at least one duration must be > 0 (the last arc is a blank), got {out}")
     if len(out) >= num_outputs:
         raise ValueError(f"durations: {len(out)} durations leave no token logits in a last dimension of "
                          f"{num_outputs} (expected V + {len(out)} with V >= 1)")
     return out
-
-
-def _reduce(costs, reduction, Ub):
-    if reduction == "none":
-        return costs
-    if reduction == "sum":
-        return costs.sum()
-    if reduction in ("mean", "mean_batch"):
-        return costs.mean()
-    return costs.sum() / torch.as_tensor(Ub, device=costs.device).sum().to(costs.dtype)  # mean_volume
 
 
 def tdt_loss(
@@ -375,12 +230,13 @@ def tdt_loss(
         longer than every utterance are simply never taken.
     sigma : logit under-normalisation: every token arc (blank included)
         scores ``token_lp - sigma``; duration log-probs are not shifted.
-    omega : weight of the plain RNN-T loss of the token logits (no sigma,
-        no durations): the cost is ``(1 - omega) * TDT + omega * RNNT``.
-        NeMo instead *samples* the RNN-T loss for a whole batch with
-        probability ``omega``; this is that loss's expectation (same
-        expected value and gradient, no sampling noise).
-        :class:`chainfb.compat.espnet.TDTLossNumba` samples like NeMo.
+    omega : weight in ``[0, 1]`` of the plain RNN-T loss of the token
+        logits (no sigma, no durations): the cost is ``(1 - omega) * TDT +
+        omega * RNNT``.  Deterministic: NeMo instead *samples* the RNN-T
+        loss for a whole batch with probability ``omega`` on every call;
+        this is that loss's expectation (same expected value and gradient,
+        no sampling noise, no random state read).
+        :class:`chainfb.compat.espnet.TDTLossNumba` makes NeMo's draw.
     fastemit_lambda : FastEmit as NeMo: cost ``-(1 + lambda) log P``; the
         label arcs' token-gradient terms scaled by ``1 + lambda`` plus
         ``lambda * softmax * P(label arcs)``; duration gradients unchanged.
@@ -400,36 +256,24 @@ def tdt_loss(
     An utterance with no alignment (or non-finite logits) costs ``inf``/NaN
     and gets zero gradient from the TDT term.
     """
-    if reduction not in TDT_REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {', '.join(map(repr, TDT_REDUCTIONS))}, got {reduction!r}")
-    _check_common("none", clamp, fastemit_lambda)
-    for name, v in (("sigma", sigma), ("omega", omega)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
-            raise TypeError(f"{name}: expected a number, got {type(v).__name__}")
-        if not np.isfinite(v):
-            raise ValueError(f"{name}: expected a finite number, got {v}")
-    if not 0.0 <= omega <= 1.0:
-        raise ValueError(f"omega: expected a weight in [0, 1], got {omega}")
-    check_tensor(logits, "logits", ndim=4, layout="[B, T, U, V + D]")
+    reduction = checks.reduction(reduction, TDT_REDUCTIONS)
+    clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
+    sigma = checks.number(sigma, "sigma")
+    omega = checks.number(omega, "omega", 0.0, 1.0)
+    checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U, V + D]")
     durations = check_tdt_durations(durations, logits.shape[-1])
     V = logits.shape[-1] - len(durations)
     blank, Tb, Ub = check_inputs(logits[..., :V], targets, logit_lengths, target_lengths, blank)
     parts = []
     if omega < 1.0:
-        crit = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durations, float(sigma),
-                            float(fastemit_lambda), float(clamp))
+        crit = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fastemit_lambda, clamp)
         tdt = apply(logits, crit)
         parts.append(tdt if omega == 0.0 else (1.0 - omega) * tdt)
     if omega > 0.0:
-        r = rnnt_loss(logits[..., :V], targets, logit_lengths, target_lengths, blank=blank, clamp=float(clamp),
-                      reduction="none", fastemit_lambda=float(fastemit_lambda))
-        parts.append(r if omega == 1.0 else omega * r)
+        tokens = logits[..., :V]
+        crit = TransducerCriterion(tokens.shape, targets, Tb, Ub, blank, fastemit_lambda=fastemit_lambda,
+                                   clamp=clamp)
+        rnnt = apply(tokens, crit)
+        parts.append(rnnt if omega == 1.0 else omega * rnnt)
     costs = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-    return _reduce(costs, reduction, Ub)
-
-
-def sample_rnnt(omega: float) -> bool:
-    """NeMo's per-call draw: use the plain RNN-T loss for this batch iff
-    ``random.uniform(0, 1) < omega`` (Python's ``random`` module, so
-    ``random.seed`` reproduces the draws)."""
-    return random.uniform(0, 1) < omega
+    return checks.reduce(costs, reduction, total=int(Ub.sum()))

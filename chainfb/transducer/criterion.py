@@ -1,6 +1,7 @@
-"""The transducer criterion: the step graphs of :mod:`.graphs` plus the
-transducer score map, with a torch backend (CPU) and a CUDA-kernel backend
-(GPU) behind it.
+"""The transducer criterion, :class:`TransducerCriterion`: the RNN-T /
+multi-blank step graphs of :mod:`.graphs` plus the transducer score map,
+with a torch backend (CPU) and a CUDA-kernel backend (GPU, or the kernels'
+CPU emulation) behind it.
 
 Arc meanings live here and nowhere else.  Main state ``u`` of utterance
 ``b`` has arc kinds ``j`` (see :mod:`.graphs`); :func:`symbol_table` gives
@@ -29,6 +30,12 @@ when ``clamp > 0``; zero for utterances whose cost is not finite.  With
 ``kind_weight = 1`` this is ``d(-loglike)/d logits``; FastEmit's label
 weight ``1 + lambda`` gives NeMo's FastEmit gradient.  Nothing else 4-D is
 built: the normaliser is kept per ``(b, t, u)``.
+
+Crossings.  The score map's index tables are fixed per layout and cached on
+it per device and stream (:func:`layout_tables`, :func:`kernel_tables`), so
+a call uploads no metadata.  On the CPU a call converts the gathered scores
+to NumPy once and the engine's log-likelihoods and posteriors back once
+each; everything else stays in torch.
 """
 
 from __future__ import annotations
@@ -40,15 +47,60 @@ import torch
 
 from ..criterion import Criterion
 from ..cuda import kernels
-from ..lattice import concat_ranges
-from .graphs import compile_layout
+from .graphs import TransducerLayout, compile_layout
 
-__all__ = ["TransducerCriterion", "symbol_table", "compute_dtype"]
+__all__ = ["TransducerCriterion", "symbol_table", "compute_dtype", "layout_tables", "kernel_tables"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; float32, float16 and bfloat16 compute in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _place(device: torch.device) -> tuple:
+    """Where torch tensors made now live and are ordered: the device and,
+    on a GPU, torch's current stream (arrays used only on the stream that
+    allocated them need no cross-stream synchronisation)."""
+    if device.type != "cuda":
+        return (device.type,)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return ("cuda", index, torch.cuda.current_stream(index).cuda_stream)
+
+
+def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dict:
+    """The layout's index tables as int64 torch tensors on ``device``, built
+    once per device and stream and kept with the layout: ``target_lengths``
+    ``[B]`` and ``zero`` (the zero-pdf columns) and, given the logits' frame
+    count ``T``, the :class:`~chainfb.transducer.graphs.ScoreEntries`
+    ``rows``, ``cols``, ``cells``, ``slots``, ``kinds`` ``[E]``."""
+    device = torch.device(device)
+
+    def build():
+        out = {"target_lengths": layout.target_lengths, "zero": layout.zero}
+        if T is not None:
+            e = layout.entries(T)
+            out.update(rows=e.rows, cols=e.cols, cells=e.cells, slots=e.slots, kinds=e.kinds)
+        return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
+
+    return layout.memo(("torch", T) + _place(device), build)
+
+
+def kernel_tables(layout: TransducerLayout, backend) -> dict:
+    """The layout's tables as the score-map kernels take them, int32 arrays
+    on ``backend``'s device (``colidx [B, U1, J]``, ``logit_lengths``,
+    ``target_lengths`` ``[B]``, ``zero_col [B]`` or None), built once per
+    device and stream (``backend.cache_key()``) and kept with the layout."""
+
+    def build():
+        xp = backend.xp
+
+        def up(a):
+            return None if a is None else xp.ascontiguousarray(xp.asarray(a.astype(np.int32)))
+
+        return {"colidx": up(layout.colidx), "logit_lengths": up(layout.logit_lengths),
+                "target_lengths": up(layout.target_lengths), "zero_col": up(layout.zero_col)}
+
+    return layout.memo(("kernels", backend.cache_key()), build)
 
 
 def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big_blanks=()) -> torch.Tensor:
@@ -57,18 +109,23 @@ def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big
     kind at ``u >= U_b``).
 
     targets ``[B, >= max(U_b)]`` ints (tensor or NumPy); target_lengths
-    ``[B]``; ``big_blanks[i]`` the index of big blank ``i``."""
+    ``[B]`` (a tensor on ``targets``' device is used as is; NumPy is copied
+    there); ``big_blanks[i]`` the index of big blank ``i``."""
     if not isinstance(targets, torch.Tensor):
         targets = torch.from_numpy(np.asarray(targets))
+    dev = targets.device
     B = targets.shape[0]
     M = len(big_blanks)
-    sym = torch.empty((B, U1, 2 + M), dtype=torch.int32, device=targets.device)
+    sym = torch.empty((B, U1, 2 + M), dtype=torch.int32, device=dev)
     sym[:, :, 0] = int(blank)
-    lab = torch.full((B, U1), -1, dtype=torch.int32, device=targets.device)
+    lab = torch.full((B, U1), -1, dtype=torch.int32, device=dev)
     k = min(U1, targets.shape[1])
     lab[:, :k] = targets[:, :k].to(torch.int32)
-    ul = torch.as_tensor(np.asarray(target_lengths), device=targets.device)
-    lab[torch.arange(U1, device=targets.device)[None, :] >= ul[:, None]] = -1
+    if isinstance(target_lengths, torch.Tensor):
+        ul = target_lengths.to(dev)
+    else:
+        ul = torch.as_tensor(np.asarray(target_lengths), device=dev)
+    lab.masked_fill_(torch.arange(U1, device=dev)[None, :] >= ul[:, None], -1)
     sym[:, :, 1] = lab
     for i, s in enumerate(big_blanks):
         sym[:, :, 2 + i] = int(s)
@@ -101,7 +158,11 @@ class TransducerCriterion(Criterion):
         self.layout = lay = compile_layout(target_lengths, logit_lengths, durations, sigma, umax=U1 - 1)
         self.lattice, self.lengths = lay.lat, lay.steps
         big = [blank - 1 - i for i in range(len(durations))]
-        self.sym = symbol_table(targets, lay.target_lengths, U1, blank, big)
+        if isinstance(targets, torch.Tensor):
+            ul = layout_tables(lay, targets.device)["target_lengths"]
+        else:
+            ul = lay.target_lengths
+        self.sym = symbol_table(targets, ul, U1, blank, big)
         self.kind_weight = np.ones(2 + len(big))
         self.kind_weight[1] += fastemit_lambda
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)
@@ -115,16 +176,16 @@ class TransducerCriterion(Criterion):
         from ..cuda.transducer_maps import transducer_gather
 
         lay = self.layout
-        zero = np.flatnonzero(lay.col_j < 0)
-        zero_col = None
-        if zero.size:
-            zero_col = np.full(len(lay.steps), -1, dtype=np.int64)
-            zero_col[lay.col_b[zero]] = zero
+        m = kernel_tables(lay, kb)
         X, self._state = transducer_gather(
-            kb, x.detach().contiguous(), self.sym, lay.colidx, lay.logit_lengths.astype(np.int32),
-            lay.target_lengths.astype(np.int32), lay.num_steps, self.lattice.num_columns, zero_col=zero_col,
-            fused_log_softmax=self.fused)
+            kb, x.detach().contiguous(), self.sym, m["colidx"], m["logit_lengths"], m["target_lengths"],
+            lay.num_steps, self.lattice.num_columns, zero_col=m["zero_col"], fused_log_softmax=self.fused)
         return X
+
+    def _kernel_weights(self, kb, dtype):
+        """``kind_weight`` on ``kb``'s device in ``dtype``, kept with the layout."""
+        key = ("kind_weight", kb.cache_key(), np.dtype(dtype).name, tuple(self.kind_weight.tolist()))
+        return self.layout.memo(key, lambda: kb.xp.asarray(self.kind_weight.astype(dtype)))
 
     def finish(self, x, loglike, post):
         kb = self._backend
@@ -138,19 +199,19 @@ class TransducerCriterion(Criterion):
         state, self._state = self._state, None
         if post is None:
             return value, None
-        bad = ~torch.isfinite(ll)
         if kb is None:
-            grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad.numpy(), out_dtype=x.dtype)
+            bad = ~torch.isfinite(ll)
+            grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad, out_dtype=x.dtype)
             return value, grad
         from ..cuda.transducer_maps import transducer_grad
 
         lay = self.layout
+        m = kernel_tables(lay, kb)
         xp = kb.xp
         scale = xp.isfinite(loglike).astype(loglike.dtype)
         grad = transducer_grad(
-            kb, x.detach().contiguous(), self.sym, lay.colidx, lay.logit_lengths.astype(np.int32),
-            lay.target_lengths.astype(np.int32), post, state, scale, self.kind_weight, clamp=self.clamp,
-            fused_log_softmax=self.fused)
+            kb, x.detach().contiguous(), self.sym, m["colidx"], m["logit_lengths"], m["target_lengths"], post,
+            state, scale, self._kernel_weights(kb, state.dtype), clamp=self.clamp, fused_log_softmax=self.fused)
         return value, grad
 
 
@@ -159,18 +220,16 @@ class ScoreMapState:
     """What :func:`_torch_gather` keeps for :func:`_torch_gradient`.
 
     ``work``: ``[B, T, U, V]`` compute-dtype buffer holding the softmax
-    (becomes the gradient; zeros when not fused) or ``None``;
-    ``rows``/``cols``: engine coordinates ``(n, c)`` of every gathered entry
-    ``[E]``; ``cells``: flat ``(b, t, u)`` index ``[E]``; ``elems``: flat
-    ``(b, t, u, sym)`` index ``[E]``; ``kinds``: arc kind ``j`` ``[E]``.
+    (becomes the gradient; zeros when not fused) or ``None``; ``tables``:
+    the layout's torch index tables (:func:`layout_tables`: engine
+    coordinates ``rows``/``cols``, flat ``(b, t, u)`` ``cells`` and arc
+    ``kinds`` of every gathered entry ``[E]``); ``elems``: flat
+    ``(b, t, u, sym)`` index ``[E]``.
     """
 
     work: torch.Tensor | None
-    rows: np.ndarray
-    cols: np.ndarray
-    cells: np.ndarray
-    elems: np.ndarray
-    kinds: np.ndarray
+    tables: dict
+    elems: torch.Tensor
     shape: tuple
     fused: bool
 
@@ -204,62 +263,56 @@ def _torch_gather(logits: torch.Tensor, sym: torch.Tensor, layout, fused_log_sof
             # normaliser from the row maximum, whose probability (>= 1/V) never underflows
             norm = mx - work.amax(dim=-1).log_()
             bad_rows = ~torch.isfinite(mx)
-            if bool(bad_rows.any()):  # all -inf / inf / NaN rows: no usable softmax there
+            if bool(bad_rows.any()):  # all -inf / inf / NaN rows: no usable softmax there (CPU: no sync cost)
                 work[bad_rows] = 0.0
         else:
             norm = torch.logsumexp(x.to(ct) if x.dtype != ct else x, dim=-1)
     elif need_gradient:
         work = torch.zeros((B, T, U1, V), dtype=ct)
 
-    lat = layout.lat
-    r = layout.real
-    b, u, j = layout.col_b[r], layout.col_u[r], layout.col_j[r]
-    Tb = np.asarray(layout.logit_lengths, dtype=np.int64)[b]
-    # every (column, t) with t in [0, T_b)
-    which = np.repeat(np.arange(len(r)), Tb)
-    t = concat_ranges(np.zeros(len(r), dtype=np.int64), Tb) if len(r) else np.zeros(0, dtype=np.int64)
-    symtab = sym.cpu().numpy().astype(np.int64)[b, u, j]
-    if (symtab < 0).any():
+    tab = layout_tables(layout, x.device, T)
+    symbols = sym.to(x.device).reshape(-1).index_select(0, tab["slots"]).to(torch.int64)
+    if bool((symbols < 0).any()):
         raise ValueError("sym: an arc of the graph reads no symbol (-1 in the symbol table)")
-    cw, uw = b[which], u[which]
-    cells = (cw * T + t) * U1 + uw
-    elems = cells * V + symtab[which]
-    rows = t + uw
-    cols = r[which]
-    vals = x.reshape(-1).index_select(0, torch.from_numpy(elems)).to(torch.float64)
+    elems = tab["cells"] * V + symbols
+    vals = x.reshape(-1).index_select(0, elems).to(torch.float64)
     if fused_log_softmax:
-        vals -= norm.reshape(-1).index_select(0, torch.from_numpy(cells)).to(torch.float64)
-    X = np.full((layout.num_steps, lat.num_columns), -np.inf)
-    X[rows, cols] = vals.numpy()
-    X[:, layout.col_j < 0] = 0.0
-    state = ScoreMapState(work, rows, cols, cells, elems, j[which], (B, T, U1, V), fused_log_softmax)
-    return X, state
+        vals -= norm.reshape(-1).index_select(0, tab["cells"]).to(torch.float64)
+    X = torch.full((layout.num_steps, layout.lat.num_columns), -np.inf, dtype=torch.float64)
+    X[tab["rows"], tab["cols"]] = vals
+    X[:, tab["zero"]] = 0.0
+    return X.numpy(), ScoreMapState(work, tab, elems, (B, T, U1, V), fused_log_softmax)
 
 
-def _torch_gradient(state: ScoreMapState, post: np.ndarray, kind_weight: np.ndarray, clamp: float = -1.0,
-                    zero_samples: np.ndarray | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _torch_gradient(state: ScoreMapState, post, kind_weight, clamp: float = -1.0, zero_samples=None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Gradient ``[B, T, U, V]`` (module docstring), written into ``state.work``.
 
-    ``post`` float64 ``[num_steps, C]`` engine posteriors; ``kind_weight``
-    ``[J]``.  ``clamp > 0`` clamps every element to ``[-clamp, clamp]``;
-    ``zero_samples`` bool ``[B]`` zeroes whole samples (non-finite costs).
-    Returned in ``out_dtype`` (default: the compute dtype).
+    ``post`` float64 ``[num_steps, C]`` engine posteriors (NumPy, converted
+    once, or a tensor); ``kind_weight`` ``[J]``.  ``clamp > 0`` clamps every
+    element to ``[-clamp, clamp]``; ``zero_samples`` bool ``[B]`` (tensor
+    or NumPy) zeroes whole samples (non-finite costs).  Returned in
+    ``out_dtype`` (default: the compute dtype).
     """
     B, T, U1, V = state.shape
     g = state.work
     if g is None:
         raise ValueError("state: the gather ran without need_gradient")
-    w = post[state.rows, state.cols] * np.asarray(kind_weight, dtype=np.float64)[state.kinds]
-    wt = torch.from_numpy(w).to(g.dtype)
+    tab = state.tables
+    P = post if isinstance(post, torch.Tensor) else torch.from_numpy(np.asarray(post))
+    kw = torch.tensor(np.asarray(kind_weight, dtype=np.float64).tolist(), dtype=torch.float64)
+    w = P[tab["rows"], tab["cols"]] * kw[tab["kinds"]]
     if state.fused:
-        occ = np.bincount(state.cells, weights=w, minlength=B * T * U1)
-        occ_t = torch.from_numpy(occ).to(g.dtype).view(B, T, U1)
-        g.mul_(occ_t.unsqueeze(-1))  # softmax * occupancy; cells never visited get exactly 0
-    g.view(-1).index_add_(0, torch.from_numpy(state.elems), wt, alpha=-1)
+        occ = torch.zeros(B * T * U1, dtype=torch.float64).index_add_(0, tab["cells"], w)
+        g.mul_(occ.to(g.dtype).view(B, T, U1, 1))  # softmax * occupancy; cells never visited get exactly 0
+    g.view(-1).index_add_(0, state.elems, w.to(g.dtype), alpha=-1)
     if clamp is not None and clamp > 0:
         g.clamp_(-clamp, clamp)
-    if zero_samples is not None and zero_samples.any():
-        g[torch.from_numpy(np.asarray(zero_samples, dtype=bool))] = 0.0
+    if zero_samples is not None:
+        z = zero_samples if isinstance(zero_samples, torch.Tensor) else torch.tensor(
+            np.asarray(zero_samples, dtype=bool).tolist(), dtype=torch.bool)
+        if bool(z.any()):  # a CPU tensor: no sync to avoid, and a pass over the gradient saved
+            g[z] = 0.0
     if out_dtype is not None and out_dtype != g.dtype:
         g = g.to(out_dtype)
     state.work = None
