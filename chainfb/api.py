@@ -39,10 +39,13 @@ class PdfCriterion(Criterion):
         posterior, not masked by the clip (Kaldi).
     leaky : ``(c, log_init [S])`` or None; engine : see :func:`chainfb.engines.select`.
     value_dtype : dtype of the value (default: the scores' dtype).
+    lattice : the lattice of ``fsts``, when the caller has it (``fsts`` is then not read).
+    lengths_checked : ``lengths`` is already int64 ``[N]`` in ``[0, T]``
+        (checked once by the caller, e.g. :class:`chainfb.ChainLoss`).
     """
 
     def __init__(self, fsts, shape, lengths=None, clamp=None, leaky=None, engine="auto", value_dtype=None,
-                 lattice=None):
+                 lattice=None, lengths_checked: bool = False):
         if len(shape) != 3:
             raise ValueError(f"scores: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
         N, T, P = shape
@@ -54,7 +57,7 @@ class PdfCriterion(Criterion):
                 )
             lattice = Lattice.of(batch)
         self.lattice = lattice
-        self.lengths = check_lengths(lengths, N, T)
+        self.lengths = lengths if lengths_checked else check_lengths(lengths, N, T)
         self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf)
         self.clamp, self.leaky, self.engine, self.value_dtype = clamp, leaky, engine, value_dtype
 

@@ -16,11 +16,11 @@ from chainfb.chain import (
     Topology, den_graph, estimate_phone_lm, initial_probs, numerator_graph, read_lexicon,
 )
 from chainfb.api import PdfCriterion
-from chainfb.chain import chain_objective
-from chainfb.engines import numpy_log, scipy_shared
+from chainfb.engines import scipy_shared, threads
 from chainfb.testing import random_fst
 
 from devices import OnCPU, OnCUDA, OnEmulatedKernels
+from oracles.chain import chain_objective
 from oracles.fst import brute_force
 
 ENGINES = ["numpy", "shared"]
@@ -348,15 +348,15 @@ def test_shared_engine_threads_match_single_thread(monkeypatch):
     den = den_from_lm(5, seed=6)
     rng = np.random.default_rng(4)
     N, T = 20, 9
-    lat, log_init = den._lattice(N)
+    lat, log_init = den._lattice(N), den.log_init
     X = rng.normal(scale=3, size=(T, lat.num_columns))
     lengths = rng.integers(0, T + 1, N)
     leaky = (0.1, log_init)
-    eng = scipy_shared._matrices(lat, den.fst)
+    eng = scipy_shared._matrices(lat)
     monkeypatch.setattr(eng, "min_parallel_work", 1e30)
     single = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     monkeypatch.setattr(eng, "min_parallel_work", 0)
-    monkeypatch.setattr(numpy_log, "_num_threads", 2)
+    monkeypatch.setattr(threads, "_num_threads", 2)
     multi = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     np.testing.assert_array_equal(single[0], multi[0])
     np.testing.assert_array_equal(single[1], multi[1])

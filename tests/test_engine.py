@@ -297,6 +297,7 @@ def test_forward_only():
 
 def test_threaded_split_matches_serial(monkeypatch):
     from chainfb.engines import numpy_log as engine
+    from chainfb.engines import threads
     from chainfb.lattice import Lattice
     from chainfb.score_map import PdfScoreMap
 
@@ -310,14 +311,14 @@ def test_threaded_split_matches_serial(monkeypatch):
     for leaky in (None, (0.1, log_init)):
         serial = engine._forward_backward_serial(lat, X.copy(), lengths, True, leaky)
         monkeypatch.setattr(engine, "_MIN_PARALLEL_WORK", 0)
-        monkeypatch.setattr(engine, "_num_threads", 3)
+        monkeypatch.setattr(threads, "_num_threads", 3)
         threaded = engine.forward_backward(lat, X.copy(), lengths, leaky, True)
         assert len(lat.split(3)) == 3
         # equal up to the last bit NumPy's vectorised exp may flip at a different array position
         np.testing.assert_allclose(serial[0], threaded[0], rtol=1e-14)
         np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="n: expected a positive"):
-        engine.set_num_threads(0)
+        chainfb.engines.set_num_threads(0)
 
 
 @pytest.mark.parametrize("seed", range(8))
