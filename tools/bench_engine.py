@@ -239,9 +239,15 @@ def run_first_call(args):
     import subprocess
     import sys
 
+    import os
+
     cmd = [sys.executable, __file__, "--den", "--first-call", "--worker", "--den-seqs", str(args.den_seqs),
            "--repeat", str(args.repeat)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)  # the child imports the chainfb this process imported
+    root = os.path.dirname(os.path.dirname(os.path.abspath(chainfb.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    print(f"# chainfb from {root}", flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
     return r.returncode
