@@ -79,7 +79,8 @@ class Lattice:
     start ``[N]`` (instance state ids).
     col_seq ``[C]``, col_pdf ``[C]``: the ``(sequence, pdf)`` of each column,
     sorted by sequence then pdf.
-    shared_fst: the one Fst every sequence uses, or None.
+    graph, shared_fst: the index in the batch and the Fst of the one graph
+    every sequence uses, or None.
     Built on first use: seq_of_state ``[S]``, final ``[S]``, and fwd, bwd:
     arcs sorted by destination / by source (see ``_Side``).
     """

@@ -30,14 +30,18 @@ and the per-sequence kernels (``cuda``), each compared with the CPU path
     python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--den [--den-seqs 128]]
 
 ``--den --first-call``: the cost of a ``ChainLoss`` forward+backward on
-that denominator (CPU) when its batch size is new, measured in a fresh
-process: the first call's time against a steady call's (best of
+that denominator (CPU) when its batch size is new, measured in fresh
+processes: the first call's time against a steady call's (best of
 ``--repeat``) and their ratio, the time of a call after a change of ``N``
 (``N - 1``), and the peak resident memory (``VmHWM`` of
 ``/proc/self/status``) grown above what the process held before the first
 call -- after the first call, after a steady call (the peak reset first
 where ``/proc/self/clear_refs`` allows it), and after ``N`` alternated
-between ``N - 1`` and ``N`` five times.
+between ``N - 1`` and ``N`` five times.  Times are wall-clock and CPU
+(``time.process_time``, all threads: less sensitive to other work on the
+machine).  Two processes: a cold one (the first call also imports SciPy
+and loads the compiled engine) and a warm one, where a small ChainLoss
+(another graph, 4 sequences) ran first.
 
     python tools/bench_engine.py --den --first-call [--den-seqs 128] [--repeat 3]
 """
@@ -204,35 +208,50 @@ def first_call_worker(args):
     lengths[N // 2:] = T - rng.integers(0, 20, N - N // 2)
     nums = [numerator_like_fst(rng, num_phones=30, num_pdfs=den.num_pdfs) for _ in range(N)]
     loss_fn = ChainLoss(den, leaky_hmm_coefficient=0.1)
+    if args.warm:  # imports and compiled code loaded, no cache of this graph
+        small = den_case(np.random.default_rng(1), num_phones=5, num_utts=50)
+        ys = torch.from_numpy(rng.normal(size=(4, 20, small.num_pdfs)).astype(np.float32)).requires_grad_()
+        warm_nums = chainfb.FstBatch([numerator_like_fst(rng, num_phones=5, num_pdfs=small.num_pdfs)
+                                      for _ in range(4)])
+        ChainLoss(small, den_engine="shared")(ys, warm_nums).backward()
+
+    cpu = []
 
     def step(n):
         y = torch.from_numpy(scores[:n]).requires_grad_()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loss_fn(y, chainfb.FstBatch(nums[:n]), lengths[:n]).backward()
+        cpu.append(time.process_time() - c)
         return time.perf_counter() - t
 
     gc.collect()
     base = _status_bytes("VmRSS")
     _reset_peak()
     first = step(N)
+    cpu_first = cpu[-1]
     grow_first = _status_bytes("VmHWM") - base
     steady = min(step(N) for _ in range(args.repeat))
+    cpu_steady = min(cpu[-args.repeat:])
     gc.collect()
     before = _status_bytes("VmRSS")
     reset = _reset_peak()
     step(N)
     grow_steady = _status_bytes("VmHWM") - before if reset else float("nan")
     change = step(N - 1)
+    cpu_change = cpu[-1]
     alternate = [step(n) for _ in range(5) for n in (N - 1, N)]
+    cpu_alternate = max(cpu[-10:])
     grow_all = _status_bytes("VmHWM") - base
     mib = 2**20
-    print(f"den graph: {den}; ChainLoss forward+backward, N={N}, T={T}, {args.repeat} steady calls")
-    print(f"first call           {first:8.3f} s   peak RSS growth {grow_first / mib:8.1f} MiB")
-    print(f"steady call (best)   {steady:8.3f} s   peak RSS growth {grow_steady / mib:8.1f} MiB (one call, peak reset)")
-    print(f"first / steady       {first / steady:8.2f}")
-    print(f"N -> {N - 1} (first)     {change:8.3f} s")
-    print(f"N {N - 1}/{N} x5 (max)    {max(alternate):8.3f} s   peak RSS growth {grow_all / mib:8.1f} MiB "
-          f"(whole run, above the RSS before the first call)")
+    print(f"{'warm' if args.warm else 'cold'} process; den graph: {den}; ChainLoss forward+backward, N={N}, T={T}, "
+          f"{args.repeat} steady calls")
+    print(f"first call           {first:8.3f} s wall {cpu_first:8.3f} s CPU   peak RSS growth {grow_first / mib:8.1f} MiB")
+    print(f"steady call (best)   {steady:8.3f} s wall {cpu_steady:8.3f} s CPU   peak RSS growth "
+          f"{grow_steady / mib:8.1f} MiB (one call, peak reset)")
+    print(f"first / steady       {first / steady:8.2f}   wall {cpu_first / cpu_steady:8.2f}   CPU")
+    print(f"N -> {N - 1} (first)     {change:8.3f} s wall {cpu_change:8.3f} s CPU")
+    print(f"N {N - 1}/{N} x5 (max)    {max(alternate):8.3f} s wall {cpu_alternate:8.3f} s CPU   peak RSS growth "
+          f"{grow_all / mib:8.1f} MiB (whole run, above the RSS before the first call)", flush=True)
 
 
 def run_first_call(args):
@@ -247,10 +266,13 @@ def run_first_call(args):
     root = os.path.dirname(os.path.dirname(os.path.abspath(chainfb.__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     print(f"# chainfb from {root}", flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    sys.stdout.write(r.stdout)
-    sys.stderr.write(r.stderr)
-    return r.returncode
+    for extra in ([], ["--warm"]):
+        r = subprocess.run(cmd + extra, capture_output=True, text=True, env=env)
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
+        if r.returncode:
+            return r.returncode
+    return 0
 
 
 def main(argv=None):
@@ -265,6 +287,7 @@ def main(argv=None):
     ap.add_argument("--first-call", action="store_true",
                     help="with --den: first ChainLoss call vs steady ones, N changes, peak memory (fresh process)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.den and args.first_call:
         if args.device != "cpu":

@@ -32,7 +32,7 @@ def host_array(x):
 
 def _host_arrays(lat: Lattice) -> dict:
     """int32 CSR structure and float64 weights of a lattice (host side)."""
-    N, S, C = lat.num_sequences, lat.num_states, lat.num_columns
+    S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
         raise ValueError(f"lattice too large for the CUDA engine (states {S}, columns {C}, arcs {A})")
