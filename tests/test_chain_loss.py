@@ -483,3 +483,25 @@ def test_chain_loss_shared_by_threads():
         sys.setswitchinterval(before)
     wrong = [(i, v, alone[i]) for i, v in got if v != alone[i]]
     assert not wrong, wrong[:5]
+
+
+def test_graph_log_init_on_every_kernel_engine(emulated_backend):
+    """The denominator's log_init [S] of the graph: the shared-graph kernels
+    use it as is, the per-sequence kernels repeat it per sequence; both agree
+    with the NumPy engine."""
+    from chainfb.engines import cuda, cuda_shared, numpy_log
+
+    den = den_from_lm(5, seed=4)
+    rng = np.random.default_rng(5)
+    N, T = 3, 7
+    lat = den._lattice(N)
+    X = rng.normal(scale=2.0, size=(T, lat.num_columns))
+    lengths = np.array([7, 4, 0])
+    leaky = (0.1, den.log_init)
+    ref = numpy_log.forward_backward(lat, X.copy(), lengths, leaky)
+    for run in (cuda.forward_backward_on, cuda_shared.forward_backward_on):
+        ll, post = run(emulated_backend, lat, X.copy(), lengths, leaky)
+        np.testing.assert_allclose(ll, ref[0], rtol=1e-10)
+        np.testing.assert_allclose(post, ref[1], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="log_init"):
+        cuda.forward_backward_on(emulated_backend, lat, X.copy(), lengths, (0.1, den.log_init[1:]))
