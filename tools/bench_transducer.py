@@ -32,10 +32,11 @@ s_range, H]``, the pruned loss; loss = 0.5 simple + pruned, then
 that method's own), methods interleaved; memory = growth of the peak
 resident memory (``VmHWM``) during the step, above the inputs and weights.
 
-(The CTC benchmark is ``tools/bench_ctc.py``.)
     # the peers (torchaudio, warprnnt_numba) may need another torch version;
     # run the script from a separate virtual environment that has them, e.g.
     PYTHONPATH=$PWD venv-peers/bin/python tools/bench_transducer.py
+
+(The CTC benchmark is ``tools/bench_ctc.py``.)
 """
 
 from __future__ import annotations
