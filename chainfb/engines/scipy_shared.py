@@ -175,10 +175,9 @@ class _SharedGraph:
         group = max(1, ALPHA_BYTES // (8 * (T + 1) * max(self.num_states, 1)))
         bounds = np.linspace(0, N, threads + 1).astype(int)
 
-        def run(a, b):
-            res = [self._run(X[s:min(s + group, b)], lengths[s:min(s + group, b)], need_posteriors, leaky)
-                   for s in range(a, b, group)]
-            return res
+        def run(a, b):  # sequences a..b-1, a group at a time
+            return [self._run(X[s:min(s + group, b)], lengths[s:min(s + group, b)], need_posteriors, leaky)
+                    for s in range(a, b, group)]
 
         if threads == 1:
             res = run(0, N)
