@@ -43,13 +43,16 @@ class PdfCriterion(Criterion):
     The scores cross from torch to NumPy/CuPy once per call: ``gather``
     keeps the array view it made, and ``finish`` (given the same tensor)
     uses it.
+    lattice : the lattice of ``fsts``, when the caller has it (``fsts`` is then not read).
+    lengths_checked : ``lengths`` is already int64 ``[N]`` in ``[0, T]``
+        (checked once by the caller, e.g. :class:`chainfb.ChainLoss`).
     """
 
     #: the argument named in errors
     name = "scores"
 
     def __init__(self, fsts, shape, lengths=None, clamp=None, leaky=None, engine="auto", value_dtype=None,
-                 lattice=None):
+                 lattice=None, lengths_checked: bool = False):
         if len(shape) != 3:
             raise ValueError(f"{self.name}: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
         N, T, P = shape
@@ -61,7 +64,7 @@ class PdfCriterion(Criterion):
                 )
             lattice = Lattice.of(batch)
         self.lattice = lattice
-        self.lengths = check_lengths(lengths, N, T)
+        self.lengths = lengths if lengths_checked else check_lengths(lengths, N, T)
         self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf, self.name)
         self.clamp, self.leaky, self.engine, self.value_dtype = clamp, leaky, engine, value_dtype
         self._held = None

@@ -20,6 +20,16 @@ def _csr(keys: np.ndarray, num_rows: int):
     return order, ptr
 
 
+def _check_seq_to_graph(seq_to_graph, G: int) -> np.ndarray:
+    """``seq_to_graph`` as int64 ``[N]`` graph ids in ``[0, G)`` (default ``arange(G)``)."""
+    if seq_to_graph is None:
+        return np.arange(G, dtype=np.int64)
+    seq_to_graph = checks.int_array(seq_to_graph, "seq_to_graph", ndim=1)
+    if seq_to_graph.size and (seq_to_graph.min() < 0 or seq_to_graph.max() >= G):
+        raise ValueError(f"seq_to_graph: graph ids must lie in [0, {G})")
+    return seq_to_graph
+
+
 class FstBatch:
     """Many graphs packed into flat arrays, and the sequences that use them.
 
@@ -39,6 +49,12 @@ class FstBatch:
     start ``[G]``, final ``[S]``, src/dst/pdf/log_prob ``[A]``.
     fwd_order ``[A]``, in_ptr ``[S+1]``: arcs sorted by destination (forward).
     bwd_order ``[A]``, out_ptr ``[S+1]``: arcs sorted by source (backward).
+
+    Per-graph data derived from these arrays (each graph's distinct pdfs, the
+    one-sequence lattice of a graph, the shared-graph engines' sparse
+    matrices and device arrays) is cached in ``graph_cache``, a dict shared
+    by every batch :meth:`with_sequences` derives from this one: a new
+    sequence-to-graph map (another batch size) costs nothing per graph.
     """
 
     def __init__(self, fsts: Fst | Sequence[Fst], seq_to_graph=None):
@@ -51,14 +67,9 @@ class FstBatch:
             if not isinstance(f, Fst):
                 raise TypeError(f"fsts[{i}]: expected chainfb.Fst, got {type(f).__name__}")
         self.fsts = fsts
+        self.graph_cache: dict = {}
         G = len(fsts)
-        if seq_to_graph is None:
-            seq_to_graph = np.arange(G, dtype=np.int64)
-        else:
-            seq_to_graph = checks.int_array(seq_to_graph, "seq_to_graph", ndim=1)
-            if seq_to_graph.size and (seq_to_graph.min() < 0 or seq_to_graph.max() >= G):
-                raise ValueError(f"seq_to_graph: graph ids must lie in [0, {G})")
-        self.seq_to_graph = seq_to_graph
+        self.seq_to_graph = _check_seq_to_graph(seq_to_graph, G)
         ns = np.array([f.num_states for f in fsts], dtype=np.int64)
         na = np.array([f.num_arcs for f in fsts], dtype=np.int64)
         self.state_offsets = np.concatenate([[0], np.cumsum(ns)])
@@ -73,6 +84,25 @@ class FstBatch:
         S = self.num_states
         self.fwd_order, self.in_ptr = _csr(self.dst, S)
         self.bwd_order, self.out_ptr = _csr(self.src, S)
+
+    def with_sequences(self, seq_to_graph) -> "FstBatch":
+        """A batch over the same graphs with another sequence-to-graph map
+        ``[N]``: the packed arrays and ``graph_cache`` are shared, not copied."""
+        out = object.__new__(FstBatch)
+        out.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_lattice"})
+        out.seq_to_graph = _check_seq_to_graph(seq_to_graph, self.num_graphs)
+        return out
+
+    def graph_columns(self, g: int):
+        """``(pdfs [K_g], local_col [A_g])`` of graph ``g``: its distinct pdfs,
+        sorted, and each of its arcs' index into them (cached per graph)."""
+        key = ("columns", int(g))
+        got = self.graph_cache.get(key)
+        if got is None:
+            a0, a1 = self.arc_offsets[g], self.arc_offsets[g + 1]
+            pdfs, local = np.unique(self.pdf[a0:a1], return_inverse=True)
+            got = self.graph_cache[key] = (pdfs, local.reshape(-1).astype(np.int64))
+        return got
 
     @property
     def num_graphs(self) -> int:

@@ -6,11 +6,22 @@ distinct ``(sequence, pdf)`` pair some arc of that sequence's graph uses
 (Kaldi's ``index_to_pdf``); the score map fills a ``[T, C]`` matrix of
 scores for those columns, and the engine returns posteriors in the same
 compact space.
+
+Building a lattice costs O(sequences + columns): the per-instance arcs
+(``fwd``, ``bwd``), ``final`` and ``seq_of_state`` -- O(sequences x arcs)
+-- are built on first use, by the engines that run one graph instance per
+sequence.  The shared-graph engines never ask for them: they read
+:meth:`Lattice.graph_lattice` and data cached per graph in the batch's
+``graph_cache``, so a lattice whose sequences all share one graph (the LF-MMI
+denominator) costs O(arcs) once per graph and O(sequences x pdfs) per batch
+size.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from functools import cached_property
 
 from .batch import FstBatch
 
@@ -40,19 +51,19 @@ def balanced_ranges(work: np.ndarray, parts: int) -> list:
 
 class _Side:
     """Arcs of all instances sorted by one end (``dst`` for forward, ``src``
-    for backward), with the reduceat segments of that end; ``arc`` is each
-    arc's index in the FstBatch's flat arc arrays."""
+    for backward): ``arc`` is each arc's index in the FstBatch's flat arc
+    arrays; ``ptr [S+1]`` the CSR pointer by that end (the arcs of state
+    ``s`` are ``ptr[s]:ptr[s+1]``); ``key_states`` the states with at least
+    one arc and ``seg_starts`` where their arcs start (reduceat segments)."""
 
-    __slots__ = ("arc", "src", "dst", "log_prob", "col", "seq", "key_states", "seg_starts")
+    __slots__ = ("arc", "src", "dst", "log_prob", "col", "seq", "ptr", "key_states", "seg_starts")
 
-    def __init__(self, arc, src, dst, log_prob, col, seq, key):
+    def __init__(self, arc, src, dst, log_prob, col, seq, counts):
         self.arc, self.src, self.dst, self.log_prob, self.col, self.seq = arc, src, dst, log_prob, col, seq
-        if key.size:
-            change = np.flatnonzero(np.diff(key)) + 1
-            self.seg_starts = np.concatenate([[0], change]).astype(np.int64)
-        else:
-            self.seg_starts = np.zeros(0, dtype=np.int64)
-        self.key_states = key[self.seg_starts]
+        self.ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.ptr[1:])
+        self.key_states = np.flatnonzero(counts)
+        self.seg_starts = self.ptr[self.key_states]
 
 
 class Lattice:
@@ -60,11 +71,18 @@ class Lattice:
 
     Attributes
     ----------
-    num_sequences ``N``, num_states ``S`` (all instances), num_columns ``C``.
-    seq_of_state ``[S]``, start ``[N]`` (instance state ids), final ``[S]``.
+    num_sequences ``N``, num_states ``S`` (all instances), num_arcs ``A``
+    (all instances), num_columns ``C``.
+    state_offsets ``[N+1]``, arc_offsets ``[N+1]``, col_offsets ``[N+1]``:
+    sequence ``n`` owns instance states ``state_offsets[n]:state_offsets[n+1]``,
+    and arcs and columns likewise.
+    start ``[N]`` (instance state ids).
     col_seq ``[C]``, col_pdf ``[C]``: the ``(sequence, pdf)`` of each column,
     sorted by sequence then pdf.
-    fwd, bwd: arcs sorted by destination / by source (see ``_Side``).
+    graph, shared_fst: the index in the batch and the Fst of the one graph
+    every sequence uses, or None.
+    Built on first use: seq_of_state ``[S]``, final ``[S]``, and fwd, bwd:
+    arcs sorted by destination / by source (see ``_Side``).
     """
 
     def __init__(self, batch: FstBatch):
@@ -72,51 +90,95 @@ class Lattice:
         self._parts = {}
         g = batch.seq_to_graph
         N = len(g)
-        so, ao = batch.state_offsets, batch.arc_offsets
-        ns = np.diff(so)[g]
         self.num_sequences = N
-        inst_state_off = np.zeros(N + 1, dtype=np.int64)
-        np.cumsum(ns, out=inst_state_off[1:])
-        self.state_offsets = inst_state_off
-        S = int(inst_state_off[-1])
-        self.num_states = S
-        seq_ids = np.arange(N, dtype=np.int64)
-        self.seq_of_state = np.repeat(seq_ids, ns)
-        gstate = concat_ranges(so[g], so[g + 1])
-        self.final = batch.final[gstate]
-        self.start = batch.start[g] - so[g] + inst_state_off[:-1]
+        so = batch.state_offsets
+        self.state_offsets = _offsets(np.diff(so)[g])
+        self.num_states = int(self.state_offsets[-1])
+        self.arc_offsets = _offsets(np.diff(batch.arc_offsets)[g])
+        self.num_arcs = int(self.arc_offsets[-1])
+        self.start = batch.start[g] - so[g] + self.state_offsets[:-1]
+        self.graph = int(g[0]) if N and not (g != g[0]).any() else None
+        self.shared_fst = batch.fsts[self.graph] if self.graph is not None else None
 
-        # compact columns: distinct pdfs of each graph, replicated per sequence
-        local_col = np.zeros(batch.num_arcs, dtype=np.int64)
-        graph_pdfs = []
-        for gi in range(batch.num_graphs):
-            a0, a1 = ao[gi], ao[gi + 1]
-            u, inv = np.unique(batch.pdf[a0:a1], return_inverse=True)
-            local_col[a0:a1] = inv
-            graph_pdfs.append(u)
-        ncols = np.array([len(graph_pdfs[gi]) for gi in g], dtype=np.int64)
-        col_off = np.zeros(N + 1, dtype=np.int64)
-        np.cumsum(ncols, out=col_off[1:])
-        self.num_columns = int(col_off[-1])
-        self.col_seq = np.repeat(seq_ids, ncols)
-        self.col_pdf = (
-            np.concatenate([graph_pdfs[gi] for gi in g]) if N else np.zeros(0, dtype=np.int64)
-        )
+        # compact columns: the distinct pdfs of each graph, replicated per sequence
+        used = np.unique(g)
+        pdfs = {int(gi): batch.graph_columns(gi)[0] for gi in used}
+        per_graph = np.zeros(batch.num_graphs, dtype=np.int64)
+        for gi, p in pdfs.items():
+            per_graph[gi] = len(p)
+        ncols = per_graph[g]
+        self.col_offsets = _offsets(ncols)
+        self.num_columns = int(self.col_offsets[-1])
+        self.col_seq = np.repeat(np.arange(N, dtype=np.int64), ncols)
+        if self.graph is not None:
+            self.col_pdf = np.tile(pdfs[self.graph], N)
+        else:
+            self.col_pdf = np.concatenate([pdfs[int(gi)] for gi in g]) if N else np.zeros(0, dtype=np.int64)
 
-        def side(order, ptr):
-            # arcs of graph g in `order` are contiguous: graphs own contiguous states
-            pos = concat_ranges(ptr[so[g]], ptr[so[g + 1]])
-            arc = order[pos]
-            na = ptr[so[g + 1]] - ptr[so[g]]
-            seq = np.repeat(seq_ids, na)
-            shift = inst_state_off[:-1][seq] - so[g][seq]
-            return arc, seq, batch.src[arc] + shift, batch.dst[arc] + shift
+    @cached_property
+    def seq_of_state(self) -> np.ndarray:
+        """``[S]``: the sequence of each instance state."""
+        return np.repeat(np.arange(self.num_sequences, dtype=np.int64), np.diff(self.state_offsets))
 
-        arc, seq, src, dst = side(batch.fwd_order, batch.in_ptr)
-        self.fwd = _Side(arc, src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, dst)
-        arc, seq, src, dst = side(batch.bwd_order, batch.out_ptr)
-        self.bwd = _Side(arc, src, dst, batch.log_prob[arc], col_off[seq] + local_col[arc], seq, src)
-        self.num_arcs = int(self.fwd.src.shape[0])
+    @cached_property
+    def _graph_states(self) -> np.ndarray:
+        """``[S]``: each instance state's state in the batch."""
+        g, so = self.batch.seq_to_graph, self.batch.state_offsets
+        return concat_ranges(so[g], so[g + 1])
+
+    @cached_property
+    def final(self) -> np.ndarray:
+        """``[S]``: final log-prob of each instance state."""
+        return self.batch.final[self._graph_states]
+
+    def _side(self, order, ptr) -> _Side:
+        batch = self.batch
+        g, so = batch.seq_to_graph, batch.state_offsets
+        N = self.num_sequences
+        # arcs of graph g in `order` are contiguous: graphs own contiguous states
+        arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
+        seq = np.repeat(np.arange(N, dtype=np.int64), np.diff(self.arc_offsets))
+        shift = (self.state_offsets[:-1] - so[g])[seq]
+        src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
+        local_col = np.empty(batch.num_arcs, dtype=np.int64)
+        for gi in np.unique(g):
+            local_col[batch.arc_offsets[gi]:batch.arc_offsets[gi + 1]] = batch.graph_columns(gi)[1]
+        col = self.col_offsets[:-1][seq] + local_col[arc]
+        counts = np.diff(ptr)[self._graph_states]
+        return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts)
+
+    @cached_property
+    def fwd(self) -> _Side:
+        """Arcs of all instances sorted by destination (the forward pass)."""
+        return self._side(self.batch.fwd_order, self.batch.in_ptr)
+
+    @cached_property
+    def bwd(self) -> _Side:
+        """Arcs of all instances sorted by source (the backward pass)."""
+        return self._side(self.batch.bwd_order, self.batch.out_ptr)
+
+    def graph_lattice(self) -> "Lattice":
+        """The one-sequence lattice of the graph every sequence uses
+        (graph-local states and columns), cached per graph in the batch's
+        ``graph_cache``; ValueError when the sequences use several graphs."""
+        if self.graph is None:
+            raise ValueError("lat: every sequence must use one graph")
+        key = ("lattice", self.graph)
+        lat = self.batch.graph_cache.get(key)
+        if lat is None:
+            lat = self.batch.graph_cache[key] = Lattice(self.batch.with_sequences(np.array([self.graph])))
+        return lat
+
+    def state_values(self, v: np.ndarray, name: str = "leaky: log_init") -> np.ndarray:
+        """A per-state host vector as the lattice's ``[S]``: ``v`` itself when
+        it is ``[S]``, or, when every sequence uses one graph of ``Sg``
+        states, a graph-local ``[Sg]`` repeated for every sequence."""
+        v = np.asarray(v, dtype=np.float64)
+        if v.shape == (self.num_states,):
+            return v
+        if self.graph is not None and v.shape == (self.shared_fst.num_states,):
+            return np.tile(v, self.num_sequences)
+        raise ValueError(f"{name} must have shape ({self.num_states},), got {v.shape}")
 
     def split(self, parts: int):
         """Sub-lattices over contiguous ranges of sequences with about equal
@@ -124,13 +186,13 @@ class Lattice:
         Their columns, states and sequences are exactly those slices of this
         lattice's (cached per ``parts``)."""
         if parts not in self._parts:
-            arcs = np.bincount(self.fwd.seq, minlength=self.num_sequences)
+            arcs = np.diff(self.arc_offsets)
             out = []
             for s0, s1 in balanced_ranges(arcs + 1.0, parts):
-                sub = Lattice(FstBatch(self.batch.fsts, self.batch.seq_to_graph[s0:s1]))
-                c0, c1 = np.searchsorted(self.col_seq, [s0, s1])
+                sub = Lattice(self.batch.with_sequences(self.batch.seq_to_graph[s0:s1]))
                 st = slice(int(self.state_offsets[s0]), int(self.state_offsets[s1]))
-                out.append((slice(s0, s1), st, slice(int(c0), int(c1)), sub))
+                cs = slice(int(self.col_offsets[s0]), int(self.col_offsets[s1]))
+                out.append((slice(s0, s1), st, cs, sub))
             self._parts[parts] = out
         return self._parts[parts]
 
@@ -142,3 +204,10 @@ class Lattice:
             lat = cls(batch)
             batch._lattice = lat
         return lat
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """``[len(counts) + 1]`` int64 running totals starting at 0."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out

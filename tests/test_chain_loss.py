@@ -16,11 +16,11 @@ from chainfb.chain import (
     Topology, den_graph, estimate_phone_lm, initial_probs, numerator_graph, read_lexicon,
 )
 from chainfb.api import PdfCriterion
-from chainfb.chain import chain_objective
-from chainfb.engines import numpy_log, scipy_shared
+from chainfb.engines import scipy_shared, threads
 from chainfb.testing import random_fst
 
 from devices import OnCPU, OnCUDA, OnEmulatedKernels
+from oracles.chain import chain_objective
 from oracles.fst import brute_force
 
 ENGINES = ["numpy", "shared"]
@@ -348,15 +348,15 @@ def test_shared_engine_threads_match_single_thread(monkeypatch):
     den = den_from_lm(5, seed=6)
     rng = np.random.default_rng(4)
     N, T = 20, 9
-    lat, log_init = den._lattice(N)
+    lat, log_init = den._lattice(N), den.log_init
     X = rng.normal(scale=3, size=(T, lat.num_columns))
     lengths = rng.integers(0, T + 1, N)
     leaky = (0.1, log_init)
-    eng = scipy_shared._matrices(lat, den.fst)
+    eng = scipy_shared._matrices(lat)
     monkeypatch.setattr(eng, "min_parallel_work", 1e30)
     single = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     monkeypatch.setattr(eng, "min_parallel_work", 0)
-    monkeypatch.setattr(numpy_log, "_num_threads", 2)
+    monkeypatch.setattr(threads, "_num_threads", 2)
     multi = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     np.testing.assert_array_equal(single[0], multi[0])
     np.testing.assert_array_equal(single[1], multi[1])
@@ -406,3 +406,102 @@ class TestChainLossCUDA(ChainLossTests, OnCUDA):
 
 class TestChainLossEmulated(ChainLossTests, OnEmulatedKernels):
     pass
+
+
+# ---------------------------------------------------------------- costs and threads
+
+
+def test_denominator_lattice_costs_o_arcs_and_caches_per_graph():
+    """A batch size costs the denominator no per-sequence arcs: the shared
+    engine never builds them, its sparse matrices are built once per graph
+    (shared by every N), and log_init travels as the graph's [S]."""
+    den = den_from_lm(5, seed=4)
+    rng = np.random.default_rng(3)
+    results = {}
+    for N in (3, 5, 3):
+        y = rng.normal(size=(N, 6, den.num_pdfs))
+        results[N] = den.forward_backward(y, None, 0.1, engine="shared")
+        lat = den._lattice(N)
+        assert "fwd" not in lat.__dict__ and "bwd" not in lat.__dict__ and "final" not in lat.__dict__
+        crit = den.criterion(y.shape, None, 0.1)
+        assert crit.leaky[1] is den.log_init and crit.leaky[1].shape == (den.num_states,)
+    assert scipy_shared._matrices(den._lattice(4)) is scipy_shared._matrices(den._lattice(9))
+    assert den._lattice(4).graph_lattice() is den._lattice(9).graph_lattice()
+    # the log-domain engine expands the graph's log_init itself, and agrees
+    y = rng.normal(size=(3, 6, den.num_pdfs))
+    a = den.forward_backward(y, [6, 4, 0], 0.1, engine="shared")
+    b = den.forward_backward(y, [6, 4, 0], 0.1, engine="numpy")
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-11)
+    np.testing.assert_allclose(a[1], b[1], atol=1e-10)
+
+
+def test_shared_engine_groups_of_sequences_match_one_group(monkeypatch):
+    """Sequences run in groups whose alphas fit ALPHA_BYTES; the numbers do
+    not depend on the grouping."""
+    den = den_from_lm(6, seed=3, order=4)
+    rng = np.random.default_rng(4)
+    y = rng.normal(scale=3, size=(11, 9, den.num_pdfs))
+    lengths = rng.integers(0, 10, 11)
+    whole = den.forward_backward(y, lengths, 0.1, engine="shared")
+    monkeypatch.setattr(scipy_shared, "ALPHA_BYTES", 1)  # one sequence per group
+    runs = []
+    eng = scipy_shared._matrices(den._lattice(11))
+    real = eng._run
+    monkeypatch.setattr(eng, "_run", lambda X, *a: runs.append(len(X)) or real(X, *a))
+    grouped = den.forward_backward(y, lengths, 0.1, engine="shared")
+    assert runs == [1] * 11
+    np.testing.assert_allclose(whole[0], grouped[0], rtol=1e-13)  # sums over states may round differently
+    np.testing.assert_allclose(whole[1], grouped[1], rtol=1e-12, atol=1e-14)
+
+
+def test_chain_loss_shared_by_threads():
+    """One ChainLoss(reduction="frame") used by several threads at once gives
+    each call the value it gives alone (its frame count is the call's own)."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    loss, nums = setup_loss(reduction="frame")
+    torch.manual_seed(1)
+    cases = []
+    for i in range(6):
+        lengths = [8 - i, 2 + i, 5]
+        weights = [1.0, 0.5 + i, 2.0]
+        cases.append((torch.randn(3, 8, 10, dtype=torch.float64), lengths, weights))
+    alone = [loss(y, nums, L, w).item() for y, L, w in cases]
+    assert len(set(alone)) == len(alone)
+
+    def work(k):
+        order = [(k + j) % len(cases) for j in range(40)]
+        return [(i, loss(cases[i][0], nums, cases[i][1], cases[i][2]).item()) for i in order]
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        with ThreadPoolExecutor(4) as ex:
+            got = [r for part in ex.map(work, range(4)) for r in part]
+    finally:
+        sys.setswitchinterval(before)
+    wrong = [(i, v, alone[i]) for i, v in got if v != alone[i]]
+    assert not wrong, wrong[:5]
+
+
+def test_graph_log_init_on_every_kernel_engine(emulated_backend):
+    """The denominator's log_init [S] of the graph: the shared-graph kernels
+    use it as is, the per-sequence kernels repeat it per sequence; both agree
+    with the NumPy engine."""
+    from chainfb.engines import cuda, cuda_shared, numpy_log
+
+    den = den_from_lm(5, seed=4)
+    rng = np.random.default_rng(5)
+    N, T = 3, 7
+    lat = den._lattice(N)
+    X = rng.normal(scale=2.0, size=(T, lat.num_columns))
+    lengths = np.array([7, 4, 0])
+    leaky = (0.1, den.log_init)
+    ref = numpy_log.forward_backward(lat, X.copy(), lengths, leaky)
+    for run in (cuda.forward_backward, cuda_shared.forward_backward):
+        ll, post = run(emulated_backend, lat, X.copy(), lengths, leaky)
+        np.testing.assert_allclose(ll, ref[0], rtol=1e-10)
+        np.testing.assert_allclose(post, ref[1], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="log_init"):
+        cuda.forward_backward(emulated_backend, lat, X.copy(), lengths, (0.1, den.log_init[1:]))

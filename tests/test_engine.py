@@ -297,6 +297,7 @@ def test_forward_only():
 
 def test_threaded_split_matches_serial(monkeypatch):
     from chainfb.engines import numpy_log as engine
+    from chainfb.engines import threads
     from chainfb.lattice import Lattice
     from chainfb.score_map import PdfScoreMap
 
@@ -310,14 +311,14 @@ def test_threaded_split_matches_serial(monkeypatch):
     for leaky in (None, (0.1, log_init)):
         serial = engine._forward_backward_serial(lat, X.copy(), lengths, True, leaky)
         monkeypatch.setattr(engine, "_MIN_PARALLEL_WORK", 0)
-        monkeypatch.setattr(engine, "_num_threads", 3)
+        monkeypatch.setattr(threads, "_num_threads", 3)
         threaded = engine.forward_backward(lat, X.copy(), lengths, leaky, True)
         assert len(lat.split(3)) == 3
         # equal up to the last bit NumPy's vectorised exp may flip at a different array position
         np.testing.assert_allclose(serial[0], threaded[0], rtol=1e-14)
         np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="n: expected a positive"):
-        engine.set_num_threads(0)
+        chainfb.engines.set_num_threads(0)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -354,3 +355,58 @@ def test_best_path_shared_graph_matches_single():
         s1, p1 = chainfb.best_path(f, scores[n:n + 1], lengths[n:n + 1])
         assert score[n] == s1[0]
         np.testing.assert_array_equal(paths[n], p1[0])
+
+
+def test_lattice_builds_instance_arcs_on_demand():
+    """A lattice costs O(sequences + columns) until an engine asks for its
+    per-instance arcs; their CSR pointers, segments and columns are those
+    the sorted arcs define."""
+    from chainfb.lattice import Lattice
+
+    rng = np.random.default_rng(12)
+    fsts = [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=6) for _ in range(3)]
+    batch = FstBatch(fsts, seq_to_graph=[2, 0, 2, 1, 1])
+    lat = Lattice(batch)
+    assert not {"fwd", "bwd", "final", "seq_of_state"} & set(lat.__dict__)
+    assert lat.num_arcs == sum(fsts[g].num_arcs for g in batch.seq_to_graph)
+    np.testing.assert_array_equal(lat.col_offsets, np.searchsorted(lat.col_seq, np.arange(6)))
+    for side, key in ((lat.fwd, "dst"), (lat.bwd, "src")):
+        keys = getattr(side, key)
+        assert (np.diff(keys) >= 0).all()
+        np.testing.assert_array_equal(side.ptr, np.searchsorted(keys, np.arange(lat.num_states + 1)))
+        np.testing.assert_array_equal(side.key_states, np.unique(keys))
+        np.testing.assert_array_equal(side.seg_starts, np.searchsorted(keys, np.unique(keys)))
+        np.testing.assert_array_equal(lat.col_seq[side.col], side.seq)
+        np.testing.assert_array_equal(lat.col_pdf[side.col], batch.pdf[side.arc])
+    np.testing.assert_array_equal(np.diff(lat.arc_offsets), np.bincount(lat.fwd.seq, minlength=5))
+    assert lat.shared_fst is None
+    with pytest.raises(ValueError, match="one graph"):
+        lat.graph_lattice()
+
+
+def test_batch_with_sequences_shares_graphs():
+    """Another sequence-to-graph map over the same packed graphs shares the
+    arrays and the per-graph cache; its lattice is that of a new batch."""
+    from chainfb.lattice import Lattice
+
+    rng = np.random.default_rng(13)
+    fsts = [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=6) for _ in range(2)]
+    base = FstBatch(fsts)
+    derived = base.with_sequences([1, 1, 1])
+    assert derived.src is base.src and derived.graph_cache is base.graph_cache
+    a, b = Lattice(derived), Lattice(FstBatch(fsts, [1, 1, 1]))
+    assert a.shared_fst is fsts[1] and a.graph == 1
+    for k in ("state_offsets", "start", "col_seq", "col_pdf", "final"):
+        np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
+    for k in ("arc", "src", "dst", "col", "ptr"):
+        np.testing.assert_array_equal(getattr(a.fwd, k), getattr(b.fwd, k))
+    g = a.graph_lattice()
+    assert g is Lattice(base.with_sequences([1, 1])).graph_lattice() and g.num_sequences == 1
+    assert g.num_states == fsts[1].num_states
+    # a graph-local per-state vector is the lattice's [S] repeated per sequence
+    v = rng.normal(size=fsts[1].num_states)
+    np.testing.assert_array_equal(a.state_values(v), np.tile(v, 3))
+    with pytest.raises(ValueError, match="log_init"):
+        a.state_values(np.zeros(4))
+    with pytest.raises(ValueError, match="seq_to_graph"):
+        base.with_sequences([0, 2])

@@ -6,7 +6,7 @@ magnitude 1e4 over long inputs, threads; and where :func:`select` sends what."""
 import numpy as np
 import pytest
 
-from chainfb import FstBatch, ctc_graph
+from chainfb import FstBatch, ctc_graph, engines
 from chainfb.engines import numba_log, numpy_log, select
 from chainfb.lattice import Lattice
 from chainfb.score_map import PdfScoreMap
@@ -106,19 +106,19 @@ def test_threads_match_one_thread(monkeypatch):
     lat, rng = _lattice(5, n=9)
     X = _scores(lat, rng, 30)
     lengths = rng.integers(0, 31, size=9)
-    before = numpy_log.get_num_threads()
-    numpy_log.set_num_threads(1)
+    before = engines.get_num_threads()
+    engines.set_num_threads(1)
     try:
         one = numba_log.forward_backward(lat, X.copy(), lengths)
         monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
-        numpy_log.set_num_threads(3)
+        engines.set_num_threads(3)
         calls = []
         run = numba_log._run
         monkeypatch.setattr(numba_log, "_run", lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
         three = numba_log.forward_backward(lat, X.copy(), lengths)
         assert len(calls) == 3 and sorted(calls)[0][0] == 0 and sorted(calls)[-1][1] == 9
     finally:
-        numpy_log.set_num_threads(before)
+        engines.set_num_threads(before)
     np.testing.assert_array_equal(one[0], three[0])
     np.testing.assert_array_equal(one[1], three[1])
 

@@ -28,6 +28,22 @@ and the per-sequence kernels (``cuda``), each compared with the CPU path
 (largest differences of the log-likelihoods and of the posteriors).
 
     python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--den [--den-seqs 128]]
+
+``--den --first-call``: the cost of a ``ChainLoss`` forward+backward on
+that denominator (CPU) when its batch size is new, measured in fresh
+processes: the first call's time against a steady call's (best of
+``--repeat``) and their ratio, the time of a call after a change of ``N``
+(``N - 1``), and the peak resident memory (``VmHWM`` of
+``/proc/self/status``) grown above what the process held before the first
+call -- after the first call, after a steady call (the peak reset first
+where ``/proc/self/clear_refs`` allows it), and after ``N`` alternated
+between ``N - 1`` and ``N`` five times.  Times are wall-clock and CPU
+(``time.process_time``, all threads: less sensitive to other work on the
+machine).  Two processes: a cold one (the first call also imports SciPy
+and loads the compiled engine) and a warm one, where a small ChainLoss
+(another graph, 4 sequences) ran first.
+
+    python tools/bench_engine.py --den --first-call [--den-seqs 128] [--repeat 3]
 """
 
 import argparse
@@ -159,6 +175,106 @@ def run_den(args):
         print(f"ChainLoss forward+backward ({N} numerator graphs of ~{nums.num_arcs // N} arcs + den): {best:.3f} s")
 
 
+def _status_bytes(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def first_call_worker(args):
+    """In this (fresh) process: the first ChainLoss call, steady calls, N changes (see the docstring)."""
+    import gc
+
+    import torch
+
+    from chainfb.chain import ChainLoss
+
+    rng = np.random.default_rng(0)
+    den = den_case(rng)
+    N, T = args.den_seqs, 150
+    scores = rng.normal(size=(N, T, den.num_pdfs)).astype(np.float32)
+    lengths = np.full(N, T)
+    lengths[N // 2:] = T - rng.integers(0, 20, N - N // 2)
+    nums = [numerator_like_fst(rng, num_phones=30, num_pdfs=den.num_pdfs) for _ in range(N)]
+    loss_fn = ChainLoss(den, leaky_hmm_coefficient=0.1)
+    if args.warm:  # imports and compiled code loaded, no cache of this graph
+        small = den_case(np.random.default_rng(1), num_phones=5, num_utts=50)
+        ys = torch.from_numpy(rng.normal(size=(4, 20, small.num_pdfs)).astype(np.float32)).requires_grad_()
+        warm_nums = chainfb.FstBatch([numerator_like_fst(rng, num_phones=5, num_pdfs=small.num_pdfs)
+                                      for _ in range(4)])
+        ChainLoss(small, den_engine="shared")(ys, warm_nums).backward()
+
+    cpu = []
+
+    def step(n):
+        y = torch.from_numpy(scores[:n]).requires_grad_()
+        t, c = time.perf_counter(), time.process_time()
+        loss_fn(y, chainfb.FstBatch(nums[:n]), lengths[:n]).backward()
+        cpu.append(time.process_time() - c)
+        return time.perf_counter() - t
+
+    gc.collect()
+    base = _status_bytes("VmRSS")
+    _reset_peak()
+    first = step(N)
+    cpu_first = cpu[-1]
+    grow_first = _status_bytes("VmHWM") - base
+    steady = min(step(N) for _ in range(args.repeat))
+    cpu_steady = min(cpu[-args.repeat:])
+    gc.collect()
+    before = _status_bytes("VmRSS")
+    reset = _reset_peak()
+    step(N)
+    grow_steady = _status_bytes("VmHWM") - before if reset else float("nan")
+    change = step(N - 1)
+    cpu_change = cpu[-1]
+    alternate = [step(n) for _ in range(5) for n in (N - 1, N)]
+    cpu_alternate = max(cpu[-10:])
+    grow_all = _status_bytes("VmHWM") - base
+    mib = 2**20
+    print(f"{'warm' if args.warm else 'cold'} process; den graph: {den}; ChainLoss forward+backward, N={N}, T={T}, "
+          f"{args.repeat} steady calls")
+    print(f"first call           {first:8.3f} s wall {cpu_first:8.3f} s CPU   peak RSS growth {grow_first / mib:8.1f} MiB")
+    print(f"steady call (best)   {steady:8.3f} s wall {cpu_steady:8.3f} s CPU   peak RSS growth "
+          f"{grow_steady / mib:8.1f} MiB (one call, peak reset)")
+    print(f"first / steady       {first / steady:8.2f}   wall {cpu_first / cpu_steady:8.2f}   CPU")
+    print(f"N -> {N - 1} (first)     {change:8.3f} s wall {cpu_change:8.3f} s CPU")
+    print(f"N {N - 1}/{N} x5 (max)    {max(alternate):8.3f} s wall {cpu_alternate:8.3f} s CPU   peak RSS growth "
+          f"{grow_all / mib:8.1f} MiB (whole run, above the RSS before the first call)", flush=True)
+
+
+def run_first_call(args):
+    import subprocess
+    import sys
+
+    import os
+
+    cmd = [sys.executable, __file__, "--den", "--first-call", "--worker", "--den-seqs", str(args.den_seqs),
+           "--repeat", str(args.repeat)]
+    env = dict(os.environ)  # the child imports the chainfb this process imported
+    root = os.path.dirname(os.path.dirname(os.path.abspath(chainfb.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    print(f"# chainfb from {root}", flush=True)
+    for extra in ([], ["--warm"]):
+        r = subprocess.run(cmd + extra, capture_output=True, text=True, env=env)
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
+        if r.returncode:
+            return r.returncode
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
@@ -168,7 +284,15 @@ def main(argv=None):
     ap.add_argument("--peak-gbps", type=float, default=None, help="GPU memory bandwidth for the roofline fraction")
     ap.add_argument("--den", action="store_true", help="benchmark the LF-MMI denominator (Kaldi scale)")
     ap.add_argument("--den-seqs", type=int, default=128)
+    ap.add_argument("--first-call", action="store_true",
+                    help="with --den: first ChainLoss call vs steady ones, N changes, peak memory (fresh process)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.den and args.first_call:
+        if args.device != "cpu":
+            ap.error("--first-call: measured on the CPU only")
+        return first_call_worker(args) if args.worker else run_first_call(args)
     if args.den:
         return run_den(args)
     rng = np.random.default_rng(0)
@@ -207,4 +331,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys_exit = main()
+    raise SystemExit(sys_exit or 0)

@@ -31,21 +31,12 @@ s_range, H]``, the pruned loss; loss = 0.5 simple + pruned, then
 ``backward()``).  Each measurement runs in a fresh process (so each peak is
 that method's own), methods interleaved; memory = growth of the peak
 resident memory (``VmHWM``) during the step, above the inputs and weights.
-    python tools/bench_transducer.py --ctc [--repeat 7]
 
-``--ctc`` times ``chainfb.ctc_loss`` against torch's CPU
-``torch.nn.functional.ctc_loss``: T=500, N=16, C=500, S=100 (every
-sequence full length), float32 log-softmax outputs, reduction "mean"; one
-step = loss + ``backward()``, the two methods interleaved, median of
-``--repeat`` steps each after a warm-up, and the ratio of the medians.
-chainfb's compiled graph is cached per targets, so the steps after the
-warm-up reuse it; the "uncached" row compiles it every step (new targets
-each step in training).  chainfb runs on the engine ``auto`` picks: the
-compiled one when Numba (the ``jit`` extra) is installed; the "NumPy
-engine" row hides Numba for comparison.
     # the peers (torchaudio, warprnnt_numba) may need another torch version;
     # run the script from a separate virtual environment that has them, e.g.
     PYTHONPATH=$PWD venv-peers/bin/python tools/bench_transducer.py
+
+(The CTC benchmark is ``tools/bench_ctc.py``.)
 """
 
 from __future__ import annotations
@@ -223,63 +214,9 @@ def run_pruned(args):
         print(f"{m:18s} {t:8.3f} {p / 2**20:16.0f} {v:12.2f}  {rel}")
 
 
-def run_ctc(args, T=500, N=16, C=500, S=100):
-    import torch.nn.functional as F
-
-    from chainfb import ctc as ctc_module
-
-    torch.manual_seed(args.seed)
-    log_probs = torch.randn(T, N, C).log_softmax(-1)
-    targets = torch.randint(1, C, (N, S))
-    il, tl = torch.full((N,), T), torch.full((N,), S)
-
-    def uncached(*a):
-        ctc_module._compiled.clear()
-        return chainfb.ctc_loss(*a)
-
-    from chainfb.engines import numba_log
-
-    def numpy_engine(*a):
-        saved, numba_log.numba = numba_log.numba, None  # what `auto` picks without the jit extra
-        try:
-            return chainfb.ctc_loss(*a)
-        finally:
-            numba_log.numba = saved
-
-    fns = {"torch.nn.functional.ctc_loss": F.ctc_loss, "chainfb.ctc_loss": chainfb.ctc_loss,
-           "chainfb.ctc_loss (uncached)": uncached}
-    if numba_log.available():
-        fns["chainfb.ctc_loss (NumPy engine)"] = numpy_engine
-
-    def one(fn):
-        x = log_probs.clone().requires_grad_()
-        t0 = time.perf_counter()
-        loss = fn(x, targets, il, tl)
-        loss.backward()
-        return time.perf_counter() - t0, float(loss)
-
-    print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, T={T} N={N} C={C} S={S} float32, "
-          f"loss + backward, median of {args.repeat}; chainfb's CPU engine: "
-          f"{'compiled (Numba ' + numba_log.numba.__version__ + ')' if numba_log.available() else 'NumPy'}")
-    times = {k: [] for k in fns}
-    vals = {}
-    for fn in fns.values():
-        one(fn)  # warm-up
-    for _ in range(args.repeat):
-        for k, fn in fns.items():
-            dt, vals[k] = one(fn)
-            times[k].append(dt)
-    ref = statistics.median(times["torch.nn.functional.ctc_loss"])
-    print(f"{'method':30s} {'time s':>8s} {'loss':>12s}  vs torch")
-    for k in fns:
-        t = statistics.median(times[k])
-        print(f"{k:30s} {t:8.4f} {vals[k]:12.6f}  {t / ref:6.2f}x")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pruned", action="store_true", help="the pruned-pipeline comparison (see above)")
-    ap.add_argument("--ctc", action="store_true", help="chainfb.ctc_loss against torch's CPU ctc_loss (see above)")
     ap.add_argument("--s-range", type=int, default=5)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=8)
@@ -289,8 +226,6 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--skip", default="", help="comma-separated name prefixes of methods to leave out")
     args = ap.parse_args()
-    if args.ctc:
-        return run_ctc(args)
     if args.pruned:
         return pruned_worker(args) if args.worker else run_pruned(args)
     rng = np.random.default_rng(args.seed)

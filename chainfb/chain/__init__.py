@@ -7,6 +7,6 @@ computation (:mod:`~chainfb.chain.denominator`) and the objective
 from . import graphs
 from .denominator import DenominatorGraph, initial_probs
 from .graphs import *  # noqa: F401,F403 -- the graph-building API, listed in graphs.__all__
-from .loss import ChainLoss, chain_objective
+from .loss import ChainLoss
 
-__all__ = [*graphs.__all__, "DenominatorGraph", "initial_probs", "ChainLoss", "chain_objective"]
+__all__ = [*graphs.__all__, "DenominatorGraph", "initial_probs", "ChainLoss"]

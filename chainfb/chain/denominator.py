@@ -21,6 +21,16 @@ read by every sequence's block; ``engine="cuda"`` runs the per-sequence
 kernels instead).  As in Kaldi,
 the computation always starts from the initial distribution, whatever the
 leaky coefficient (0 included).
+
+Cost of a batch size: the graph is packed once (an
+:class:`~chainfb.batch.FstBatch` of the one graph); a batch of ``N``
+sequences is that batch with ``N`` sequences mapped to the graph
+(:meth:`~chainfb.batch.FstBatch.with_sequences`), whose lattice costs
+O(``N`` x pdfs) -- the per-sequence arcs are built only if a per-sequence
+engine (``"numpy"``, ``"cuda"``) asks for them -- and the shared-graph
+engines' sparse matrices and device arrays are cached per graph, so a new
+``N`` costs nothing there.  The initial probabilities travel as the
+graph's ``log_init [S]``, not repeated per sequence.
 """
 
 from __future__ import annotations
@@ -100,6 +110,7 @@ class DenominatorGraph:
             raise ValueError(f"num_pdfs: the graph uses pdf {self.fst.num_pdfs - 1} but num_pdfs={num_pdfs}")
         with np.errstate(divide="ignore"):
             self.log_init = np.log(self.init_probs)
+        self._batch = FstBatch([self.fst])
         self._lattices: dict = {}
 
     @property
@@ -118,17 +129,22 @@ class DenominatorGraph:
     def __repr__(self) -> str:
         return f"DenominatorGraph(num_states={self.num_states}, num_arcs={self.num_arcs}, num_pdfs={self.num_pdfs})"
 
-    def _lattice(self, N: int):
-        got = self._lattices.get(N)
-        if got is None:
-            lat = Lattice.of(FstBatch([self.fst], np.zeros(N, dtype=np.int64)))
-            got = (lat, np.tile(self.log_init, N))
-            self._lattices = {N: got}  # keep one size cached (memory)
-        return got
+    def _lattice(self, N: int) -> Lattice:
+        """The lattice of ``N`` sequences on the graph (the last size cached:
+        another costs O(``N`` x pdfs), and per-sequence arcs a per-sequence
+        engine built for one size are not kept beside another's)."""
+        lat = self._lattices.get(N)
+        if lat is None:
+            lat = Lattice(self._batch.with_sequences(np.zeros(N, dtype=np.int64)))
+            self._lattices = {N: lat}
+        return lat
 
     def criterion(self, shape, lengths=None, leaky_hmm_coefficient: float = 0.1, engine: str = "auto"):
         """The denominator as a :class:`~chainfb.api.PdfCriterion` for scores
         of ``shape`` ``[N, T, P]`` (value: float64 log-likelihood ``[N]``)."""
+        return self._criterion(shape, lengths, leaky_hmm_coefficient, engine, False)
+
+    def _criterion(self, shape, lengths, leaky_hmm_coefficient, engine, lengths_checked):
         if len(shape) != 3:
             raise ValueError(f"scores: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
         N, T, P = shape
@@ -137,9 +153,8 @@ class DenominatorGraph:
         c = float(leaky_hmm_coefficient)
         if not 0.0 <= c < 1.0:
             raise ValueError(f"leaky_hmm_coefficient: expected a value in [0, 1), got {leaky_hmm_coefficient}")
-        lat, log_init = self._lattice(N)
-        return PdfCriterion(None, shape, lengths, clamp=(-CLAMP, CLAMP), leaky=(c, log_init), engine=engine,
-                            value_dtype=np.float64, lattice=lat)
+        return PdfCriterion(None, shape, lengths, clamp=(-CLAMP, CLAMP), leaky=(c, self.log_init), engine=engine,
+                            value_dtype=np.float64, lattice=self._lattice(N), lengths_checked=lengths_checked)
 
     def loglike(self, nnet_output: torch.Tensor, lengths=None, leaky_hmm_coefficient: float = 0.1,
                 engine: str = "auto") -> torch.Tensor:
@@ -147,6 +162,13 @@ class DenominatorGraph:
         ``nnet_output``'s device) of ``nnet_output [N, T, P]``; its gradient
         is the posterior (Kaldi: not masked by the clamp)."""
         crit = self.criterion(tuple(nnet_output.shape), lengths, leaky_hmm_coefficient, engine)
+        return apply(nnet_output, crit)
+
+    def _loglike_checked(self, nnet_output: torch.Tensor, lengths: np.ndarray, leaky_hmm_coefficient: float,
+                         engine: str) -> torch.Tensor:
+        """:meth:`loglike` with ``lengths`` already int64 ``[N]`` in ``[0, T]``
+        (checked once by :class:`~chainfb.chain.loss.ChainLoss`)."""
+        crit = self._criterion(tuple(nnet_output.shape), lengths, leaky_hmm_coefficient, engine, True)
         return apply(nnet_output, crit)
 
     @on_torch_stream

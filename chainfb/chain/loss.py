@@ -26,16 +26,19 @@ chain objective and zero chain derivative, and a ``warnings.warn``; the
 regularisers still apply.  A sequence whose output is not finite (NaN or
 inf) in a valid frame gets the same fallback for the whole sequence: the
 objective ``-10 * w_n * L_n`` with no regulariser terms and a zero
-derivative, so the loss and the gradient stay finite.  (The NumPy
-reference :func:`chain_objective` does not apply this second rule.)
+derivative, so the loss and the gradient stay finite.
 
 :class:`ChainLoss` is a composition on the input's device: the numerator
 (:func:`chainfb.fst_loglike`) and the leaky denominator
 (:meth:`DenominatorGraph.loglike`), each one criterion through the engine
-seam, and the regularisers as torch operations; CUDA outputs never leave
-the GPU (one host read per call fills ``info``).  :func:`chain_objective`
-is the same objective written with NumPy in float64, the reference it is
-tested against.
+seam, and the regularisers as torch operations.  ``lengths`` are checked
+once, on the host, and handed to both criteria as checked.  CUDA outputs
+never leave the GPU: a call reads the device once, the summary that
+fills ``info`` (the check that CUDA ``weights`` are finite rides on that
+read), plus once more when ``lengths`` is a CUDA tensor (the graphs need
+them on the host); only a call with fallback sequences reads more (for
+its warning).  A module may be shared by threads: each call's result
+depends on its own arguments only (``info`` holds the last call's).
 
 After each call ``ChainLoss.info`` holds floats: ``num``, ``den``, ``l2``,
 ``oor`` (weighted sums of the objective pieces; the fallback sequences'
@@ -52,82 +55,13 @@ import numpy as np
 import torch
 
 from .._arrays import check_lengths
-from ..api import PdfCriterion, forward_backward as num_forward_backward
+from ..api import PdfCriterion
 from ..criterion import apply
 from .denominator import CLAMP, DenominatorGraph
 
-__all__ = ["ChainLoss", "chain_objective"]
+__all__ = ["ChainLoss"]
 
 DEFAULT_OBJF = -10.0
-
-
-def chain_objective(nnet_output, num_graphs, den_graph: DenominatorGraph, lengths=None, weights=None,
-                    leaky_hmm_coefficient=0.1, l2_regularize=0.0, out_of_range_regularize=0.01,
-                    den_engine="auto"):
-    """The objective of :class:`ChainLoss` in NumPy, float64 (the reference).
-
-    Parameters
-    ----------
-    nnet_output : float64 NumPy ``[N, T, P]``
-    num_graphs : Fst / list of Fst / FstBatch (one per sequence).
-    den_graph : DenominatorGraph
-    lengths : ``[N]`` or None; weights : ``[N]`` or None (default 1).
-
-    Returns
-    -------
-    objf : float64 ``[N]`` per-sequence objective (to maximise);
-    deriv : float64 ``[N, T, P]`` ``d objf_n / d y`` (rows of other sequences are 0);
-    info : dict of floats (see module docstring).
-    """
-    y = nnet_output
-    N, T, P = y.shape
-    lengths = check_lengths(lengths, N, T)
-    if weights is None:
-        w = np.ones(N)
-    else:
-        w = np.asarray(weights.detach().cpu().numpy() if isinstance(weights, torch.Tensor) else weights,
-                       dtype=np.float64)
-        if w.shape != (N,) or not np.isfinite(w).all():
-            raise ValueError(f"weights: expected {N} finite numbers, got shape {w.shape}")
-    num_ll, num_post = num_forward_backward(num_graphs, y, lengths)
-    den_ll, den_post = den_graph.forward_backward(y, lengths, leaky_hmm_coefficient, engine=den_engine)
-    with np.errstate(invalid="ignore"):
-        chain = num_ll - den_ll
-    bad = ~np.isfinite(chain)
-    deriv = (num_post - den_post) * w[:, None, None]
-    frames = w * lengths
-    if bad.any():
-        warnings.warn(
-            f"ChainLoss: {int(bad.sum())} sequence(s) {np.flatnonzero(bad).tolist()} have a non-finite "
-            f"objective (numerator {num_ll[bad].tolist()}, denominator {den_ll[bad].tolist()}); "
-            f"using Kaldi's fallback ({DEFAULT_OBJF} per frame, zero derivative)",
-            RuntimeWarning, stacklevel=3)
-        deriv[bad] = 0.0
-    objf = np.where(bad, DEFAULT_OBJF * frames, w * np.where(bad, 0.0, chain))
-    mask = (np.arange(T)[None, :] < lengths[:, None])[:, :, None]
-    l2 = np.zeros(N)
-    if l2_regularize:
-        ym = np.where(mask, y, 0.0)
-        l2 = -0.5 * l2_regularize * w * (ym ** 2).sum(axis=(1, 2))
-        deriv -= l2_regularize * w[:, None, None] * ym
-    oor = np.zeros(N)
-    if out_of_range_regularize:
-        excess = np.where(mask, y - np.clip(y, -CLAMP, CLAMP), 0.0)
-        oor = -0.5 * out_of_range_regularize * w * (excess ** 2).sum(axis=(1, 2))
-        deriv -= out_of_range_regularize * w[:, None, None] * excess
-    total = objf + l2 + oor
-    good = ~bad
-    info = {
-        "num": float((w * num_ll)[good].sum()),
-        "den": float((w * den_ll)[good].sum()),
-        "l2": float(l2.sum()),
-        "oor": float(oor.sum()),
-        "objf": float(total.sum()),
-        "frames": float(frames.sum()),
-        "num_fallback": int(bad.sum()),
-    }
-    info["objf_per_frame"] = info["objf"] / info["frames"] if info["frames"] else 0.0
-    return total, deriv, info
 
 
 class ChainLoss(torch.nn.Module):
@@ -176,34 +110,42 @@ class ChainLoss(torch.nn.Module):
         if nnet_output.shape[2] < self.den_graph.num_pdfs:
             raise ValueError(f"nnet_output: P={nnet_output.shape[2]} but the denominator uses "
                              f"{self.den_graph.num_pdfs} pdfs")
-        per_seq = (-self._objective(nnet_output, num_graphs, lengths, weights)).to(nnet_output.dtype)
+        objf, frames = self._objective(nnet_output, num_graphs, lengths, weights)
+        per_seq = (-objf).to(nnet_output.dtype)
         if self.reduction == "none":
             return per_seq
         total = per_seq.sum()
         if self.reduction == "frame":
-            total = total / max(self.info["frames"], 1e-20)
+            total = total / max(frames, 1e-20)
         return total
 
     def _objective(self, y, num_graphs, lengths, weights):
-        """Per-sequence objective ``[N]`` (float64, on ``y``'s device); fills ``self.info``."""
+        """``(objective [N] float64 on y's device, weighted frame count
+        sum w_n L_n as a float)``; fills ``self.info``."""
         N, T, P = y.shape
         dev = y.device
-        L = check_lengths(lengths, N, T)
+        L = check_lengths(lengths, N, T)  # the one check: both criteria take L as checked
+        w_ok = None  # CUDA weights: checked with the summary read below
         if weights is None:
             w = torch.ones(N, dtype=torch.float64, device=dev)
         else:
-            w = torch.as_tensor(weights, dtype=torch.float64).to(dev)
-            if w.shape != (N,) or not bool(torch.isfinite(w).all()):
+            w = torch.as_tensor(weights, dtype=torch.float64)
+            if w.shape != (N,):
                 raise ValueError(f"weights: expected {N} finite numbers, got shape {tuple(w.shape)}")
+            if w.is_cuda and y.is_cuda:
+                w_ok = torch.isfinite(w).all()
+            elif not bool(torch.isfinite(w).all()):
+                raise ValueError(f"weights: expected {N} finite numbers, got {w.tolist()}")
+            w = w.to(dev)
         mask = (torch.arange(T, device=dev)[None, :] < torch.as_tensor(L, device=dev)[:, None])[:, :, None]
         # Kaldi's fallback covers a sequence whose output is not finite in a valid frame too: the whole
         # sequence gets the default objective and zero derivative (its output is replaced by 0 below, so
         # no NaN reaches the numerator, the denominator or the regularisers)
         broken = ~torch.where(mask, torch.isfinite(y), True).all(dim=2).all(dim=1)
-        if bool(broken.any()):
+        if y.is_cuda or bool(broken.any()):  # on the GPU without asking (no device read)
             y = torch.where(broken[:, None, None], 0.0, y)
-        num = apply(y, PdfCriterion(num_graphs, y.shape, L, value_dtype=np.float64))
-        den = self.den_graph.loglike(y, L, self.leaky_hmm_coefficient, self.den_engine)
+        num = apply(y, PdfCriterion(num_graphs, y.shape, L, value_dtype=np.float64, lengths_checked=True))
+        den = self.den_graph._loglike_checked(y, L, self.leaky_hmm_coefficient, self.den_engine)
         frames = w * torch.as_tensor(L, dtype=torch.float64, device=dev)
         chain = w * (num - den)
         bad = ~torch.isfinite(chain) | broken
@@ -218,9 +160,13 @@ class ChainLoss(torch.nn.Module):
             oor = torch.where(broken, zero, -0.5 * self.out_of_range_regularize * w * (excess * excess).sum(dim=(1, 2)))
         total = objf + l2 + oor
         good = ~bad
-        summary = torch.stack([
-            torch.where(good, w * num, zero).sum(), torch.where(good, w * den, zero).sum(), l2.sum(), oor.sum(),
-            total.sum(), frames.sum(), bad.sum().double()]).detach().cpu().tolist()
+        pieces = [torch.where(good, w * num, zero).sum(), torch.where(good, w * den, zero).sum(), l2.sum(),
+                  oor.sum(), total.sum(), frames.sum(), bad.sum().double()]
+        if w_ok is not None:
+            pieces.append(w_ok.double())
+        summary = torch.stack(pieces).detach().cpu().tolist()  # the one device read
+        if w_ok is not None and not summary.pop():
+            raise ValueError(f"weights: expected {N} finite numbers, got {weights.tolist()}")
         info = dict(zip(("num", "den", "l2", "oor", "objf", "frames", "num_fallback"), summary))
         info["num_fallback"] = int(info["num_fallback"])
         info["objf_per_frame"] = info["objf"] / info["frames"] if info["frames"] else 0.0
@@ -231,4 +177,4 @@ class ChainLoss(torch.nn.Module):
                 f"ChainLoss: {len(idx)} sequence(s) {idx} have a non-finite objective (numerator "
                 f"{num.detach()[bad].tolist()}, denominator {den.detach()[bad].tolist()}); using Kaldi's "
                 f"fallback ({DEFAULT_OBJF} per frame, zero derivative)", RuntimeWarning, stacklevel=3)
-        return total
+        return total, info["frames"]

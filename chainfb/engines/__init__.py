@@ -8,7 +8,8 @@ Every engine is a module with two functions over a
     ``(loglike [N], posteriors [T, C] or None)``: the log of the total
     weight of the paths of exactly ``lengths[n]`` arcs from the start state
     to a final state, and ``d loglike / d X``.  ``leaky = (c, log_init [S])``
-    is Kaldi's leaky HMM.  Frames past a sequence's length are ignored
+    is Kaldi's leaky HMM (``log_init [Sg]``, graph-local, when every
+    sequence uses one graph of ``Sg`` states).  Frames past a sequence's length are ignored
     (``X`` may be overwritten there).
 ``best_path(lat, X, lengths)``
     ``(score [N], arcs [N, max(lengths)])``: the same recursion in the max
@@ -50,8 +51,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..cuda import kernels
+from .threads import get_num_threads, set_num_threads
 
-__all__ = ["ENGINES", "select", "forward_backward", "best_path"]
+__all__ = ["ENGINES", "select", "forward_backward", "best_path", "set_num_threads", "get_num_threads"]
 
 #: engine names accepted by ``engine=``
 ENGINES = ("auto", "numpy", "numba", "shared", "cuda", "cuda_shared")

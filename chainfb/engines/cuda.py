@@ -31,27 +31,24 @@ def host_array(x):
 
 def _host_arrays(lat: Lattice) -> dict:
     """int32 CSR structure and float64 weights of a lattice (host side)."""
-    N, S, C = lat.num_sequences, lat.num_states, lat.num_columns
+    S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
         raise ValueError(f"lattice too large for the CUDA engine (states {S}, columns {C}, arcs {A})")
     f, b = lat.fwd, lat.bwd
-    if A and (np.any(np.diff(f.dst) < 0) or np.any(np.diff(b.src) < 0)):
-        raise ValueError("lattice: arcs must be sorted by destination (fwd) and by source (bwd)")
     i32 = np.int32
-    states = np.arange(S + 1)
     order = np.argsort(b.col, kind="stable")
     col_sorted = b.col[order]
     return {
         "state_off": lat.state_offsets.astype(i32),
-        "col_off": np.searchsorted(lat.col_seq, np.arange(N + 1)).astype(i32),
+        "col_off": lat.col_offsets.astype(i32),
         "start": np.asarray(lat.start).astype(i32),
         "final": np.asarray(lat.final, dtype=np.float64),
-        "in_ptr": np.searchsorted(f.dst, states).astype(i32),
+        "in_ptr": f.ptr.astype(i32),
         "in_src": f.src.astype(i32),
         "in_lp": np.asarray(f.log_prob, dtype=np.float64),
         "in_col": f.col.astype(i32),
-        "out_ptr": np.searchsorted(b.src, states).astype(i32),
+        "out_ptr": b.ptr.astype(i32),
         "out_dst": b.dst.astype(i32),
         "out_lp": np.asarray(b.log_prob, dtype=np.float64),
         "out_col": b.col.astype(i32),
@@ -62,7 +59,7 @@ def _host_arrays(lat: Lattice) -> dict:
         "max_width": int(
             max(
                 np.diff(lat.state_offsets).max(initial=0),
-                np.diff(np.searchsorted(lat.col_seq, np.arange(N + 1))).max(initial=0),
+                np.diff(lat.col_offsets).max(initial=0),
             )
         ),
     }
@@ -207,10 +204,19 @@ def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, 
     return loglike, post
 
 
+def _instance_log_init(xp, lat: Lattice, log_init, dtype):
+    """``log_init`` as the lattice's ``[S]`` on the device: as given, or a
+    graph-local ``[Sg]`` repeated for every sequence when all use one graph."""
+    fst = lat.shared_fst
+    if fst is not None and np.shape(log_init) == (fst.num_states,) != (lat.num_states,):
+        log_init = xp.tile(xp.asarray(log_init, dtype=dtype), lat.num_sequences)
+    return check_log_init(xp, log_init, lat.num_states, dtype)
+
+
 def _lattice_layout(backend, lat: Lattice, dtype, leaky):
     """engine.cu's kernels over the lattice's own arrays (see :func:`run_engine`)."""
     a = lattice_arrays(backend, lat, dtype)
-    log_init = None if leaky is None else check_log_init(backend.xp, leaky[1], lat.num_states, dtype)
+    log_init = None if leaky is None else _instance_log_init(backend.xp, lat, leaky[1], dtype)
     fwd = [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"]]
     bwd = [a["state_off"], a["col_off"], a["final"], a["out_ptr"], a["out_dst"], a["out_lp"], a["out_col"],
            a["ca_ptr"], a["ca_src"], a["ca_dst"], a["ca_lp"]]

@@ -10,65 +10,61 @@ copy of the graph instead of ``N``.  Sequence ``n``'s states are ``n*Sg ..
 (n+1)*Sg - 1`` of the lattice and its columns ``n*K .. (n+1)*K - 1``, the
 layout :class:`~chainfb.lattice.Lattice` gives such a lattice.
 
-Cached on the lattice per device, stream and real type (see
+Cached per graph (on the graph's one-sequence lattice,
+:meth:`~chainfb.lattice.Lattice.graph_lattice`, so every batch size of a
+denominator shares them) and per device, stream and real type (see
 :func:`chainfb.engines.cuda.cached`): the graph's arrays and the device copy
-of the leaky HMM's ``log_init``.  A host ``log_init [S]`` whose per-sequence
-rows are all equal (the denominator's: ``DenominatorGraph`` tiles its
-initial probabilities) is kept as the graph's ``[Sg]``; it is compared with
-the cached copy on the host each call and uploaded again only when it
-changed.  Other ``log_init`` (rows that differ, or a device array) are used
-per sequence as given.
+of the leaky HMM's ``log_init``.  A host ``log_init`` given as the graph's
+``[Sg]`` (the denominator's), or as ``[S]`` whose per-sequence rows are all
+equal, is kept as the graph's ``[Sg]``; it is compared with the cached copy
+on the host each call and uploaded again only when it changed.  A device
+``[Sg]`` is used for every sequence; other ``log_init`` (rows that differ,
+or a device ``[S]``) are used per sequence as given.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..batch import FstBatch
 from ..lattice import Lattice
-from .cuda import best_path, cached, check_log_init, host_array, lattice_host_arrays, run_engine, upload
-from .scipy_shared import shared_graph
+from .cuda import best_path, cached, check_log_init, host_array, lattice_arrays, run_engine
 
 __all__ = ["forward_backward", "best_path", "graph_arrays"]
 
 
 def graph_arrays(backend, lat: Lattice, dtype) -> dict:
     """The arrays of the graph every sequence of ``lat`` uses, graph-local
-    (those of a one-sequence lattice of it), on ``backend``'s device with
-    weights in ``dtype``; cached on ``lat``."""
-    fst = shared_graph(lat)
-    if fst is None:
+    (those of its one-sequence lattice), on ``backend``'s device with
+    weights in ``dtype``; cached per graph."""
+    if lat.shared_fst is None:
         raise ValueError("lat: the shared-graph CUDA engine needs every sequence to use one graph")
-
-    def build():
-        host = lat.__dict__.get("_cuda_graph_host_arrays")
-        if host is None:
-            host = lat._cuda_graph_host_arrays = lattice_host_arrays(Lattice(FstBatch([fst])))
-        return upload(backend, host, dtype)
-
-    return cached(lat, "_cuda_graph_arrays", backend, dtype, build)
+    return lattice_arrays(backend, lat.graph_lattice(), dtype)
 
 
 def _log_init(backend, lat: Lattice, log_init, Sg: int, dtype):
     """``(device log_init, per_seq)``: the graph's ``[Sg]`` (``per_seq =
-    0``) when a host ``log_init [S]`` has equal rows, else ``[S]`` as given
-    (``per_seq = 1``)."""
+    0``) when ``log_init`` is ``[Sg]`` or a host ``[S]`` with equal rows,
+    else ``[S]`` as given (``per_seq = 1``)."""
     xp = backend.xp
     N = lat.num_sequences
     h = host_array(log_init)
     if h is None:
+        if np.shape(log_init) == (Sg,):
+            return check_log_init(xp, log_init, Sg, dtype), 0
         return check_log_init(xp, log_init, N * Sg, dtype), 1
     h = np.asarray(h, dtype=np.float64)
-    if h.shape != (N * Sg,):
-        raise ValueError(f"leaky: log_init must have shape ({N * Sg},), got {h.shape}")
-    rows = h.reshape(N, Sg)
-    if not (rows == rows[:1]).all():
-        return check_log_init(xp, h, N * Sg, dtype), 1
-    cache = cached(lat, "_cuda_log_init", backend, dtype, dict)
-    if not np.array_equal(cache.get("host"), rows[0]):
-        cache["device"] = check_log_init(xp, rows[0], Sg, dtype)
-        cache["host"] = rows[0].copy()
-    return cache["device"], 0
+    if h.shape == (N * Sg,) and h.shape != (Sg,):
+        rows = h.reshape(N, Sg)
+        if not (rows == rows[:1]).all():
+            return check_log_init(xp, h, N * Sg, dtype), 1
+        h = rows[0]
+    elif h.shape != (Sg,):
+        raise ValueError(f"leaky: log_init must have shape ({Sg},) or ({N * Sg},), got {h.shape}")
+    cache = cached(lat.graph_lattice(), "_cuda_log_init", backend, dtype, dict)
+    got = cache.get("pair")  # (host, device), replaced as one (threads may share the graph)
+    if got is None or not np.array_equal(got[0], h):
+        got = cache["pair"] = (h.copy(), check_log_init(xp, h, Sg, dtype))
+    return got[1], 0
 
 
 def _shared_layout(backend, lat: Lattice, dtype, leaky):
@@ -76,7 +72,7 @@ def _shared_layout(backend, lat: Lattice, dtype, leaky):
     :func:`chainfb.engines.cuda.run_engine`)."""
     g = graph_arrays(backend, lat, dtype)
     N = lat.num_sequences
-    Sg, K = lat.num_states // N, lat.num_columns // N  # every sequence: the graph's states and columns
+    Sg, K = lat.shared_fst.num_states, lat.num_columns // N  # every sequence: the graph's states and columns
     log_init, per_seq = (None, 0) if leaky is None else _log_init(backend, lat, leaky[1], Sg, dtype)
     i32 = np.int32
     shape = [i32(Sg), i32(K), i32(per_seq)]

@@ -41,7 +41,7 @@ most the out-degree) is below ``1e-88`` of it and the scaled products are
 used; a frame with a smaller total is done in the log domain.
 
 Sequences are independent: the compiled function releases the GIL and
-contiguous ranges of sequences run on :func:`numpy_log.get_num_threads`
+contiguous ranges of sequences run on :func:`chainfb.engines.get_num_threads`
 threads; columns belong to one sequence, so the threads never write the
 same posterior.  NaN in a sequence's scores gives NaN out for that sequence
 only.  ``CHAINFB_NUMBA=0`` in the environment leaves Numba unused (``auto``
@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..lattice import Lattice, balanced_ranges
-from .numpy_log import get_num_threads
+from .threads import get_num_threads
 
 __all__ = ["available", "forward_backward", "require"]
 
@@ -295,21 +295,19 @@ def _arrays(lat: Lattice) -> tuple:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source), cached on it."""
     arrs = lat.__dict__.get("_numba_arrays")
     if arrs is None:
-        S, N = lat.num_states, lat.num_sequences
         f, b = lat.fwd, lat.bwd
-        states = np.arange(S + 1)
         lp_in = np.asarray(f.log_prob, dtype=np.float64)
         lp_out = np.asarray(b.log_prob, dtype=np.float64)
         finite = lp_in[np.isfinite(lp_in)]
         # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
         wshift = float(finite.max()) if finite.size else 0.0
         arrs = (
-            lat.state_offsets.astype(np.int64), np.asarray(lat.start, dtype=np.int64),
+            np.asarray(lat.state_offsets, dtype=np.int64), np.asarray(lat.start, dtype=np.int64),
             np.asarray(lat.final, dtype=np.float64),
-            np.searchsorted(f.dst, states).astype(np.int64), f.src.astype(np.int64),
-            lp_in, np.exp(lp_in - wshift), f.col.astype(np.int64),
-            np.searchsorted(b.src, states).astype(np.int64), b.dst.astype(np.int64),
-            lp_out, np.exp(lp_out - wshift), b.col.astype(np.int64), wshift,
+            f.ptr, np.asarray(f.src, dtype=np.int64),
+            lp_in, np.exp(lp_in - wshift), np.asarray(f.col, dtype=np.int64),
+            b.ptr, np.asarray(b.dst, dtype=np.int64),
+            lp_out, np.exp(lp_out - wshift), np.asarray(b.col, dtype=np.int64), wshift,
         )
         lat._numba_arrays = arrs
     return arrs
@@ -321,7 +319,7 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
     where a score is, so that they propagate)."""
     N = lat.num_sequences
     M = np.zeros((T, N))
-    col_off = np.searchsorted(lat.col_seq, np.arange(N + 1))
+    col_off = lat.col_offsets
     used = np.flatnonzero(np.diff(col_off) > 0)
     if used.size and T:
         M[:, used] = np.maximum.reduceat(X, col_off[used], axis=1)
@@ -359,7 +357,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
     E, M = _emissions(lat, X, T)
-    work = np.bincount(lat.fwd.seq, minlength=N) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
+    work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
     ranges = balanced_ranges(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         _run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)

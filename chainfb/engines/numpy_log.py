@@ -51,12 +51,12 @@ beta(j)``.  Arc posteriors use ``alpha'_t`` and ``beta'_{t+1}``.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..lattice import Lattice
+from .threads import get_num_threads
 
 try:  # y += A @ x for a CSR matrix, without scipy.sparse's per-call overhead
     from scipy.sparse._sparsetools import csr_matvec as _csr_matvec
@@ -66,25 +66,11 @@ except ImportError:  # pragma: no cover - other SciPy layouts
 
         y += csr_matrix((data, indices, indptr), shape=(n_row, n_col)) @ x
 
-__all__ = ["forward_backward", "best_path", "logsumexp_segments", "Segments", "set_num_threads", "get_num_threads"]
+__all__ = ["forward_backward", "best_path", "logsumexp_segments", "Segments"]
 
-_num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
 # below this many arcs per frame the array operations are too short for
 # threads to overlap (the Python overhead holds the GIL): one thread
 _MIN_PARALLEL_WORK = 100_000
-
-
-def set_num_threads(n: int) -> None:
-    """Threads the NumPy engine may use (sequences are split between them;
-    NumPy releases the GIL inside its array operations)."""
-    global _num_threads
-    if int(n) < 1:
-        raise ValueError(f"n: expected a positive number of threads, got {n}")
-    _num_threads = int(n)
-
-
-def get_num_threads() -> int:
-    return _num_threads
 
 
 class Segments:
@@ -259,7 +245,8 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     lengths : int64 ``[N]``, each in ``[0, T]``.
     leaky : ``(coefficient, log_init)`` or None
         Leaky-HMM option: ``log_init`` float64 ``[S]`` is the log initial
-        distribution over the lattice's states (per sequence), and
+        distribution over the lattice's states (per sequence) -- or ``[Sg]``
+        over the graph's states when every sequence uses one graph --, and
         ``coefficient`` in ``(0, 1)``.
     need_posteriors : bool
         False runs the forward pass only.
@@ -270,7 +257,9 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     posteriors : float64 ``[T, C]`` or ``None``
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    threads = min(_num_threads, lat.num_sequences)
+    if leaky is not None:
+        leaky = (leaky[0], lat.state_values(leaky[1]))
+    threads = min(get_num_threads(), lat.num_sequences)
     if threads < 2 or lat.num_arcs < _MIN_PARALLEL_WORK or not lengths.size or lengths.max() == 0:
         return _forward_backward_serial(lat, X, lengths, need_posteriors, leaky)
     parts = lat.split(threads)
@@ -297,9 +286,7 @@ class _Leak:
     def __init__(self, lat: Lattice, plan: _Plan, leaky):
         with np.errstate(divide="ignore"):
             self.log_c = float(np.log(leaky[0]))  # c = 0: no leak, but still the initial distribution
-        self.log_init = np.asarray(leaky[1], dtype=np.float64)
-        if self.log_init.shape != (lat.num_states,):
-            raise ValueError(f"leaky: log_init must have shape ({lat.num_states},), got {self.log_init.shape}")
+        self.log_init = lat.state_values(leaky[1])
         self.sos, self.seqs = lat.seq_of_state, plan.seqs
 
     def alpha(self, a):

@@ -27,7 +27,12 @@ about what the graph means.
 
 The lattice's columns of sequence ``n`` are the graph's distinct pdfs in
 sorted order (see :class:`~chainfb.lattice.Lattice`), so ``X [T, C]`` is
-``[T, N, K]`` in memory.
+``[T, N, K]`` in memory.  The sparse matrices are built once per graph and
+cached in the batch's ``graph_cache`` (shared by every batch size, see
+:meth:`chainfb.FstBatch.with_sequences`); the lattice's per-sequence arcs
+are never read.  Sequences run in groups whose stored alphas ``[T+1, S,
+n]`` take at most :data:`ALPHA_BYTES` per thread, so a call's memory does
+not grow with the batch beyond its scores and posteriors.
 """
 
 from __future__ import annotations
@@ -37,34 +42,39 @@ import scipy.sparse as sp
 
 from ..fst import Fst
 from ..lattice import Lattice
+from .threads import get_num_threads
 
-__all__ = ["forward_backward", "best_path", "shared_graph", "MAX_SPREAD"]
+__all__ = ["forward_backward", "best_path", "shared_graph", "MAX_SPREAD", "ALPHA_BYTES"]
 
 #: per-frame span of finite scores (nats) above which the scaled domain could underflow
 MAX_SPREAD = 600.0
+#: the most bytes of stored alphas one thread holds at a time (sequences run in groups within it).
+#: Smaller groups make the sparse products less efficient: on the 3,379-state denominator
+#: (T = 150, 128 sequences, 2 threads) 48 MiB (groups of 12) costs about a quarter more time than
+#: one group per thread (then ~570 MB of alphas); 96 MiB about 5 %.
+ALPHA_BYTES = 48 * 2**20
 
 
 def shared_graph(lat: Lattice):
     """The one :class:`Fst` all of ``lat``'s sequences run on, or None."""
-    g = lat.batch.seq_to_graph
-    if g.size == 0 or (g != g[0]).any():
-        return None
-    return lat.batch.fsts[int(g[0])]
+    return lat.shared_fst
 
 
-def _matrices(lat: Lattice, fst: Fst) -> "_SharedGraph":
-    """The shared graph's sparse matrices (built once, cached on the lattice)."""
-    m = getattr(lat, "_scipy_shared", None)
+def _matrices(lat: Lattice) -> "_SharedGraph":
+    """The shared graph's sparse matrices (built once per graph, cached in
+    the batch's ``graph_cache``)."""
+    key = ("scipy_shared", lat.graph)
+    m = lat.batch.graph_cache.get(key)
     if m is None:
-        m = _SharedGraph(fst)
-        lat._scipy_shared = m
+        m = lat.batch.graph_cache[key] = _SharedGraph(lat.shared_fst)
     return m
 
 
 def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
     """Forward-backward of a shared-graph lattice (protocol of
     :func:`chainfb.engines.numpy_log.forward_backward`; ``leaky``'s
-    ``log_init [S]`` must be the same for every sequence's instance).
+    ``log_init`` is the graph's ``[Sg]``, or ``[S]`` with the same values
+    for every sequence's instance).
 
     Parameters
     ----------
@@ -82,19 +92,21 @@ def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool
     N = lat.num_sequences
     X = np.asarray(X)
     T, C = X.shape
-    eng = _matrices(lat, fst)
+    eng = _matrices(lat)
     K = eng.num_columns
     if C != N * K:
         raise ValueError(f"X: expected [T, {N * K}] columns for {N} sequences of {K} pdfs, got {tuple(X.shape)}")
     if leaky is not None:
         Sg = fst.num_states
         log_init = np.asarray(leaky[1], dtype=np.float64)
-        if log_init.shape != (N * Sg,):
-            raise ValueError(f"leaky: log_init must have shape ({N * Sg},), got {log_init.shape}")
-        per_seq = log_init.reshape(N, Sg)
-        if N and not (per_seq == per_seq[:1]).all():
-            raise ValueError("leaky: the shared-graph engine needs the same log_init for every sequence")
-        leaky = (leaky[0], per_seq[0] if N else np.zeros(Sg))
+        if log_init.shape != (Sg,):
+            if log_init.shape != (N * Sg,):
+                raise ValueError(f"leaky: log_init must have shape ({Sg},) or ({N * Sg},), got {log_init.shape}")
+            per_seq = log_init.reshape(N, Sg)
+            if N and not (per_seq == per_seq[:1]).all():
+                raise ValueError("leaky: the shared-graph engine needs the same log_init for every sequence")
+            log_init = per_seq[0] if N else np.zeros(Sg)
+        leaky = (leaky[0], log_init)
     Xs = X.reshape(T, N, K).transpose(1, 0, 2)
     loglike, post = eng.forward_backward(Xs, lengths, need_posteriors, leaky)
     if post is not None:
@@ -147,24 +159,38 @@ class _SharedGraph:
 
     def forward_backward(self, X, lengths, need_posteriors: bool = True, leaky=None):
         """Log-likelihoods and column posteriors; large calls are split by
-        sequence over ``chainfb.engines.numpy_log.get_num_threads()`` threads (SciPy's
-        sparse products and NumPy release the GIL).  See :meth:`_run`."""
+        sequence over :func:`chainfb.engines.get_num_threads` threads (SciPy's
+        sparse products and NumPy release the GIL), and each thread runs its
+        sequences in groups whose alphas fit in :data:`ALPHA_BYTES`.  See
+        :meth:`_run`."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from .numpy_log import get_num_threads
-
         X = np.asarray(X)
-        N = X.shape[0] if X.ndim == 3 else 0
-        threads = min(get_num_threads(), N // 8)
-        if threads < 2 or X.ndim != 3 or N * self.fst.num_arcs * X.shape[1] < self.min_parallel_work:
+        if X.ndim != 3:
             return self._run(X, lengths, need_posteriors, leaky)
+        N, T = X.shape[:2]
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.shape != (N,):
-            raise ValueError(f"lengths: expected [{N}] ints in [0, {X.shape[1]}]")
+            raise ValueError(f"lengths: expected [{N}] ints in [0, {T}]")
+        threads = min(get_num_threads(), N // 8)
+        if threads < 2 or N * self.fst.num_arcs * T < self.min_parallel_work:
+            threads = 1
+        group = max(1, ALPHA_BYTES // (8 * (T + 1) * max(self.num_states, 1)))
         bounds = np.linspace(0, N, threads + 1).astype(int)
-        parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-        with ThreadPoolExecutor(threads) as ex:
-            res = list(ex.map(lambda sl: self._run(X[sl], lengths[sl], need_posteriors, leaky), parts))
+
+        def run(a, b):  # sequences a..b-1, a group at a time
+            return [self._run(X[s:min(s + group, b)], lengths[s:min(s + group, b)], need_posteriors, leaky)
+                    for s in range(a, b, group)]
+
+        if threads == 1:
+            res = run(0, N)
+        else:
+            with ThreadPoolExecutor(threads) as ex:
+                res = [r for part in ex.map(run, bounds[:-1], bounds[1:]) for r in part]
+        if len(res) == 1:
+            return res[0]
+        if not res:
+            return self._run(X, lengths, need_posteriors, leaky)
         loglike = np.concatenate([r[0] for r in res])
         post = np.concatenate([r[1] for r in res]) if need_posteriors else None
         return loglike, post

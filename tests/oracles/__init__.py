@@ -6,6 +6,8 @@ independently of the engine and the kernels.
 - :mod:`oracles.transducer`: transducer alignments enumerated on the
   ``(t, u)`` grid, a grid-loop reference (big blanks, sigma, FastEmit), and
   a differentiable torch RNN-T recursion;
+- :mod:`oracles.chain`: the LF-MMI objective of ``ChainLoss`` in NumPy
+  float64;
 - :mod:`oracles.cuda_twins`: NumPy twins of the CUDA score-map kernels;
 - :mod:`oracles.fast_rnnt`: loop references for the k2 / fast_rnnt RNN-T
   functions (mutual-information recursion, px/py construction, delay

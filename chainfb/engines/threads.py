@@ -1,0 +1,30 @@
+"""How many threads the CPU engines may use.
+
+The NumPy engine (:mod:`~chainfb.engines.numpy_log`), the compiled engine
+(:mod:`~chainfb.engines.numba_log`) and the SciPy shared-graph engine
+(:mod:`~chainfb.engines.scipy_shared`) split a batch's sequences between
+this many threads (NumPy, SciPy and the compiled code release the GIL).
+Default: the ``CHAINFB_NUM_THREADS`` environment variable, else the CPUs
+this process may run on.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["set_num_threads", "get_num_threads"]
+
+_num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
+
+
+def set_num_threads(n: int) -> None:
+    """Threads every CPU engine may use (``n >= 1``)."""
+    global _num_threads
+    if int(n) < 1:
+        raise ValueError(f"n: expected a positive number of threads, got {n}")
+    _num_threads = int(n)
+
+
+def get_num_threads() -> int:
+    """Threads every CPU engine may use (see :func:`set_num_threads`)."""
+    return _num_threads
