@@ -85,17 +85,6 @@ def _module(name):
     return cuda
 
 
-def _shared_is_safe(X: np.ndarray) -> bool:
-    """Finite scores whose per-frame span stays within the scaled domain's range."""
-    from .scipy_shared import MAX_SPREAD
-
-    if X.size == 0:
-        return True
-    if not np.isfinite(X).all():
-        return False
-    return float((X.max(axis=1) - X.min(axis=1)).max()) < MAX_SPREAD
-
-
 def _one_graph(lat) -> bool:
     from .scipy_shared import shared_graph
 
@@ -121,9 +110,11 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
     ``engine="auto"``: for CuPy scores ``"cuda_shared"`` when every
     sequence uses one graph (the denominator), ``"cuda"`` otherwise; on the
     CPU ``"shared"`` for a forward-backward when every sequence uses one
-    graph of at least 2000 arcs, there are at least two sequences, and every
-    frame's scores are finite and span less than
-    :data:`chainfb.engines.scipy_shared.MAX_SPREAD` nats; ``"numba"`` for
+    graph of at least 2000 arcs, there are at least two sequences, and the
+    shared-graph engine gives the exact numbers
+    (:func:`chainfb.engines.scipy_shared.is_exact`: finite scores whose
+    per-frame spread plus the arc weights' spread is under
+    :data:`~chainfb.engines.scipy_shared.MAX_SPREAD` nats); ``"numba"`` for
     any other forward-backward on the CPU without ``leaky`` when Numba is
     installed; ``"numpy"`` otherwise.  An explicit name is checked against
     where ``X`` lives (:func:`chainfb.cuda.kernels.on_device`) and against
@@ -136,10 +127,10 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
         if on_gpu:
             return _kernel_engine(lat, engine)
         if op == "forward_backward" and lat.num_sequences >= 2:
-            from .scipy_shared import shared_graph
+            from . import scipy_shared
 
-            g = shared_graph(lat)
-            if g is not None and g.num_arcs >= _SHARED_MIN_ARCS and _shared_is_safe(X):
+            g = scipy_shared.shared_graph(lat)
+            if g is not None and g.num_arcs >= _SHARED_MIN_ARCS and scipy_shared.is_exact(lat, X):
                 return "shared"
         if op == "forward_backward" and leaky is None:
             from .numba_log import available

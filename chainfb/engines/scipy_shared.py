@@ -19,9 +19,12 @@ with ``e_t = exp(x_t - max_k x_t)`` and the log of the scales accumulated
 transpose.  Exact up to float64 underflow of path-weight *ratios* below
 ~1e-300 within one frame: with scores spread over more than ~700 nats in
 one frame (never the case for Kaldi's clamped [-30, 30] denominator
-scores) a live sequence could be reported as impossible -- the
-dispatcher (:func:`chainfb.engines.select`) only picks this engine when
-every frame's finite scores span less than :data:`MAX_SPREAD` nats.
+scores) a live sequence could be reported as impossible.  Arc weights
+and finals enter shifted by their maxima, so any weight is fine; the
+spread of the arc weights adds to the scores' spread.  The dispatcher
+(:func:`chainfb.engines.select`) only picks this engine when
+:func:`is_exact`: finite scores whose per-frame spread plus the arc
+weights' spread is less than :data:`MAX_SPREAD` nats.
 Impossible sequences give ``-inf`` and zero posteriors.  Knows nothing
 about what the graph means.
 
@@ -44,7 +47,7 @@ from ..fst import Fst
 from ..lattice import Lattice
 from .threads import get_num_threads
 
-__all__ = ["forward_backward", "best_path", "shared_graph", "MAX_SPREAD", "ALPHA_BYTES"]
+__all__ = ["forward_backward", "best_path", "shared_graph", "is_exact", "MAX_SPREAD", "ALPHA_BYTES"]
 
 #: per-frame span of finite scores (nats) above which the scaled domain could underflow
 MAX_SPREAD = 600.0
@@ -58,6 +61,21 @@ ALPHA_BYTES = 48 * 2**20
 def shared_graph(lat: Lattice):
     """The one :class:`Fst` all of ``lat``'s sequences run on, or None."""
     return lat.shared_fst
+
+
+def is_exact(lat: Lattice, X) -> bool:
+    """Whether this engine gives the exact engine's numbers on ``lat`` and
+    ``X [T, C]``: every score finite, and each frame's score spread plus the
+    spread of the graph's finite arc weights below :data:`MAX_SPREAD` nats
+    (and the spread of its finite finals too), so that no path-weight ratio
+    within a frame can underflow.  The weights themselves may be anything:
+    they enter shifted by their maximum."""
+    X = np.asarray(X)
+    if X.size and not np.isfinite(X).all():
+        return False
+    g = _matrices(lat)
+    spread = float((X.max(axis=1) - X.min(axis=1)).max()) if X.size else 0.0
+    return spread + g.weight_spread < MAX_SPREAD and g.final_spread < MAX_SPREAD
 
 
 def _matrices(lat: Lattice) -> "_SharedGraph":
@@ -138,7 +156,12 @@ class _SharedGraph:
         self.pdfs, all_col = np.unique(fst.pdf, return_inverse=True)
         ok = fst.log_prob > -np.inf
         src, dst, col = fst.src[ok], fst.dst[ok], all_col.reshape(-1)[ok]
-        prob = np.exp(fst.log_prob[ok])
+        w = fst.log_prob[ok]
+        # arc weights and finals enter shifted by their maxima (added back to the log-likelihood), so
+        # no weight overflows; their spreads decide, with the scores', whether any can underflow
+        self.weight_shift = float(w.max()) if w.size else 0.0
+        self.weight_spread = float(w.max() - w.min()) if w.size else 0.0
+        prob = np.exp(w - self.weight_shift)
         K = len(self.pdfs)
         gkey = dst * max(K, 1) + col
         gu, gidx = np.unique(gkey, return_inverse=True)
@@ -155,7 +178,10 @@ class _SharedGraph:
         self.D = sp.csr_matrix((ones, (self.group_dst, np.arange(G))), shape=(S, G))
         self.DT = self.D.T.tocsr()
         self.P = sp.csr_matrix((ones, (self.group_col, np.arange(G))), shape=(K, G))
-        self.final = np.exp(fst.final)
+        fin = fst.final[fst.final > -np.inf]
+        self.final_shift = float(fin.max()) if fin.size else 0.0
+        self.final_spread = float(fin.max() - fin.min()) if fin.size else 0.0
+        self.final = np.exp(fst.final - self.final_shift)
 
     def forward_backward(self, X, lengths, need_posteriors: bool = True, leaky=None):
         """Log-likelihoods and column posteriors; large calls are split by
@@ -260,7 +286,7 @@ class _SharedGraph:
                 ending = np.flatnonzero(lengths == t)
                 if ending.size:
                     tot = (a[:, ending] * fin).sum(axis=0)
-                    loglike[ending] = np.log(tot) + log_scale[ending]
+                    loglike[ending] = np.log(tot) + log_scale[ending] + self.final_shift
                 if t == Tmax:
                     break
                 e = E[t]  # [K, N]
@@ -275,7 +301,7 @@ class _SharedGraph:
                 if leak is not None:
                     a = leak(a)
                 scales[t] = s
-                log_scale += np.where(valid[:, t], np.log(s) + m[:, t], 0.0)
+                log_scale += np.where(valid[:, t], np.log(s) + m[:, t] + self.weight_shift, 0.0)
                 alphas[t + 1] = a
             loglike[dead] = -np.inf
             loglike[~np.isfinite(loglike)] = -np.inf
