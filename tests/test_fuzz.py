@@ -31,7 +31,7 @@ from oracles.fst import reference_forward_backward
 from oracles.tdt import grid_reference as tdt_reference
 from oracles.transducer import grid_reference as transducer_reference
 
-FUZZ = settings(max_examples=25, derandomize=True, deadline=None,
+FUZZ = settings(max_examples=50, derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -104,6 +104,14 @@ def test_generic_fst_against_loops(cpu_engine, data):
             np.testing.assert_allclose(loglike[n], ref, rtol=1e-9, atol=1e-9)
             np.testing.assert_allclose(post[n], ref_post, rtol=1e-7, atol=1e-9)
     assert (post[np.arange(T)[None, :] >= lengths[:, None]] == 0).all()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nan_and_plus_inf_arc_weights_are_refused(bad):
+    """Arc weights may be -inf (no arc) or any finite number; NaN and +inf
+    are refused where the graph is made, naming the argument."""
+    with pytest.raises(ValueError, match="^log_prob"):
+        Fst(2, 0, np.array([0]), np.array([1]), np.array([0]), np.array([bad]), np.array([-math.inf, 0.0]))
 
 
 @pytest.mark.parametrize("weight, spread", [(-800.0, 0.0), (800.0, 0.0), (-300.0, 500.0)])

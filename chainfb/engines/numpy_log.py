@@ -428,7 +428,7 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
         ends_at = {int(L): np.flatnonzero(state_len == L) for L in np.unique(lengths) if L < Tmax}
         if plan.dense_bwd is not None:
             _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post)
-            return loglike, _zero_impossible(lat, loglike, post)
+            return loglike, _zero_impossible(lat, loglike, lengths, post)
         for t in range(Tmax - 1, -1, -1):
             if t == Tmax - 1 or t % chunk == chunk - 1:
                 c0 = t - t % chunk
@@ -444,15 +444,18 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
             np.exp(g, out=g)
             post[t] = np.bincount(b.col, weights=g, minlength=C)
             beta = _next_beta(beta, t, leak, ends_at, final, plan, sos)
-    return loglike, _zero_impossible(lat, loglike, post)
+    return loglike, _zero_impossible(lat, loglike, lengths, post)
 
 
-def _zero_impossible(lat, loglike, post):
-    """Zero posteriors for sequences without a complete path (``-inf``),
-    whatever NaN their scores held."""
+def _zero_impossible(lat, loglike, lengths, post):
+    """Zero posteriors for sequences without a complete path (``-inf``) and
+    past each sequence's length, whatever NaN its scores held."""
     dead = loglike == -np.inf
     if dead.any():
         post[:, dead[lat.col_seq]] = 0.0
+    col_len = lengths[lat.col_seq]
+    if post.size and (col_len < len(post)).any():
+        post[np.arange(len(post))[:, None] >= col_len[None, :]] = 0.0
     return post
 
 
