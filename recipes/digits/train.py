@@ -13,9 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..chain import DenominatorGraph, Topology, min_frames, numerator_graph, word_loop_graph
-from ..chain.graphs.normalization import add_normalization, normalization_fst
-from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
+from chainfb.chain import (DenominatorGraph, Topology, add_normalization, den_graph, estimate_phone_lm, min_frames,
+                           normalization_fst, numerator_graph, word_loop_graph)
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import wer
 from .files import DirLock, atomic_write, save_figure
@@ -227,7 +226,7 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
 
     Every output belongs to the checkpoint it reports: the checkpoint holds the test hypotheses of its epoch,
     and the outputs are (re)written from it, atomically; a rerun after a kill rewrites them. ``out_dir`` is locked
-    for the run: a second run on it raises :class:`chainfb.recipes.files.DirectoryBusy`."""
+    for the run: a second run on it raises :class:`digits.files.DirectoryBusy`."""
     os.makedirs(out_dir, exist_ok=True)
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 writes (and holds the lock)
         return _train(train_set, test_set, cfg, out_dir, resume, log)
