@@ -35,13 +35,13 @@ import torch
 from torch import nn
 
 from chainfb.chain import ChainLoss, Topology, read_lexicon, word_loop_graph
+from .config import CRITERIA
 from .decode import viterbi_batch
 from .transducer import Joiner, StatelessDecoder, greedy_search
 from .units import WORD_SEP, CharUnits
 
 __all__ = ["CRITERIA", "make_task"]
 
-CRITERIA = ("chain", "ctc", "rnnt", "pruned-rnnt", "tdt")
 TDT_DURATIONS = (0, 1, 2, 3, 4)
 
 
