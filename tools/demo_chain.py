@@ -21,18 +21,21 @@ weights), the objective stays below 0 and rises towards it (about -0.68 to
 """
 
 import argparse
+import os
+import sys
 import time
 
-import numpy as np
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from chainfb.chain import (
-    ChainLoss, DenominatorGraph, add_normalization, normalization_fst, Topology, den_graph, estimate_phone_lm, fits, numerator_graph,
-    read_lexicon, transcript_phones,
-)
+from _cli import Parser  # noqa: E402
 
 
 def corpus(rng, num_utts, dim=16):
+    """The synthetic corpus: ``(phones, lexicon, [(words, phone ids, frame phone ids [T], feats [T, dim])])``."""
+    import numpy as np
+
+    from chainfb.chain import read_lexicon, transcript_phones
+
     phones = ["SIL", "A", "B", "C", "D", "E"]
     lex = read_lexicon(["ab A B", "ba B A", "cde C D E", "ed E D", "ace A C E", "SIL SIL"])
     vocab = ["ab", "ba", "cde", "ed", "ace"]
@@ -49,13 +52,26 @@ def corpus(rng, num_utts, dim=16):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--utts", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=60, help="training steps (default: %(default)s)")
+    ap.add_argument("--utts", type=int, default=64, help="utterances in the synthetic corpus (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the corpus and the model (default: %(default)s)")
     ap.add_argument("--normalize", action="store_true",
                     help="compose Kaldi's normalization FST into the numerator graphs (objective <= 0)")
     args = ap.parse_args(argv)
+    if args.steps < 0:
+        ap.error(f"argument --steps: expected at least 0, got {args.steps}")
+    if args.utts < 1:
+        ap.error(f"argument --utts: expected at least 1, got {args.utts}")
+
+    import numpy as np
+    import torch
+
+    from chainfb.chain import (
+        ChainLoss, DenominatorGraph, Topology, add_normalization, den_graph, estimate_phone_lm, fits,
+        normalization_fst, numerator_graph,
+    )
+
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
     phones, lex, utts = corpus(rng, args.utts)

@@ -22,9 +22,12 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
-from chainfb.transducer import multiblank_graphs, rnnt_graphs
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _cli import Parser  # noqa: E402
 
 
 def annotated_dot(fst, num_labels, durations, title):
@@ -55,14 +58,20 @@ def annotated_dot(fst, num_labels, durations, title):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", metavar="DIR", default=None,
                     help="output directory (created if needed; default: a new temporary directory)")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = tempfile.mkdtemp(prefix="chainfb-transducer-graphs-")
     else:
-        os.makedirs(args.out, exist_ok=True)
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            ap.error(f"argument --out: cannot create {args.out!r}: {e.strerror or e}")
+
+    from chainfb.transducer import multiblank_graphs, rnnt_graphs
+
     cases = [
         ("rnnt_U3", rnnt_graphs([3]).fsts[0], 3, (), "RNN-T step graph, U=3: run T+3 steps"),
         (

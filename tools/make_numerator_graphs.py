@@ -24,47 +24,64 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _progress import progress  # noqa: E402
-
-from chainfb.chain import (  # noqa: E402
-    DenominatorGraph, Topology, add_normalization, fits, normalization_fst, numerator_graph,
-    read_lexicon, read_phones, read_text, write_fst_archive,
-
-)
-from chainfb.chain.graphs.archive import have_kaldifst, write_kaldi_fst_archive  # noqa: E402
+from _cli import Parser, check_input_files, check_symbol, check_topology  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lexicon", required=True, help="lexicon.txt or lexiconp.txt")
     ap.add_argument("--phones", required=True, help="phones.txt or one phone per line (pdf numbering order)")
     ap.add_argument("--text", required=True, help="Kaldi text file: utt_id word ...")
-    ap.add_argument("--topology", default="chain", help="chain, ctc, hmm3, or a .topo file")
-    ap.add_argument("--optional-silence", default="SIL", help="optional silence phone ('' to disable)")
-    ap.add_argument("--sil-prob", type=float, default=0.5)
+    ap.add_argument("--topology", default="chain", help="chain, ctc, hmm3, or a .topo file (default: %(default)s)")
+    ap.add_argument("--optional-silence", default="SIL",
+                    help="optional silence phone between words ('' to disable) (default: %(default)s)")
+    ap.add_argument("--sil-prob", type=float, default=0.5,
+                    help="probability of the optional silence (default: %(default)s)")
     ap.add_argument("--utt2num-frames", help="utt_id num_frames (input frames) for the fit check")
-    ap.add_argument("--frame-subsampling-factor", type=int, default=1)
+    ap.add_argument("--frame-subsampling-factor", type=int, default=1,
+                    help="input frames per output frame, for the fit check (default: %(default)s)")
     ap.add_argument("--den-graph", help="compose Kaldi's normalization FST of this den graph into each graph")
     ap.add_argument("--out", required=True, help="output text archive")
     ap.add_argument("--kaldi-ark", help="also write a Kaldi binary archive (needs kaldifst)")
     ap.add_argument("--rejected", help="write rejected utterance ids and reasons here")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.sil_prob < 1.0:
+        ap.error(f"argument --sil-prob: expected a probability in [0, 1), got {args.sil_prob}")
+    if args.frame_subsampling_factor < 1:
+        ap.error(f"argument --frame-subsampling-factor: expected at least 1, got {args.frame_subsampling_factor}")
+    check_input_files(ap, args, "--lexicon", "--phones", "--text", "--utt2num-frames", "--den-graph")
+    check_topology(ap, args.topology)
 
-    lex = read_lexicon(args.lexicon)
-    phones = read_phones(args.phones)
-    topo = Topology.read(args.topology)
-    sil = args.optional_silence or None
-    frames = {}
-    if args.utt2num_frames:
-        with open(args.utt2num_frames) as f:
-            for ln in f:
-                if ln.strip():
-                    k, v = ln.split()
-                    frames[k] = math.ceil(int(v) / args.frame_subsampling_factor)
-    norm = normalization_fst(DenominatorGraph.read(args.den_graph)) if args.den_graph else None
+    from _progress import progress
+    from chainfb.chain import (
+        DenominatorGraph, Topology, add_normalization, fits, have_kaldifst, normalization_fst, numerator_graph,
+        read_lexicon, read_phones, read_text, write_fst_archive, write_kaldi_fst_archive,
+    )
+
     if args.kaldi_ark and not have_kaldifst():
-        ap.error("--kaldi-ark needs the optional 'kaldifst' package (pip install kaldifst)")
-    utts = read_text(args.text)
+        ap.error("argument --kaldi-ark: needs the optional 'kaldifst' package (pip install kaldifst)")
+    try:
+        lex = read_lexicon(args.lexicon)
+        phones = read_phones(args.phones)
+        topo = Topology.read(args.topology)
+        sil = args.optional_silence or None
+        if sil is not None:
+            check_symbol(ap, "--optional-silence", sil, phones, "phones of --phones")
+        frames = {}
+        if args.utt2num_frames:
+            with open(args.utt2num_frames) as f:
+                for n, ln in enumerate(f, 1):
+                    if ln.strip():
+                        fields = ln.split()
+                        if len(fields) != 2 or not fields[1].isdigit():
+                            ap.fail(f"{args.utt2num_frames}: line {n}: expected 'utt_id num_frames'")
+                        frames[fields[0]] = math.ceil(int(fields[1]) / args.frame_subsampling_factor)
+        norm = normalization_fst(DenominatorGraph.read(args.den_graph)) if args.den_graph else None
+        utts = read_text(args.text)
+    except OSError as e:
+        ap.fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e))
+    except ValueError as e:
+        ap.fail(str(e))
     good, rejected = [], []
     for utt, words in progress(utts, desc="numerator graphs", unit="utt"):
         try:
@@ -83,15 +100,22 @@ def main(argv=None):
             rejected.append((utt, "no entry in --utt2num-frames"))
             continue
         good.append((utt, fst))
-    n = write_fst_archive(args.out, good)
-    if args.kaldi_ark:
-        write_kaldi_fst_archive(args.kaldi_ark, good)
     for utt, why in rejected:
         print(f"rejected {utt}: {why}", file=sys.stderr)
-    if args.rejected:
-        with open(args.rejected, "w") as f:
-            for utt, why in rejected:
-                f.write(f"{utt}\t{why}\n")
+    try:
+        if args.rejected:
+            with open(args.rejected, "w") as f:
+                for utt, why in rejected:
+                    f.write(f"{utt}\t{why}\n")
+        if not good:
+            first = f" (the first: {rejected[0][0]}: {rejected[0][1]})" if rejected else ""
+            ap.fail(f"no graph to write: all {len(rejected)} utterance(s) of {args.text} rejected{first}"
+                    if rejected else f"no utterance in {args.text}")
+        n = write_fst_archive(args.out, good)
+        if args.kaldi_ark:
+            write_kaldi_fst_archive(args.kaldi_ark, good)
+    except OSError as e:
+        ap.fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e))
     print(f"wrote {n} graphs to {args.out}; rejected {len(rejected)}", file=sys.stderr)
 
 

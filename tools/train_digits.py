@@ -3,18 +3,32 @@
 pruned-rnnt or tdt; default chain = LF-MMI), decode held-out voices, report WER; --criterion all trains each in
 turn and writes a comparison (compare.json, compare.png).
 
-The corpus (eSpeak NG voices, noise, Kaldi fbank) is synthesized on first run into the cache directory and reused.
-Defaults finish in well under 15 minutes on a 2-core CPU. Outputs go to --out (results.json, history.json,
-test_hyps.txt, training.png, checkpoint.pt, graphs). Re-running with the same --out resumes from the checkpoint.
-Under torchrun (torch.distributed, DDP: gloo on CPU, nccl on GPU) each process trains on its shard of the batches:
+The corpus (eSpeak NG voices, noise, Kaldi fbank) is synthesized on first run into the cache directory (about
+30 s) and reused. The default run (chain) takes about 2 minutes on a 2-core CPU. Outputs go to --out (default
+exp/digits/<criterion>; for --criterion all, exp/digits holds compare.json and compare.png and one directory per
+criterion): results.json and history.json (rewritten after every epoch), test_hyps.txt, training.png,
+checkpoint.pt, graphs. Re-running the same command resumes from the last completed epoch; an --out holding
+another criterion's run is refused.
+Under torchrun (torch.distributed, DDP: gloo on CPU, nccl on GPU) each process trains on an equal share of the
+batches:
     torchrun --standalone --nproc_per_node 2 tools/train_digits.py --criterion ctc
+
+The recipe itself is the package recipes/digits (imported as `digits`).
 """
 import argparse
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)  # chainfb from this checkout when it is not installed
+sys.path.insert(0, os.path.join(_ROOT, "recipes"))  # the recipe: recipes/digits, imported as `digits`
+sys.path.insert(0, os.path.join(_ROOT, "tools"))
+
+from _cli import Parser  # noqa: E402
+
+PROG = "train_digits.py"
+DEFAULT_OUT = os.path.join("exp", "digits")
 
 
 def _child_argv(argv, criterion, out):
@@ -34,19 +48,21 @@ def _child_argv(argv, criterion, out):
 
 
 def run_all(argv, out, criteria):
-    """Train every criterion in its own process (so each peak memory is its own), then write
-    ``<out>/compare.json`` and ``<out>/compare.png``."""
+    """Train every criterion in its own process (so each peak memory is its own) into ``<out>/<criterion>``, then
+    write ``<out>/compare.json`` and ``<out>/compare.png``."""
     import json
     import subprocess
 
-    from chainfb.recipes.compare import write_comparison
+    from digits.compare import write_comparison
 
     results = {}
     for c in criteria:
         print(f"=== criterion {c} ===", flush=True)
         r = subprocess.run([sys.executable, os.path.abspath(__file__), *_child_argv(argv, c, os.path.join(out, c))])
+        if r.returncode == 130:
+            raise KeyboardInterrupt
         if r.returncode:
-            raise SystemExit(f"train_digits.py: error: --criterion {c} failed (exit {r.returncode})")
+            raise SystemExit(f"{PROG}: error: --criterion {c} failed (exit {r.returncode})")
         with open(os.path.join(out, c, "results.json")) as f:
             results[c] = json.load(f)
     table = write_comparison(out, results)
@@ -54,54 +70,135 @@ def run_all(argv, out, criteria):
     return results
 
 
-def main(argv=None):
-    from chainfb.recipes.corpus import CorpusConfig, default_cache_dir, load_or_create
-    from chainfb.recipes.tasks import CRITERIA
-    from chainfb.recipes.train import TrainConfig, train
+def _typed(kind, low=None, high=None, low_open=False, high_open=False):
+    """An argparse ``type``: ``kind`` within ``[low, high]`` (``low_open``/``high_open``: excluding the bound)."""
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if v != v or (low is not None and (v < low or (low_open and v == low))) or \
+                (high is not None and (v > high or (high_open and v == high))):
+            lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+            hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
+            raise argparse.ArgumentTypeError(f"expected a value {' and '.join(x for x in (lo, hi) if x)}, "
+                                             f"got {text!r}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
 
-    argv = sys.argv[1:] if argv is None else list(argv)
 
-    dc, dt = CorpusConfig(), TrainConfig()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser(criteria, dc, dt, cache_dir):
+    """The command line; ``dc``/``dt``: the default corpus and training configurations."""
+    p = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pos_int, nonneg_int = _typed(int, 1), _typed(int, 0)
     g = p.add_argument_group("corpus")
-    g.add_argument("--cache-dir", default=default_cache_dir(), help="where the synthesized corpus is kept")
-    g.add_argument("--num-train", type=int, default=dc.num_train, help="training utterances")
-    g.add_argument("--num-test", type=int, default=dc.num_test, help="test utterances (held-out voices)")
+    g.add_argument("--cache-dir", default=cache_dir,
+                   help="where the synthesized corpus is kept (default: %(default)s; $CHAINFB_CACHE/digits if set)")
+    g.add_argument("--num-train", type=pos_int, default=dc.num_train, help="training utterances (default: %(default)s)")
+    g.add_argument("--num-test", type=pos_int, default=dc.num_test,
+                   help="test utterances, held-out voices (default: %(default)s)")
     g.add_argument("--words", default=",".join(dc.words),
-                   help="comma-separated vocabulary (words CMUdict knows), e.g. add yes,no,stop,go for short commands")
-    g.add_argument("--max-words", type=int, default=dc.max_words, help="longest digit string")
-    g.add_argument("--min-snr", type=float, default=dc.snr_db[0], help="lowest SNR in dB")
-    g.add_argument("--corpus-seed", type=int, default=dc.seed)
+                   help="comma-separated vocabulary (words CMUdict knows), e.g. add yes,no,stop,go for short commands "
+                        "(default: %(default)s)")
+    g.add_argument("--max-words", type=pos_int, default=dc.max_words, help="longest digit string (default: %(default)s)")
+    g.add_argument("--min-snr", type=_typed(float), default=dc.snr_db[0], help="lowest SNR in dB (default: %(default)s)")
+    g.add_argument("--corpus-seed", type=int, default=dc.seed,
+                   help="seed of the corpus (texts, voices, noise); another seed is another corpus "
+                        "(default: %(default)s)")
     g = p.add_argument_group("training")
-    g.add_argument("--criterion", default="chain", choices=[*CRITERIA, "all"],
-                   help="training criterion; 'all' trains each in turn (one process each) and writes "
-                        "<out>/compare.json and <out>/compare.png")
-    g.add_argument("--out", default="exp/digits", help="output directory (checkpoints, results, plot)")
-    g.add_argument("--epochs", type=int, default=dt.epochs)
-    g.add_argument("--batch-size", type=int, default=dt.batch_size)
-    g.add_argument("--lr", type=float, default=dt.lr)
-    g.add_argument("--model", default=dt.model, choices=["tdnn", "tdnn-lstm"], help="acoustic model")
-    g.add_argument("--dropout", type=float, default=dt.dropout)
-    g.add_argument("--final-lr", type=float, default=None, help="learning rate at the end (default: lr / 10)")
-    g.add_argument("--hidden", type=int, default=dt.hidden, help="TDNN width")
-    g.add_argument("--layers", type=int, default=dt.num_layers,
-                   help="tdnn: context layers after subsampling; tdnn-lstm: BLSTM layers")
-    g.add_argument("--leaky-hmm", type=float, default=dt.leaky_hmm_coefficient)
-    g.add_argument("--phone-lm-order", type=int, default=dt.phone_lm_order, help="n-gram order of the phone LM")
-    g.add_argument("--l2", type=float, default=dt.l2_regularize, help="l2 regularization of the output")
+    g.add_argument("--criterion", default="chain", choices=[*criteria, "all"],
+                   help="training criterion; 'all' trains each in turn (one process each) into <out>/<criterion> "
+                        "and writes <out>/compare.json and <out>/compare.png (default: %(default)s)")
+    g.add_argument("--out", default=None,
+                   help=f"output directory: checkpoint, results, plot (default: {DEFAULT_OUT}/<criterion>; "
+                        f"{DEFAULT_OUT} for --criterion all)")
+    g.add_argument("--epochs", type=pos_int, default=dt.epochs,
+                   help="training epochs; a rerun with more epochs extends a finished run (default: %(default)s)")
+    g.add_argument("--batch-size", type=pos_int, default=dt.batch_size,
+                   help="utterances per batch (per process under torchrun) (default: %(default)s)")
+    g.add_argument("--lr", type=_typed(float, 0, low_open=True), default=dt.lr,
+                   help="initial learning rate of Adam, decayed exponentially to --final-lr (default: %(default)s)")
+    g.add_argument("--final-lr", type=_typed(float, 0, low_open=True), default=None,
+                   help="learning rate at the end (default: lr / 10)")
+    g.add_argument("--model", default=dt.model, choices=["tdnn", "tdnn-lstm"],
+                   help="acoustic model (default: %(default)s)")
+    g.add_argument("--dropout", type=_typed(float, 0, 1, high_open=True), default=dt.dropout,
+                   help="dropout probability in the acoustic model (default: %(default)s)")
+    g.add_argument("--hidden", type=pos_int, default=dt.hidden, help="width of the TDNN layers and of the BLSTM (both directions together) (default: %(default)s)")
+    g.add_argument("--layers", type=nonneg_int, default=dt.num_layers,
+                   help="tdnn: context layers after subsampling; tdnn-lstm: BLSTM layers (default: %(default)s)")
+    g.add_argument("--leaky-hmm", type=_typed(float, 0, 1, high_open=True), default=dt.leaky_hmm_coefficient,
+                   help="chain: leaky-HMM coefficient of the denominator (default: %(default)s)")
+    g.add_argument("--phone-lm-order", type=pos_int, default=dt.phone_lm_order,
+                   help="chain: n-gram order of the phone LM (default: %(default)s)")
+    g.add_argument("--l2", type=_typed(float, 0), default=dt.l2_regularize,
+                   help="chain: l2 regularization of the output (default: %(default)s)")
     g.add_argument("--device", default=dt.device,
-                   help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N")
-    g.add_argument("--seed", type=int, default=dt.seed)
-    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
-    g.add_argument("--max-steps", type=int, default=0, help="cap on batches per epoch (smoke tests)")
+                   help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=dt.seed,
+                   help="seed of the model initialization and the batch order (default: %(default)s)")
+    g.add_argument("--threads", type=nonneg_int, default=0, help="torch CPU threads (default: 0 = torch's default)")
+    g.add_argument("--max-steps", type=nonneg_int, default=0,
+                   help="cap on batches per epoch, for smoke tests (default: 0 = no cap)")
     g.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    a = p.parse_args(argv)
+    return p
 
+
+def _make_dir(p, option, path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        p.error(f"argument {option}: cannot create {path!r}: {e.strerror or e}")
+    if not os.access(path, os.W_OK):
+        p.error(f"argument {option}: {path!r} is not writable")
+
+
+def _interrupted(out, criterion):
+    """The one line printed on Ctrl-C: where a rerun of the same command continues."""
+    import json
+
+    if criterion == "all":
+        return (f"{PROG}: interrupted; rerunning the same command resumes each criterion in {out} from its last "
+                f"completed epoch")
+    done = 0
+    try:
+        with open(os.path.join(out, "history.json")) as f:
+            done = len(json.load(f))
+    except (OSError, ValueError, TypeError):
+        pass
+    where = f"epoch {done} is" if done else "no epoch is"
+    return (f"{PROG}: interrupted ({where} complete in {out}); rerunning the same command resumes from the last "
+            f"completed epoch")
+
+
+def main(argv=None):
+    from digits.config import CRITERIA, TrainConfig
+    from digits.corpus import CorpusConfig, default_cache_dir
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    dc, dt = CorpusConfig(), TrainConfig()
+    p = build_parser(CRITERIA, dc, dt, default_cache_dir())
+    a = p.parse_args(argv)
+    out = a.out if a.out is not None else (DEFAULT_OUT if a.criterion == "all" else os.path.join(DEFAULT_OUT,
+                                                                                                 a.criterion))
+    try:
+        return _run(p, a, argv, out, dc, CRITERIA)
+    except KeyboardInterrupt:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(_interrupted(out, a.criterion), file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _run(p, a, argv, out, dc, criteria):
     import torch
 
-    from chainfb.recipes.lexicon import parse_words
+    from digits.lexicon import parse_words
 
+    if a.model == "tdnn-lstm" and a.layers < 1:
+        p.error("argument --layers: --model tdnn-lstm needs at least one BLSTM layer")
     if a.device not in ("auto", "cpu"):
         try:
             dev = torch.device(a.device)
@@ -121,10 +218,26 @@ def main(argv=None):
         p.error(f"argument --words: {exc}")
     except ValueError as exc:
         p.error(f"argument --words: {str(exc).removeprefix('words: ')}")
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
     if a.criterion == "all" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         p.error("argument --criterion: 'all' runs one process per criterion; under torchrun name one criterion")
+    from digits.train import run_criterion
+
+    held = run_criterion(out)
+    if held is not None and held != a.criterion:
+        p.error(f"argument --out: {out} holds a run of criterion {held!r}" +
+                (" (a single run; --criterion all writes one directory per criterion)" if a.criterion == "all" else
+                 f", not {a.criterion!r}") + "; choose another directory (or remove it)")
+    if a.criterion != "all" and os.path.exists(os.path.join(out, "compare.json")):
+        p.error(f"argument --out: {out} holds the comparison of --criterion all; name a directory of its own "
+                f"(default: {os.path.join(DEFAULT_OUT, a.criterion)})")
+    _make_dir(p, "--cache-dir", a.cache_dir)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _make_dir(p, "--out", out)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+
+    from digits.corpus import CorpusConfig, load_or_create
+
     t0 = time.time()
     ccfg = CorpusConfig(words=words, num_train=a.num_train, num_test=a.num_test, max_words=a.max_words,
                         snr_db=(a.min_snr, max(a.min_snr, dc.snr_db[1])), seed=a.corpus_seed)
@@ -132,24 +245,26 @@ def main(argv=None):
     t1 = time.time()
     print(f"corpus ready in {t1 - t0:.1f} s ({os.path.join(a.cache_dir, ccfg.key())})")
     if a.criterion == "all":
-        return run_all(argv, a.out, CRITERIA)
+        return run_all(argv, out, criteria)
+
+    from digits.files import DirectoryBusy
+    from digits.train import OtherCriterionRun, TrainConfig, train
+
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10,
                        model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
                        leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
                        seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress,
                        criterion=a.criterion)
-    from chainfb.recipes.files import DirectoryBusy
-
     try:
-        res = train(data["train"], data["test"], tcfg, a.out, resume=not a.no_resume)
-    except DirectoryBusy as e:
-        raise SystemExit(f"train_digits.py: error: --out {e}") from None
+        res = train(data["train"], data["test"], tcfg, out, resume=not a.no_resume)
+    except (DirectoryBusy, OtherCriterionRun) as e:
+        raise SystemExit(f"{PROG}: error: --out {e}") from None
     t2 = time.time()
     if res is None:  # a rank other than 0 under torchrun
         return res
     print(f"WER on held-out voices: {res['test_wer']:.2f}% ({res['test_words']} words, {res['test_utts']} "
           f"utterances); total wall time {t2 - t0:.0f} s "
-          f"(corpus {t1 - t0:.0f} s, training+decoding {t2 - t1:.0f} s); results in {a.out}")
+          f"(corpus {t1 - t0:.0f} s, training+decoding {t2 - t1:.0f} s); results in {out}")
     return res
 
 

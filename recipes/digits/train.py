@@ -1,4 +1,6 @@
-"""End-to-end LF-MMI training of the digit recognizer: graphs, training loop, evaluation, checkpoints, plot."""
+"""Training of the digit recognizer with one of the recipe's criteria (chain/LF-MMI, CTC, RNN-T, pruned RNN-T,
+TDT): graphs, training loop (one process, or one shard of the batches per process under torchrun), evaluation,
+checkpoints, results and plot."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,16 +8,15 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..chain import DenominatorGraph, Topology, min_frames, numerator_graph, word_loop_graph
-from ..chain.graphs.normalization import add_normalization, normalization_fst
-from ..chain.graphs.phone_lm import den_graph, estimate_phone_lm
+from chainfb.chain import (DenominatorGraph, Topology, add_normalization, den_graph, estimate_phone_lm, min_frames,
+                           normalization_fst, numerator_graph, word_loop_graph)
+from .config import TrainConfig, objective_label
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import wer
 from .files import DirLock, atomic_write, save_figure
@@ -23,36 +24,8 @@ from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_seq
 from .model import build_model, subsampled_lengths
 from .tasks import make_task
 
-__all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history"]
-
-
-@dataclass
-class TrainConfig:
-    """Training hyper-parameters (see ``tools/train_digits.py --help``)."""
-
-    epochs: int = 4
-    batch_size: int = 16
-    lr: float = 3e-3
-    final_lr: float = 3e-4
-    model: str = "tdnn-lstm"
-    hidden: int = 256
-    num_layers: int = 1
-    dropout: float = 0.0
-    leaky_hmm_coefficient: float = 0.1
-    l2_regularize: float = 5e-4
-    out_of_range_regularize: float = 0.01
-    sil_prob: float = 0.5
-    phone_lm_order: int = 3
-    normalize_numerators: bool = True
-    seed: int = 0
-    device: str = "auto"
-    max_steps: int = 0  # > 0: stop each epoch after this many batches (tests / smoke runs)
-    progress: bool = True
-    criterion: str = "chain"  # one of tasks.CRITERIA
-    encoder_dim: int = 256  # transducers: encoder output size
-    decoder_dim: int = 128  # transducers: stateless decoder embedding size
-    joiner_dim: int = 256  # transducers: joiner hidden size
-    warm_steps: int = 100  # pruned RNN-T: steps with the pruned loss scaled by 0.1
+__all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history", "shard_batches", "run_criterion",
+           "OtherCriterionRun"]
 
 
 class Recipe:
@@ -123,6 +96,20 @@ def _batches(corpus: Corpus, batch_size: int, rng: Optional[np.random.Generator]
     return bs
 
 
+def shard_batches(batches: list, rank: int, world: int) -> list:
+    """Rank ``rank``'s share of ``batches`` when ``world`` processes train together: every rank gets the same
+    number of batches, ``ceil(len(batches) / world)`` (so that no rank waits for a gradient exchange the others
+    never start); the list is padded by repeating batches from its start, as torch's ``DistributedSampler`` pads
+    its indices.  ``world == 1`` returns ``batches`` unchanged."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank/world: expected 0 <= rank < world, got {rank}, {world}")
+    if world == 1 or not batches:
+        return list(batches)
+    total = -(-len(batches) // world) * world
+    padded = [batches[i % len(batches)] for i in range(total)]
+    return padded[rank::world]
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -160,8 +147,9 @@ def evaluate(model: torch.nn.Module, task, corpus: Corpus, batch_size: int = 64,
     return wer(corpus.texts, hyps), hyps, greedy_wer
 
 
-def plot_history(history: List[dict], path: str) -> bool:
-    """PNG of the training objective per frame and the test WER per epoch; False if matplotlib is missing."""
+def plot_history(history: List[dict], path: str, criterion: str = "chain") -> bool:
+    """PNG of the training objective per frame (labelled for ``criterion``) and the test WER per epoch; False if
+    matplotlib is missing."""
     try:
         import matplotlib
 
@@ -173,7 +161,7 @@ def plot_history(history: List[dict], path: str) -> bool:
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     ax[0].plot(ep, [h["train_objf_per_frame"] for h in history], "o-")
     ax[0].set_xlabel("epoch")
-    ax[0].set_ylabel("LF-MMI objective / frame (train)")
+    ax[0].set_ylabel(f"{objective_label(criterion)} / frame (train)")
     ax[1].plot(ep, [h["test_wer"] for h in history], "o-", color="C3")
     ax[1].set_xlabel("epoch")
     ax[1].set_ylabel("WER % (held-out voices)")
@@ -190,16 +178,49 @@ def _write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1)
 
 
-def write_outputs(out_dir: str, history: List[dict], hyps, test_set: Corpus, results: Optional[dict]) -> None:
-    """``test_hyps.txt`` and ``training.png`` (and, given ``results``, ``results.json`` and ``history.json``) of one
-    checkpoint, each written atomically."""
+def write_outputs(out_dir: str, history: List[dict], hyps, test_set: Corpus, results: dict) -> None:
+    """``test_hyps.txt``, ``training.png``, ``results.json`` and ``history.json`` of one checkpoint, each written
+    atomically."""
     with atomic_write(os.path.join(out_dir, "test_hyps.txt")) as f:
         for u, r, hy in zip(test_set.utt_ids, test_set.texts, hyps):
             f.write(f"{u}\tREF: {' '.join(r)}\tHYP: {' '.join(hy)}\n")
-    plot_history(history, os.path.join(out_dir, "training.png"))
-    if results is not None:
-        _write_json(os.path.join(out_dir, "results.json"), results)
-        _write_json(os.path.join(out_dir, "history.json"), history)
+    plot_history(history, os.path.join(out_dir, "training.png"), results["criterion"])
+    _write_json(os.path.join(out_dir, "results.json"), results)
+    _write_json(os.path.join(out_dir, "history.json"), history)
+
+
+class OtherCriterionRun(ValueError):
+    """The output directory holds a run of another criterion."""
+
+
+def run_criterion(out_dir: str) -> Optional[str]:
+    """The criterion of the run in ``out_dir`` (from its ``results.json``, else its ``checkpoint.pt``), or None
+    when it holds none (or only unreadable files)."""
+    path = os.path.join(out_dir, "results.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                c = json.load(f).get("criterion")
+            if isinstance(c, str):
+                return c
+        except (OSError, ValueError, AttributeError):
+            pass
+    path = os.path.join(out_dir, "checkpoint.pt")
+    if os.path.exists(path):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            return (state.get("config") or {}).get("criterion", "chain")
+        except Exception:  # noqa: BLE001 -- an unreadable checkpoint is reported (and moved aside) by train()
+            return None
+    return None
+
+
+def check_criterion(out_dir: str, criterion: str) -> None:
+    """Raise :class:`OtherCriterionRun` when ``out_dir`` holds a run of a criterion other than ``criterion``."""
+    other = run_criterion(out_dir)
+    if other is not None and other != criterion:
+        raise OtherCriterionRun(f"{out_dir} holds a run of criterion {other!r}, not {criterion!r}; choose another "
+                                f"directory (or remove it)")
 
 
 def _load_checkpoint(path: str, device, log):
@@ -226,12 +247,17 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     transcript needs more frames than they have after subsampling are skipped and counted in the log.
 
     Every output belongs to the checkpoint it reports: the checkpoint holds the test hypotheses of its epoch,
-    and the outputs are (re)written from it, atomically; a rerun after a kill rewrites them. ``out_dir`` is locked
-    for the run: a second run on it raises :class:`chainfb.recipes.files.DirectoryBusy`."""
+    and the outputs are (re)written from it, atomically, after every epoch; a rerun after a kill rewrites them.
+    ``out_dir`` is locked for the run: a second run on it raises :class:`digits.files.DirectoryBusy`; a directory
+    holding another criterion's run raises :class:`OtherCriterionRun`.
+
+    Under torchrun every process trains on its shard of each epoch's batches (:func:`shard_batches`: equal
+    counts); only rank 0 evaluates and writes."""
     os.makedirs(out_dir, exist_ok=True)
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 writes (and holds the lock)
         return _train(train_set, test_set, cfg, out_dir, resume, log)
     with DirLock(out_dir, wait=False):
+        check_criterion(out_dir, cfg.criterion)
         return _train(train_set, test_set, cfg, out_dir, resume, log)
 
 
@@ -284,9 +310,10 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
     net = _Net(encoder, task.modules).to(device)
     task.modules = net.heads
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
+    batches_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
     if cfg.max_steps > 0:
-        steps_per_epoch = min(steps_per_epoch, cfg.max_steps)
+        batches_per_epoch = min(batches_per_epoch, cfg.max_steps)
+    steps_per_epoch = math.ceil(batches_per_epoch / world)  # optimizer steps of each process
     total = max(1, cfg.epochs * steps_per_epoch)
     gamma = (cfg.final_lr / cfg.lr) ** (1.0 / total)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma)
@@ -294,7 +321,7 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
     history: List[dict] = []
     hyps = None
     start_epoch = 0
-    elapsed_before = 0.0
+    elapsed_before = cpu_before = 0.0
     state = _load_checkpoint(ckpt, device, log) if resume and os.path.exists(ckpt) else None
     if state is not None:
         if state.get("config") == dataclasses.asdict(cfg) or state.get("config_model") == _model_key(cfg):
@@ -306,6 +333,7 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             hyps = state.get("hyps")
             start_epoch = state["epoch"]
             elapsed_before = state.get("elapsed", 0.0)
+            cpu_before = state.get("cpu", 0.0)
             log(f"resumed from {ckpt} after epoch {start_epoch}")
         else:
             log(f"{ckpt} was written with a different model configuration; starting from scratch")
@@ -318,14 +346,14 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
     model = net
     if world > 1:
         model = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     rng = np.random.default_rng(cfg.seed + 1)
     for _ in range(start_epoch):  # keep the batch order of a resumed run identical to an uninterrupted one
         rng.permutation(len(_batches(train_set, cfg.batch_size, None)))
     step = start_epoch * steps_per_epoch
     for epoch in range(start_epoch, cfg.epochs):
         net.train()
-        bs = _batches(train_set, cfg.batch_size, rng)[:steps_per_epoch][rank::world]
+        bs = shard_batches(_batches(train_set, cfg.batch_size, rng)[:batches_per_epoch], rank, world)
         tot_obj, tot_frames, skipped = 0.0, 0, 0
         bar = _tqdm(bs, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if cfg.progress and not rank else bs
         for idx in bar:
@@ -333,15 +361,20 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             olens = subsampled_lengths(lens)
             keep = [k for k, i in enumerate(idx) if task.fits(train_set.texts[i], int(olens[k]))]
             skipped += len(idx) - len(keep)
-            if not keep:
+            if not keep and world == 1:
                 continue
-            keep_t = torch.tensor(keep)
-            x, lens = x[keep_t].to(device), lens[keep_t].to(device)
-            y, ylens = model(x, lens)
-            loss, obj = task.loss(y, ylens, [train_set.texts[idx[k]] for k in keep], step)
-            frames = int(ylens.sum())
+            if keep:
+                keep_t = torch.tensor(keep)
+                x, lens = x[keep_t].to(device), lens[keep_t].to(device)
+                y, ylens = model(x, lens)
+                loss, obj = task.loss(y, ylens, [train_set.texts[idx[k]] for k in keep], step)
+                frames = int(ylens.sum())
+            else:  # no utterance of this batch fits, but the other processes wait for this one's gradients
+                y, _ = model(x.to(device), lens.to(device))
+                loss = 0.0 * (y.sum() + sum(p.sum() for p in net.heads.parameters()))
+                obj, frames = 0.0, 0
             opt.zero_grad()
-            (loss / frames).backward()
+            (loss / max(frames, 1)).backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
             sched.step()
@@ -356,20 +389,20 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             test_wer, hyps, greedy_wer = evaluate(net, task, test_set, device=device, progress=cfg.progress)
             h = dict(epoch=epoch + 1, train_objf_per_frame=tot_obj / max(tot_frames, 1), test_wer=test_wer,
                      skipped_too_short=int(skipped), lr=sched.get_last_lr()[0],
-                     elapsed_s=elapsed_before + time.time() - t0)
+                     elapsed_s=elapsed_before + time.time() - t0, cpu_s=cpu_before + time.process_time() - c0)
             if greedy_wer is not None:
                 h["test_wer_greedy"] = greedy_wer
             history.append(h)
             log(f"epoch {epoch + 1}: train objf/frame {h['train_objf_per_frame']:.4f}  test WER {test_wer:.2f}%"
                 + (f" (greedy {greedy_wer:.2f}%)" if greedy_wer is not None else "")
-                + f"  ({h['elapsed_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more "
+                + f"  (wall {h['elapsed_s']:.0f} s, CPU {h['cpu_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more "
                                                    f"frames than they have" if skipped else ""))
             with atomic_write(ckpt, "wb") as f:
                 torch.save(dict(model=encoder.state_dict(), heads=net.heads.state_dict(), optimizer=opt.state_dict(),
                                 scheduler=sched.state_dict(), history=history, hyps=hyps, epoch=epoch + 1,
                                 config=dataclasses.asdict(cfg), config_model=_model_key(cfg),
-                                elapsed=h["elapsed_s"]), f)
-            write_outputs(out_dir, history, hyps, test_set, None)
+                                elapsed=h["elapsed_s"], cpu=h["cpu_s"]), f)
+            write_outputs(out_dir, history, hyps, test_set, _results(cfg, history, train_set, test_set, device, world))
         if world > 1:
             import torch.distributed as dist
 
@@ -380,18 +413,24 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             # a checkpoint without its hypotheses (or for another test set): decode again
             test_wer, hyps, _ = evaluate(net, task, test_set, device=device, progress=cfg.progress)
             history[-1] = dict(history[-1], test_wer=test_wer)
-        final_wer = history[-1]["test_wer"] if history else float("nan")
-        import resource
-
-        results = dict(criterion=cfg.criterion, test_wer=final_wer, epochs=len(history), train_utts=len(train_set),
-                       test_utts=len(test_set), test_words=int(sum(len(t) for t in test_set.texts)),
-                       device=str(device), processes=world,
-                       train_seconds=history[-1]["elapsed_s"] if history else 0.0,
-                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                       config=dataclasses.asdict(cfg), history=history)
+        results = _results(cfg, history, train_set, test_set, device, world)
         if history:
             write_outputs(out_dir, history, hyps, test_set, results)
     return results
+
+
+def _results(cfg, history, train_set, test_set, device, world) -> dict:
+    """``results.json`` of the epochs in ``history``: final test WER, wall and CPU seconds (this process's CPU
+    time, all its threads: rank 0's under torchrun), peak resident memory, the configuration and the history."""
+    import resource
+
+    last = history[-1] if history else {}
+    return dict(criterion=cfg.criterion, test_wer=last.get("test_wer", float("nan")), epochs=len(history),
+                train_utts=len(train_set), test_utts=len(test_set), test_words=int(sum(len(t) for t in test_set.texts)),
+                device=str(device), processes=world, train_seconds=last.get("elapsed_s", 0.0),
+                train_cpu_seconds=last.get("cpu_s", 0.0),
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                config=dataclasses.asdict(cfg), history=history)
 
 
 def _silent(*_args, **_kw):

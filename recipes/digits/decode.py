@@ -5,8 +5,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from ..fst import Fst
-from ..api import best_path
+from chainfb import Fst, best_path
 
 __all__ = ["viterbi", "viterbi_batch", "word_errors", "wer"]
 

@@ -77,7 +77,7 @@ def write_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]], path: str) -> None:
 
 def to_chain_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]]):
     """The same pronunciations as a :class:`chainfb.chain.Lexicon` (all with probability 1, Kaldi's convention)."""
-    from ..chain import read_lexicon
+    from chainfb.chain import read_lexicon
 
     return read_lexicon([w + " " + " ".join(p) for w in sorted(lexicon) for p in lexicon[w]])
 

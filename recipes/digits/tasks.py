@@ -10,7 +10,7 @@ the extra modules, the loss of a batch and the decoder.
 - ``rnnt``: the stateless transducer of :mod:`.transducer` with
   :func:`chainfb.rnnt_loss` on the full joiner output.
 - ``pruned-rnnt``: the same transducer with the pruned pipeline
-  (:mod:`chainfb.transducer.pruned`): the simple loss (scale 0.5, and a
+  (:mod:`chainfb.transducer`): the simple loss (scale 0.5, and a
   warm-up during which the pruned loss is scaled down), prune ranges, the
   joiner on the band only (``s_range`` 5), the pruned loss.
 - ``tdt``: the transducer with duration outputs ``[0, 1, 2, 3, 4]`` and
@@ -34,19 +34,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..chain import ChainLoss, Topology, read_lexicon, word_loop_graph
+from chainfb.chain import ChainLoss, Topology, read_lexicon, word_loop_graph
+from .config import CRITERIA
 from .decode import viterbi_batch
 from .transducer import Joiner, StatelessDecoder, greedy_search
 from .units import WORD_SEP, CharUnits
 
 __all__ = ["CRITERIA", "make_task"]
 
-CRITERIA = ("chain", "ctc", "rnnt", "pruned-rnnt", "tdt")
 TDT_DURATIONS = (0, 1, 2, 3, 4)
 
 
 class ChainTask:
-    """LF-MMI on the chain recipe's graphs (see :class:`chainfb.recipes.train.Recipe`)."""
+    """LF-MMI on the chain recipe's graphs (see :class:`digits.train.Recipe`)."""
 
     name = "chain"
 

@@ -1,4 +1,4 @@
-"""A small TDNN acoustic model (1-D convolutions) with frame subsampling by 3."""
+"""The acoustic models of the recipe: a TDNN (1-D convolutions) and a TDNN-LSTM, both subsampling frames by 3."""
 from __future__ import annotations
 
 import torch

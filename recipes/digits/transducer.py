@@ -78,7 +78,7 @@ def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessD
     while it is not the blank (at most ``max_symbols`` per frame); with TDT
     ``durations`` the best duration of the emitted token moves ``t`` on
     (a blank always moves at least one frame).  With ``units`` (a
-    :class:`~chainfb.recipes.units.CharUnits`) the best label is taken among
+    :class:`~digits.units.CharUnits`) the best label is taken among
     those that keep the current word a prefix of a vocabulary word
     (lexicon-constrained greedy search).  Returns label lists."""
     out = []

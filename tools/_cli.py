@@ -1,0 +1,53 @@
+"""The command line of the tools: errors in one line and checks of input files, before anything heavy is imported
+(``--help`` and argument errors never wait for torch)."""
+import argparse
+import difflib
+import os
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line, ``<prog>: error: <message>`` (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def fail(self, message, status=1):
+        """Stop with ``<prog>: error: <message>`` (one line) and ``status``."""
+        self.exit(status, f"{self.prog}: error: {message}\n")
+
+
+def check_input_files(parser, args, *options):
+    """Each of ``options`` (``"--lexicon"`` ...) given in ``args`` names a readable file, else a one-line error."""
+    for opt in options:
+        path = getattr(args, opt.lstrip("-").replace("-", "_"))
+        if path is None:
+            continue
+        if not os.path.exists(path):
+            parser.error(f"argument {opt}: no such file: {path!r}")
+        if os.path.isdir(path):
+            parser.error(f"argument {opt}: {path!r} is a directory, expected a file")
+        if not os.access(path, os.R_OK):
+            parser.error(f"argument {opt}: {path!r} is not readable")
+
+
+TOPOLOGIES = ("chain", "ctc", "hmm3")
+
+
+def check_topology(parser, name):
+    """``--topology``: one of :data:`TOPOLOGIES` or an existing topology file, else a one-line error."""
+    if name not in TOPOLOGIES and not os.path.isfile(name):
+        parser.error(f"argument --topology: {name!r} is neither a known topology ({', '.join(TOPOLOGIES)}) nor a "
+                     f"topology file")
+
+
+def check_symbol(parser, option, symbol, known, what):
+    """``symbol`` (the value of ``option``) is one of ``known``, else a one-line error naming it and the closest
+    ``what`` (case-insensitive matches first)."""
+    if symbol in known:
+        return
+    known = list(known)
+    same_case = [k for k in known if k.lower() == symbol.lower()]
+    close = same_case + [k for k in difflib.get_close_matches(symbol, known, n=5, cutoff=0.5) if k not in same_case]
+    hint = (f"; close matches: {', '.join(close)}" if close else
+            f"; the {what}: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''}")
+    parser.error(f"argument {option}: {symbol!r} is not in the {what}{hint}")
