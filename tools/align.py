@@ -24,18 +24,14 @@ sys.path.insert(0, ROOT)
 
 
 def recipe_modules():
-    """The digit recipe's modules (corpus, tasks, train, model, lexicon, units): the ``digits`` package from
-    ``<repo>/recipes`` when present, else ``chainfb.recipes``."""
+    """The digit recipe's modules (corpus, tasks, train, model, lexicon, units): the ``digits`` package in
+    ``<repo>/recipes``."""
     import importlib
 
     recipes = os.path.join(ROOT, "recipes")
-    if os.path.isdir(os.path.join(recipes, "digits")):
-        if recipes not in sys.path:
-            sys.path.insert(0, recipes)
-        pkg = "digits"
-    else:
-        pkg = "chainfb.recipes"
-    return argparse.Namespace(**{m: importlib.import_module(f"{pkg}.{m}")
+    if recipes not in sys.path:
+        sys.path.insert(0, recipes)
+    return argparse.Namespace(**{m: importlib.import_module(f"digits.{m}")
                                  for m in ("corpus", "tasks", "train", "model", "lexicon", "units")})
 
 
