@@ -46,7 +46,8 @@ class FstBatch:
     ----------------------------------------
     state_offsets ``[G+1]``, arc_offsets ``[G+1]``: graph ``g`` owns states
     ``state_offsets[g]:state_offsets[g+1]`` and arcs likewise.
-    start ``[G]``, final ``[S]``, src/dst/pdf/log_prob ``[A]``.
+    start ``[G]``, final ``[S]``, src/dst/pdf/log_prob/span ``[A]``;
+    max_span: the most frames one arc covers (1 for graphs of span-1 arcs).
     fwd_order ``[A]``, in_ptr ``[S+1]``: arcs sorted by destination (forward).
     bwd_order ``[A]``, out_ptr ``[S+1]``: arcs sorted by source (backward).
 
@@ -81,6 +82,8 @@ class FstBatch:
         self.dst = np.concatenate([f.dst + o for f, o in zip(fsts, so)])
         self.pdf = np.concatenate([f.pdf for f in fsts])
         self.log_prob = np.concatenate([f.log_prob for f in fsts])
+        self.span = np.concatenate([f.span for f in fsts])
+        self.max_span = max(f.max_span for f in fsts)
         S = self.num_states
         self.fwd_order, self.in_ptr = _csr(self.dst, S)
         self.bwd_order, self.out_ptr = _csr(self.src, S)

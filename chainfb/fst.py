@@ -1,9 +1,13 @@
 """Epsilon-free acceptors over pdfs: the graph data model of chainfb.
 
 An :class:`Fst` has states ``0..S-1``, a start state, arcs
-``(src, dst, pdf, log_prob)`` where every arc consumes exactly one frame, and
-a final log-probability per state (``-inf`` where the state is not final).
-Self-loops, cycles and several final states are normal.
+``(src, dst, pdf, log_prob, span)`` and a final log-probability per state
+(``-inf`` where the state is not final).  An arc read at frame ``t`` (its
+score is the pdf's score at frame ``t``) lands at frame ``t + span``;
+``span >= 1``, and ``1`` (every arc consumes exactly one frame) is the
+default and every graph of Kaldi's kind.  Arcs that span several frames
+give durations without chains of auxiliary states.  Self-loops, cycles and
+several final states are normal.
 
 In memory ``pdf`` is 0-based.  In OpenFst/Kaldi text files the label is
 ``pdf + 1`` (label 0 is epsilon, which numerator graphs may not contain) and
@@ -132,14 +136,17 @@ class Fst:
         Arc log-probability (``-inf`` allowed: the arc is never taken).
     final : numpy.ndarray of float64, ``[S]``
         Final log-probability per state, ``-inf`` where not final.
+    span : numpy.ndarray of int64, ``[A]``
+        Frames each arc covers (``>= 1``; default all 1): read at frame
+        ``t``, the arc lands at frame ``t + span``.
 
     Arcs are kept in a canonical order (the start state's arcs first, then by
     source state, stable), so that text round trips are exact.
     """
 
-    __slots__ = ("num_states", "start", "src", "dst", "pdf", "log_prob", "final")
+    __slots__ = ("num_states", "start", "src", "dst", "pdf", "log_prob", "final", "span")
 
-    def __init__(self, num_states, start, src, dst, pdf, log_prob, final):
+    def __init__(self, num_states, start, src, dst, pdf, log_prob, final, span=None):
         num_states = _whole(num_states, "num_states")
         start = _whole(start, "start")
         src = _whole_array(src, "src")
@@ -153,6 +160,14 @@ class Fst:
             raise ValueError(f"start: expected a state in [0, {num_states}), got {start}")
         if not (len(src) == len(dst) == len(pdf) == len(log_prob)):
             raise ValueError("src, dst, pdf and log_prob must have the same length")
+        if span is None:
+            span = np.ones(len(src), dtype=np.int64)
+        else:
+            span = _whole_array(span, "span")
+            if len(span) != len(src):
+                raise ValueError(f"span: expected one span per arc ({len(src)}), got {len(span)}")
+            if span.size and span.min() < 1:
+                raise ValueError(f"span: every arc spans at least one frame, got {span.min()}")
         if final.shape != (num_states,):
             raise ValueError(f"final: expected shape ({num_states},), got {final.shape}")
         for name, arr in (("src", src), ("dst", dst)):
@@ -177,6 +192,7 @@ class Fst:
         self.pdf = pdf[order]
         self.log_prob = log_prob[order]
         self.final = final
+        self.span = span[order]
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -187,7 +203,8 @@ class Fst:
         start: int = 0,
         num_states: int | None = None,
     ) -> "Fst":
-        """Build from ``(src, dst, pdf, log_prob)`` tuples and a ``{state: log_prob}`` map.
+        """Build from ``(src, dst, pdf, log_prob)`` or ``(src, dst, pdf,
+        log_prob, span)`` tuples and a ``{state: log_prob}`` map.
 
         States are numbered from 0.  Without ``num_states`` the FST has
         ``1 + `` the largest state id used by ``start``, ``finals`` or an arc,
@@ -204,8 +221,8 @@ class Fst:
         """
         arcs = list(arcs)
         for i, arc in enumerate(arcs):
-            if len(arc) != 4:
-                raise ValueError(f"arcs[{i}]: expected (src, dst, pdf, log_prob), got {arc!r}")
+            if len(arc) not in (4, 5):
+                raise ValueError(f"arcs[{i}]: expected (src, dst, pdf, log_prob[, span]), got {arc!r}")
         if not isinstance(finals, Mapping):
             raise TypeError(f"finals: expected a mapping {{state: log_prob}}, got {type(finals).__name__}")
         if len(finals) == 0:
@@ -217,6 +234,7 @@ class Fst:
             lp = np.array([a[3] for a in arcs], dtype=np.float64)
         except (TypeError, ValueError):
             raise TypeError("arcs: log_prob must be a number in every arc") from None
+        span = _id_array([a[4] if len(a) == 5 else 1 for a in arcs], "arcs[{i}]", "span")
         start = int(_id_array([start], "start", "state")[0])
         final_ids = [int(s) for s in _id_array(list(finals), "finals", "state")]
         if num_states is not None:
@@ -248,7 +266,7 @@ class Fst:
         final = np.full(num_states, -np.inf)
         for s, w in finals.items():
             final[int(s)] = float(w)
-        return cls(num_states, start, src, dst, pdf, lp, final)
+        return cls(num_states, start, src, dst, pdf, lp, final, span)
 
     @classmethod
     def from_openfst_text(cls, text: str, acceptor: bool | None = None) -> "Fst":
@@ -333,6 +351,9 @@ class Fst:
         by an ``Infinity`` final line for the last state.
         """
 
+        if self.max_span > 1:
+            raise ValueError("fst: arcs spanning several frames have no OpenFst text form yet")
+
         def final_line(s):
             cost = _format_cost(self.final[s])
             return f"{s}" + ("" if cost == "0" else f"\t{cost}")
@@ -386,9 +407,18 @@ class Fst:
         """One more than the largest pdf used (0 for an arc-less graph)."""
         return int(self.pdf.max()) + 1 if self.num_arcs else 0
 
-    def arcs(self) -> list[tuple[int, int, int, float]]:
-        """The arcs as ``(src, dst, pdf, log_prob)`` tuples, canonical order."""
-        return list(zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()))
+    @property
+    def max_span(self) -> int:
+        """The most frames one arc covers (1 for an arc-less graph)."""
+        return int(self.span.max()) if self.num_arcs else 1
+
+    def arcs(self, spans: bool = False) -> list[tuple]:
+        """The arcs as ``(src, dst, pdf, log_prob)`` tuples (``(src, dst, pdf,
+        log_prob, span)`` with ``spans=True``), canonical order."""
+        cols = [self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()]
+        if checks.flag(spans, "spans"):
+            cols.append(self.span.tolist())
+        return list(zip(*cols))
 
     def finals(self) -> dict[int, float]:
         """``{state: final log_prob}`` for the final states."""
@@ -402,7 +432,7 @@ class Fst:
             and self.start == other.start
             and all(
                 np.array_equal(getattr(self, k), getattr(other, k))
-                for k in ("src", "dst", "pdf", "log_prob", "final")
+                for k in ("src", "dst", "pdf", "log_prob", "final", "span")
             )
         )
 

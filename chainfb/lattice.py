@@ -52,14 +52,15 @@ def balanced_ranges(work: np.ndarray, parts: int) -> list:
 class _Side:
     """Arcs of all instances sorted by one end (``dst`` for forward, ``src``
     for backward): ``arc`` is each arc's index in the FstBatch's flat arc
-    arrays; ``ptr [S+1]`` the CSR pointer by that end (the arcs of state
+    arrays; ``span`` the frames it covers; ``ptr [S+1]`` the CSR pointer by that end (the arcs of state
     ``s`` are ``ptr[s]:ptr[s+1]``); ``key_states`` the states with at least
     one arc and ``seg_starts`` where their arcs start (reduceat segments)."""
 
-    __slots__ = ("arc", "src", "dst", "log_prob", "col", "seq", "ptr", "key_states", "seg_starts")
+    __slots__ = ("arc", "src", "dst", "log_prob", "col", "seq", "span", "ptr", "key_states", "seg_starts")
 
-    def __init__(self, arc, src, dst, log_prob, col, seq, counts):
+    def __init__(self, arc, src, dst, log_prob, col, seq, counts, span):
         self.arc, self.src, self.dst, self.log_prob, self.col, self.seq = arc, src, dst, log_prob, col, seq
+        self.span = span
         self.ptr = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self.ptr[1:])
         self.key_states = np.flatnonzero(counts)
@@ -80,7 +81,8 @@ class Lattice:
     col_seq ``[C]``, col_pdf ``[C]``: the ``(sequence, pdf)`` of each column,
     sorted by sequence then pdf.
     graph, shared_fst: the index in the batch and the Fst of the one graph
-    every sequence uses, or None.
+    every sequence uses, or None.  max_span: the most frames one arc covers
+    (1 when every arc reads one frame).
     Built on first use: seq_of_state ``[S]``, final ``[S]``, and fwd, bwd:
     arcs sorted by destination / by source (see ``_Side``).
     """
@@ -99,6 +101,7 @@ class Lattice:
         self.start = batch.start[g] - so[g] + self.state_offsets[:-1]
         self.graph = int(g[0]) if N and not (g != g[0]).any() else None
         self.shared_fst = batch.fsts[self.graph] if self.graph is not None else None
+        self.max_span = batch.max_span
 
         # compact columns: the distinct pdfs of each graph, replicated per sequence
         used = np.unique(g)
@@ -145,7 +148,7 @@ class Lattice:
             local_col[batch.arc_offsets[gi]:batch.arc_offsets[gi + 1]] = batch.graph_columns(gi)[1]
         col = self.col_offsets[:-1][seq] + local_col[arc]
         counts = np.diff(ptr)[self._graph_states]
-        return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts)
+        return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts, batch.span[arc])
 
     @cached_property
     def fwd(self) -> _Side:

@@ -103,6 +103,17 @@ def _kernel_engine(lat, engine: str) -> str:
     return "cuda"
 
 
+#: the engines that run arcs spanning several frames (``Lattice.max_span > 1``)
+SPAN_ENGINES: tuple = ()
+
+
+def _check_spans(lat, name: str) -> str:
+    if getattr(lat, "max_span", 1) > 1 and name not in SPAN_ENGINES:
+        raise ValueError(f"engine: {name!r} does not run arcs that span several frames (max span "
+                         f"{lat.max_span}); engines that do: {', '.join(SPAN_ENGINES) or 'none yet'}")
+    return name
+
+
 def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=None) -> str:
     """The name of the engine that runs ``op`` (``"forward_backward"`` or
     ``"best_path"``) on ``lat`` and ``X``.
@@ -158,7 +169,7 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
     """Run the engine :func:`select` picks (protocol in the module docstring);
     a CUDA engine runs on the kernel backend of ``X``
     (:func:`chainfb.cuda.kernels.backend_for`)."""
-    name = select(lat, X, "forward_backward", engine, leaky)
+    name = _check_spans(lat, select(lat, X, "forward_backward", engine, leaky))
     module = _module(name)
     if name in _GPU_ENGINES:
         return module.forward_backward(kernels.backend_for(X), lat, X, lengths, leaky, need_posteriors)
@@ -168,4 +179,4 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
 def best_path(lat, X, lengths, engine: str = "auto"):
     """Viterbi through the engine :func:`select` picks (CuPy scores are
     decoded on the host: there is no max-semiring kernel)."""
-    return _module(select(lat, X, "best_path", engine)).best_path(lat, X, lengths)
+    return _module(_check_spans(lat, select(lat, X, "best_path", engine))).best_path(lat, X, lengths)
