@@ -131,13 +131,8 @@ __device__ void backward_body(const SeqSpan& q, const R* final_, const int* out_
   const int c0 = q.c0, c1 = q.c1;
   const int L = clamp_len(lengths[n], T);
   const R total = loglike[n];
-  if (total != total) {  // NaN (uniform over the block): NaN posteriors up to the longest length, as NumPy
-    int Lmax = 0;
-    for (int i = 0; i < (int)gridDim.x; ++i) {
-      const int Li = clamp_len(lengths[i], T);
-      Lmax = Li > Lmax ? Li : Lmax;
-    }
-    const i64 cells = (i64)Lmax * (c1 - c0);
+  if (total != total) {  // NaN (uniform over the block): NaN posteriors up to its length, zero past it, as NumPy
+    const i64 cells = (i64)L * (c1 - c0);
     for (i64 i = tid; i < cells; i += nt) post[(i / (c1 - c0)) * C + c0 + i % (c1 - c0)] = total;
     return;
   }
