@@ -137,7 +137,7 @@ def _path_score(f, x, arcs_by_frame, length):
 
 def _check_best(fsts, x, lengths, score, arcs):
     for n, f in enumerate(fsts):
-        best, path = brute_force_best(f, x[n], lengths[n])
+        best, _ = brute_force_best(f, x[n], lengths[n])
         row = np.asarray(arcs[n])
         if best == -math.inf:
             assert score[n] == -np.inf and (row == -1).all()
