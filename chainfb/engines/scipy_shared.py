@@ -69,7 +69,11 @@ def is_exact(lat: Lattice, X) -> bool:
     spread of the graph's finite arc weights below :data:`MAX_SPREAD` nats
     (and the spread of its finite finals too), so that no path-weight ratio
     within a frame can underflow.  The weights themselves may be anything:
-    they enter shifted by their maximum."""
+    they enter shifted by their maximum.  False for arcs that span several
+    frames (``lat.max_span > 1``): this engine runs them when asked for by
+    name, and the automatic choice keeps them on the exact engines."""
+    if getattr(lat, "max_span", 1) > 1:
+        return False
     X = np.asarray(X)
     if X.size and not np.isfinite(X).all():
         return False
