@@ -40,6 +40,24 @@ every term left out of it (a cell kept as a log, below ``1e-290`` times at
 most the out-degree) is below ``1e-88`` of it and the scaled products are
 used; a frame with a smaller total is done in the log domain.
 
+Arcs that span frames (``lat.max_span > 1``, semantics in
+:mod:`chainfb.engines`: an arc read at frame ``t`` lands at ``t + span``)
+run in a second compiled pass, chosen once per call, so one-frame lattices
+keep the pass above unchanged.  An arc from frame ``t + 1 - k`` into frame
+``t + 1`` combines cells of different frames' scales: each frame keeps the
+increment of its log offset, so the scale between two frames is a sum of at
+most ``k`` increments (no large offsets cancel), and frame ``t + 1`` is
+formed relative to the largest of its source frames' references ``O_s + m_s``
+(frames without any path left out), each source frame's products rescaled
+by ``exp`` of its difference to it -- at most 1, so nothing overflows, and a
+cell whose scaled sum falls below ``_SAFE`` takes the log-domain escape as
+above, exact however far it lies below.  The betas are kept for every frame
+(an arc reads ``beta_{t+k}``); the posteriors of frame ``t`` are normalised
+by the frame's own total, the paths through a state at ``t``
+(``alpha_t B_t``) plus those on an arc read before ``t`` that lands after
+it, formed from local offset differences (scaled, or in the log domain when
+that total is small).
+
 Sequences are independent: the compiled function releases the GIL and
 contiguous ranges of sequences run on :func:`chainfb.engines.get_num_threads`
 threads; columns belong to one sequence, so the threads never write the

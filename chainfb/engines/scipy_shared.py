@@ -28,6 +28,15 @@ weights' spread is less than :data:`MAX_SPREAD` nats.
 Impossible sequences give ``-inf`` and zero posteriors.  Knows nothing
 about what the graph means.
 
+Arcs that span frames (``span > 1``, see :mod:`chainfb.engines`) are
+grouped by span, one set of sparse matrices per span ``k``; frame ``t``
+sums ``D_k (e_{t-k} * W_k^T a_{t-k})`` over the spans, each rescaled by the
+scales of the frames between (per-frame log increments, summed over at most
+``k`` frames) relative to the largest contribution (see
+:meth:`_SharedGraph._run_spans`).  No leaky HMM with spans (ValueError), and
+:func:`is_exact` is False for such graphs, so the automatic choice runs them
+on the exact engines; ``engine="shared"`` runs them here.
+
 The lattice's columns of sequence ``n`` are the graph's distinct pdfs in
 sorted order (see :class:`~chainfb.lattice.Lattice`), so ``X [T, C]`` is
 ``[T, N, K]`` in memory.  The sparse matrices are built once per graph and
