@@ -7,6 +7,8 @@ zero lengths, float32 and float64; the two kernels giving the same bits;
 NaN kept in its sequence; log-domain exactness for arcs from far back;
 out-of-range device lengths; the leaky HMM refused."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from chainfb import Fst, FstBatch, Lattice
 from chainfb import engines
 from chainfb.engines.cuda import forward_backward as lattice_forward_backward
 from chainfb.engines.cuda_shared import forward_backward as shared_forward_backward
+from chainfb.engines.numpy_log import forward_backward as forward_backward_numpy
 from chainfb.testing import random_fst
 
 from emulation import find_compiler, run_on
@@ -185,6 +188,9 @@ def test_nan_stays_in_its_sequence(be):
             cols1 = lat.col_seq == 1
             assert np.isnan(post[:5, cols1]).all() and not post[5:, cols1].any()
             assert not np.isnan(post[:, ~cols1]).any()
+            lln, postn = forward_backward_numpy(lat, X.copy(), lengths)  # the same NaN pattern as NumPy
+            np.testing.assert_array_equal(np.isnan(ll), np.isnan(lln))
+            np.testing.assert_array_equal(np.isnan(post), np.isnan(postn))
             keep = np.array([0, 2, 3])
             Xc = X.copy()
             Xc[:, cols1] = 0.0
@@ -295,3 +301,49 @@ def test_best_path_of_kernel_scores(be):
         local = np.where(arcs[n, :L] >= 0, arcs[n, :L] - lat.batch.arc_offsets[sg[n]], -1)
         np.testing.assert_array_equal(local, frame_arcs(fsts[n], path, L))
         assert (arcs[n, L:] == -1).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kernels_match_the_numpy_engine(be, dtype):
+    """Both kernels against the NumPy engine on longer sequences (the
+    per-sequence kernels on several graphs, the shared ones on one)."""
+    rng = np.random.default_rng(80)
+    fsts = [span_fst(rng, num_states=6, num_arcs=18, max_span=4, num_finals=3) for _ in range(3)]
+    T = 30
+    tol = 1e-10 if dtype == np.float64 else 5e-5
+    for name, sg in (("cuda", np.array([0, 1, 2, 0])), ("cuda_shared", np.zeros(4, dtype=np.int64))):
+        lat = Lattice.of(FstBatch(fsts if name == "cuda" else fsts[:1], sg))
+        X = rng.normal(size=(T, lat.num_columns))
+        lengths = np.array([30, 22, 0, 27])
+        ll, post = forward_backward_numpy(lat, X.copy(), lengths)
+        lle, poste = ENGINES[name](be, lat, X.astype(dtype), lengths, block_size=8)
+        assert np.isfinite(ll).sum() >= 2
+        np.testing.assert_array_equal(np.isneginf(lle), np.isneginf(ll))
+        fin = np.isfinite(ll)
+        np.testing.assert_allclose(lle[fin], ll[fin], rtol=tol, atol=tol)
+        np.testing.assert_allclose(poste, post, rtol=tol, atol=tol)
+
+
+class _PoisonedNumpy:
+    """NumPy whose ``empty`` fills float arrays with NaN."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(shape, dtype=float, **kw):
+        out = np.empty(shape, dtype=dtype, **kw)
+        if out.dtype.kind == "f":
+            out.fill(np.nan)
+        return out
+
+
+def test_unwritten_rows_are_never_read(be):
+    """The alpha rows and the ring of beta rows the kernels allocate start as
+    NaN: results still match enumeration, so no row is read before it is
+    written (rows past a length, ring rows not yet filled)."""
+    poisoned = types.SimpleNamespace(xp=_PoisonedNumpy(), launch=be.launch, cache_key=lambda: ("poisoned", id(be)))
+    for seed in (90, 91):
+        for name, case in (("cuda", per_sequence_case), ("cuda_shared", shared_case)):
+            lat, fsts, sg, X, lengths = case(seed)
+            check(poisoned, name, lat, fsts, sg, X, lengths, np.float64, 3)
