@@ -33,10 +33,11 @@
 // recursion is in the log domain: no per-frame scale to undo), and beta_t
 // over arcs with t + k <= L the terms lp + X[t, col] + beta_{t+k}(dst), with
 // beta rows in a ring of max_span + 1 (row t % (max_span + 1)).  An arc
-// landing past L is never on a path.  A span outside [1, max_span] is
-// skipped, so no value of it moves an access out of the arrays.  With every
-// span 1 the operations, and so the bits, are those of the one-frame
-// recursion.
+// landing past L is never on a path.  A span below 1, reaching before frame
+// 0 or past L, or (backward) above max_span is skipped: no value of the span
+// arrays moves an access out of the arrays (the host builds them >= 1 and
+// <= max_span).  With every span 1 the operations, and so the bits, are
+// those of the one-frame recursion.
 // Leaky HMM when log_init != nullptr:
 //   alpha'(i) = alpha(i) + c * sum_j alpha(j) * init(i)
 //   beta'(i)  = beta(i)  + c * sum_j init(j) * beta(j)      (sums per sequence)
@@ -85,8 +86,7 @@ __device__ void leak_beta(R* b, const R* log_init, int io, R log_c, int s0, int 
 template <typename R>
 __device__ void forward_body(const SeqSpan& q, const R* final_, const int* in_ptr, const int* in_src,
                              const R* in_lp, const int* in_col, const int* in_span, i64 length, R* X, int T, int C,
-                             R* alpha, int S,
-                             const R* log_init, R log_c, R* loglike) {
+                             R* alpha, int S, const R* log_init, R log_c, R* loglike) {
   const int tid = threadIdx.x, nt = blockDim.x;
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc;
   const int c0 = q.c0, nc = q.c1 - q.c0;

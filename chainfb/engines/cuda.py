@@ -9,6 +9,10 @@ device, stream and real type (see :func:`cached`); a call then only
 allocates its outputs and launches two kernels, with no host
 synchronisation.  The launch and the argument checks are shared with the
 shared-graph engine, :mod:`chainfb.engines.cuda_shared`.
+
+Arcs may span several frames (``lat.max_span > 1``): the arcs' spans are
+uploaded with the lattice's arrays and the backward kernel keeps
+``max_span + 1`` rows of betas; the leaky HMM is refused with spans.
 """
 
 from __future__ import annotations
