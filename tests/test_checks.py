@@ -1,12 +1,11 @@
 """The one checks module: each check's accepted forms and its error style."""
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
 from chainfb import checks
+from threads import in_threads
 
 
 def test_flag_rejects_truthy_non_bools():
@@ -82,20 +81,12 @@ def test_reduce():
 
 
 def test_lru_is_thread_safe_and_bounded():
-    cache = checks.LRU(4)
-    errors = []
+    cache = checks.LRU(8)
 
-    def work(i):
-        try:
-            for k in range(2000):
-                key = (i + k) % 7
-                assert cache.get(key, lambda: key * 10) == key * 10
-        except Exception as e:  # pragma: no cover - the failure being tested for
-            errors.append(e)
+    def work(seed):  # constant eviction: keys drawn from three times the cache's size
+        for k in np.random.default_rng(seed).integers(0, 24, 4000).tolist():
+            assert cache.get(k, lambda k=k: k * 10) == k * 10
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(cache) <= 4
+    errors = in_threads(work, 8)
+    assert not errors, errors[:3]
+    assert len(cache) <= 8

@@ -215,8 +215,7 @@ def test_threads_share_the_layout_cache():
     """Many threads, more label sets than the cache holds: every call gets
     its own graphs' loss (no KeyError from a half-updated cache, no graphs
     of another thread's labels)."""
-    import sys
-    import threading
+    from threads import in_threads
 
     rng = np.random.default_rng(7)
     T, C = 6, 4
@@ -226,29 +225,15 @@ def test_threads_share_the_layout_cache():
         lp = torch.from_numpy(rng.normal(size=(T, 2, C))).log_softmax(-1)
         ref = chainfb.ctc_loss(lp, tg, torch.tensor([T, T]), torch.tensor([2, 2]), reduction="none")
         cases.append((lp, tg, ref))
-    errors = []
 
     def work(seed):
         order = np.random.default_rng(seed).permutation(len(cases) * 4) % len(cases)
-        try:
-            for i in order:
-                lp, tg, ref = cases[i]
-                got = chainfb.ctc_loss(lp, tg, torch.tensor([T, T]), torch.tensor([2, 2]), reduction="none")
-                if not torch.allclose(got, ref, rtol=1e-12, atol=0):
-                    errors.append(f"case {i}: {got} != {ref}")
-        except Exception as e:  # noqa: BLE001 -- reported below
-            errors.append(repr(e))
+        for i in order:
+            lp, tg, ref = cases[i]
+            got = chainfb.ctc_loss(lp, tg, torch.tensor([T, T]), torch.tensor([2, 2]), reduction="none")
+            assert torch.allclose(got, ref, rtol=1e-12, atol=0), f"case {i}: {got} != {ref}"
 
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible
-    try:
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    errors = in_threads(work, 6)
     assert not errors, errors[:3]
 
 
@@ -259,38 +244,11 @@ def test_bad_flags_and_layouts():
         chainfb.ctc_loss(**_args(zero_infinity=1))
 
 
-def test_layout_cache_is_thread_safe():
-    """The compiled-layout cache under many threads and constant eviction:
-    the unlocked get-then-move_to_end it replaced raised KeyError a few
-    times per 10^5 operations here."""
-    import sys
-    import threading
-
+def test_layout_cache_is_the_thread_safe_lru():
+    """The compiled-layout cache is :class:`chainfb.checks.LRU` (its thread
+    safety is tested in test_checks.py: the unlocked get-then-move_to_end it
+    replaced raised KeyError a few times per 10^5 operations)."""
     from chainfb import checks
     from chainfb.ctc import _compiled
 
     assert isinstance(_compiled, checks.LRU)
-    cache = checks.LRU(_compiled.size)
-    errors = []
-
-    def work(seed):
-        keys = np.random.default_rng(seed).integers(0, 3 * cache.size, 4000)
-        try:
-            for k in keys.tolist():
-                if cache.get(k, lambda k=k: k * 10) != k * 10:
-                    errors.append(f"key {k}: wrong value")
-        except Exception as e:  # noqa: BLE001 -- reported below
-            errors.append(repr(e))
-
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
-    assert not errors, errors[:3]
-    assert len(cache) <= cache.size

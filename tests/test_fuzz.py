@@ -17,7 +17,6 @@ time is bounded.
 """
 
 import math
-import threading
 
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ from chainfb import Fst, FstBatch
 from oracles.fst import reference_forward_backward
 from oracles.tdt import grid_reference as tdt_reference
 from oracles.transducer import grid_reference as transducer_reference
+from threads import in_threads
 
 FUZZ = settings(max_examples=50, derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -288,21 +288,14 @@ def test_threads_get_single_threaded_numbers(cpu_engine):
         return torch.cat([a, b])
 
     expected = [run(c) for c in cases]
-    got, errors = {}, []
+    got = {}
 
     def worker(k):
-        try:
-            for rep in range(6):
-                i = (k * 5 + rep * 7) % len(cases)
-                got.setdefault(i, []).append(run(cases[i]))
-        except Exception as e:  # pragma: no cover - the failure being tested for
-            errors.append(e)
+        for rep in range(6):
+            i = (k * 5 + rep * 7) % len(cases)
+            got.setdefault(i, []).append(run(cases[i]))
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(worker, 4)
     assert not errors, errors
     for i, outs in got.items():
         for o in outs:

@@ -614,7 +614,7 @@ def test_threads_share_the_compiled_layouts():
     """rnnt_loss and tdt_loss from 4 threads, over more batch shapes than the
     caches hold (so entries are evicted while others read them): every
     thread gets exactly the single-thread costs and gradients."""
-    import threading
+    from threads import in_threads
 
     from chainfb.transducer import graphs
 
@@ -639,20 +639,13 @@ def test_threads_share_the_compiled_layouts():
         return ra.detach(), a.grad, rb.detach(), b.grad
 
     want = [run(c) for c in cases]
-    got, errors = [[None] * len(cases) for _ in range(4)], []
+    got = [[None] * len(cases) for _ in range(4)]
 
     def worker(k):
-        try:
-            for i in (range(len(cases)) if k % 2 == 0 else reversed(range(len(cases)))):
-                got[k][i] = run(cases[i])
-        except Exception as e:  # reported below
-            errors.append(e)
+        for i in (range(len(cases)) if k % 2 == 0 else reversed(range(len(cases)))):
+            got[k][i] = run(cases[i])
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(worker, 4)
     assert not errors, errors
     for k in range(4):
         for w, g in zip(want, got[k]):
