@@ -313,6 +313,10 @@ def test_chain_loss_bad_inputs():
         loss(torch.zeros(3, 8, 4), nums)
     with pytest.raises(ValueError, match="weights"):
         loss(torch.zeros(3, 8, 10), nums, None, [1.0, 2.0])
+    with pytest.raises(ValueError, match="weights: expected 3 finite numbers >= 0"):
+        loss(torch.zeros(3, 8, 10), nums, None, [1.0, -1.0, 1.0])  # "frame" would divide by a frame count <= 0
+    with pytest.raises(TypeError, match="l2_regularize"):
+        ChainLoss(loss.den_graph, l2_regularize="0.1")
     with pytest.raises(ValueError, match="fsts"):
         loss(torch.zeros(2, 8, 10), nums)
     with pytest.raises(ValueError, match="leaky"):

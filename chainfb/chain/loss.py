@@ -54,6 +54,7 @@ import warnings
 import numpy as np
 import torch
 
+from .. import checks
 from .._arrays import check_lengths
 from ..api import PdfCriterion
 from ..criterion import apply
@@ -88,17 +89,11 @@ class ChainLoss(torch.nn.Module):
                  out_of_range_regularize: float = 0.01, reduction: str = "sum", den_engine: str = "auto"):
         super().__init__()
         self.den_graph = den_graph if isinstance(den_graph, DenominatorGraph) else DenominatorGraph(den_graph)
-        if not 0.0 <= leaky_hmm_coefficient < 1.0:
-            raise ValueError(f"leaky_hmm_coefficient: expected a value in [0, 1), got {leaky_hmm_coefficient}")
-        for name, v in (("l2_regularize", l2_regularize), ("out_of_range_regularize", out_of_range_regularize)):
-            if not (np.isfinite(v) and v >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
-        if reduction not in ("sum", "frame", "none"):
-            raise ValueError(f"reduction: expected 'sum', 'frame' or 'none', got {reduction!r}")
-        self.leaky_hmm_coefficient = float(leaky_hmm_coefficient)
-        self.l2_regularize = float(l2_regularize)
-        self.out_of_range_regularize = float(out_of_range_regularize)
-        self.reduction = reduction
+        self.leaky_hmm_coefficient = checks.number(leaky_hmm_coefficient, "leaky_hmm_coefficient", 0.0, 1.0,
+                                                   hi_open=True)
+        self.l2_regularize = checks.number(l2_regularize, "l2_regularize", lo=0.0)
+        self.out_of_range_regularize = checks.number(out_of_range_regularize, "out_of_range_regularize", lo=0.0)
+        self.reduction = checks.reduction(reduction, ("sum", "frame", "none"))
         self.den_engine = den_engine
         self.info: dict = {}
 
@@ -115,8 +110,8 @@ class ChainLoss(torch.nn.Module):
         if self.reduction == "none":
             return per_seq
         total = per_seq.sum()
-        if self.reduction == "frame":
-            total = total / max(frames, 1e-20)
+        if self.reduction == "frame" and frames > 0:  # (no frames at all: the sum, 0 or the fallback's)
+            total = total / frames
         return total
 
     def _objective(self, y, num_graphs, lengths, weights):
@@ -131,11 +126,11 @@ class ChainLoss(torch.nn.Module):
         else:
             w = torch.as_tensor(weights, dtype=torch.float64)
             if w.shape != (N,):
-                raise ValueError(f"weights: expected {N} finite numbers, got shape {tuple(w.shape)}")
+                raise ValueError(f"weights: expected {N} finite numbers >= 0, got shape {tuple(w.shape)}")
             if w.is_cuda and y.is_cuda:
-                w_ok = torch.isfinite(w).all()
-            elif not bool(torch.isfinite(w).all()):
-                raise ValueError(f"weights: expected {N} finite numbers, got {w.tolist()}")
+                w_ok = (torch.isfinite(w) & (w >= 0)).all()
+            elif not bool((torch.isfinite(w) & (w >= 0)).all()):
+                raise ValueError(f"weights: expected {N} finite numbers >= 0, got {w.tolist()}")
             w = w.to(dev)
         mask = (torch.arange(T, device=dev)[None, :] < torch.as_tensor(L, device=dev)[:, None])[:, :, None]
         # Kaldi's fallback covers a sequence whose output is not finite in a valid frame too: the whole
@@ -166,7 +161,7 @@ class ChainLoss(torch.nn.Module):
             pieces.append(w_ok.double())
         summary = torch.stack(pieces).detach().cpu().tolist()  # the one device read
         if w_ok is not None and not summary.pop():
-            raise ValueError(f"weights: expected {N} finite numbers, got {weights.tolist()}")
+            raise ValueError(f"weights: expected {N} finite numbers >= 0, got {weights.tolist()}")
         info = dict(zip(("num", "den", "l2", "oor", "objf", "frames", "num_fallback"), summary))
         info["num_fallback"] = int(info["num_fallback"])
         info["objf_per_frame"] = info["objf"] / info["frames"] if info["frames"] else 0.0

@@ -97,7 +97,8 @@ def logits_storage(xp, logits):
     return arr, tag
 
 
-def compute_dtype(tag):
+def kernel_float_dtype(tag):
+    """The NumPy dtype the kernels compute in for input tag ``tag`` (float64 for ``"f64"``, else float32)."""
     return np.dtype(np.float64) if tag == "f64" else np.dtype(np.float32)
 
 
@@ -238,7 +239,7 @@ def transducer_gather(backend, logits, sym, colidx, logit_lengths, target_length
     _check_columns(colidx, zero_col, int(num_columns))
     arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
     B, T, U1 = dims[:3]
-    R = compute_dtype(tag)
+    R = kernel_float_dtype(tag)
     X = xp.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
     lse = xp.zeros((B, T, U1), dtype=R)
     i32 = np.int32
@@ -276,7 +277,7 @@ def transducer_grad(backend, logits, sym, colidx, logit_lengths, target_lengths,
     colidx_in = colidx
     arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
     B, T, U1, V, J = dims
-    R = compute_dtype(tag)
+    R = kernel_float_dtype(tag)
     if post.ndim != 2:
         raise ValueError(f"post: expected 2-D [num_rows, C], got shape {tuple(post.shape)}")
     _check_columns(colidx_in, None, int(post.shape[1]))

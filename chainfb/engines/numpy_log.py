@@ -212,7 +212,7 @@ class _Dense:
         return self._to_columns
 
 
-class _Plan:
+class _LatticeSegments:
     """Per-lattice segment structures (and dense layouts, where they fit)
     the frame loop reuses."""
 
@@ -225,11 +225,11 @@ class _Plan:
         self.dense_bwd = _Dense(lat.bwd, lat.bwd.dst, S, C) if _Dense.fits(lat.bwd) else None
 
 
-def _plan(lat: Lattice) -> _Plan:
-    p = getattr(lat, "_np_plan", None)
+def _segments(lat: Lattice) -> _LatticeSegments:
+    p = getattr(lat, "_np_segments", None)
     if p is None:
-        p = _Plan(lat)
-        lat._np_plan = p
+        p = _LatticeSegments(lat)
+        lat._np_segments = p
     return p
 
 
@@ -286,7 +286,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
 class _Leak:
     """Kaldi's leaky-HMM maps for ``leaky = (c, log_init [S])``."""
 
-    def __init__(self, lat: Lattice, plan: _Plan, leaky):
+    def __init__(self, lat: Lattice, plan: _LatticeSegments, leaky):
         with np.errstate(divide="ignore"):
             self.log_c = float(np.log(leaky[0]))  # c = 0: no leak, but still the initial distribution
         self.log_init = lat.state_values(leaky[1])
@@ -301,7 +301,7 @@ class _Leak:
         return np.logaddexp(b, self.log_c + tot[self.sos])
 
 
-def _normalise(plan: _Plan, sos: np.ndarray, a: np.ndarray) -> np.ndarray:
+def _normalise(plan: _LatticeSegments, sos: np.ndarray, a: np.ndarray) -> np.ndarray:
     """Subtract each sequence's maximum (kept finite) from ``a``; return the maxima."""
     m = plan.seqs.max(a)
     m[~np.isfinite(m)] = 0.0
@@ -335,7 +335,7 @@ def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, le
     viterbi = semiring == "max"
     N, S = lat.num_sequences, lat.num_states
     Tmax = _mask_past_lengths(lat, X, lengths)
-    plan = _plan(lat)
+    plan = _segments(lat)
     f = lat.fwd
     sos = lat.seq_of_state
     chunk = _chunk_frames(lat, Tmax)
@@ -410,7 +410,7 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     N = lat.num_sequences
     S = lat.num_states
     lengths = np.asarray(lengths, dtype=np.int64)
-    plan = _plan(lat)
+    plan = _segments(lat)
     if N == 0:
         return np.zeros(0), (np.zeros((T, C)) if need_posteriors else None)
     if lat.max_span > 1:
@@ -540,7 +540,7 @@ def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
     """
     N = lat.num_sequences
     lengths = np.asarray(lengths, dtype=np.int64)
-    plan = _plan(lat)
+    plan = _segments(lat)
     f = lat.fwd
     _, _, end, score, back = _forward(lat, X, lengths, "max")
     Tmax = back.shape[0]
@@ -603,7 +603,7 @@ def _forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: s
     viterbi = semiring == "max"
     N, S = lat.num_sequences, lat.num_states
     Tmax = _mask_past_lengths(lat, X, lengths)
-    plan = _plan(lat)
+    plan = _segments(lat)
     f = lat.fwd
     sos = lat.seq_of_state
     alpha = np.full((Tmax + 1, S), -np.inf)
@@ -659,7 +659,7 @@ def _forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, ne
     total."""
     T, C = X.shape
     N, S = lat.num_sequences, lat.num_states
-    plan = _plan(lat)
+    plan = _segments(lat)
     sos = lat.seq_of_state
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         alpha, offset, _, loglike, _ = _forward_spans(lat, X, lengths, "log")

@@ -49,10 +49,10 @@ from ..criterion import Criterion
 from ..cuda import kernels
 from .graphs import TransducerLayout, compile_layout
 
-__all__ = ["TransducerCriterion", "symbol_table", "compute_dtype", "layout_tables", "kernel_tables"]
+__all__ = ["TransducerCriterion", "symbol_table", "torch_compute_dtype", "layout_tables", "kernel_tables"]
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def torch_compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; float32, float16 and bfloat16 compute in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -253,7 +253,7 @@ def _torch_gather(logits: torch.Tensor, sym: torch.Tensor, layout, fused_log_sof
     x = logits.detach()
     if not x.is_contiguous():  # flat indexing below; a non-contiguous input costs one copy
         x = x.contiguous()
-    ct = compute_dtype(x.dtype)
+    ct = torch_compute_dtype(x.dtype)
     work = None
     if fused_log_softmax:
         if need_gradient:

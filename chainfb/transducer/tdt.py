@@ -57,7 +57,7 @@ import torch
 from .. import checks
 from .._arrays import as_array
 from ..criterion import Criterion, apply
-from .criterion import TransducerCriterion, compute_dtype, layout_tables, symbol_table
+from .criterion import TransducerCriterion, torch_compute_dtype, layout_tables, symbol_table
 from .graphs import MAX_DURATION, compile_layout
 from .loss import check_inputs, check_options
 
@@ -127,7 +127,7 @@ class TDTCriterion(Criterion):
         V = self.V
         dev = x.device
         xd = x.detach()
-        ct = compute_dtype(x.dtype)
+        ct = torch_compute_dtype(x.dtype)
         if need_grad:
             work = xd.to(ct, copy=True).contiguous()  # becomes the gradient
             tok_norm = _softmax_(work[..., :V])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chainfb.cuda.transducer_maps import _check_columns, check_common, check_kind_weight, compute_dtype
+from chainfb.cuda.transducer_maps import _check_columns, check_common, check_kind_weight, kernel_float_dtype
 
 __all__ = ["transducer_gather", "transducer_grad"]
 
@@ -24,7 +24,7 @@ def _values(arr, tag):
     if tag == "bf16":
         bits = arr.view(np.uint16).astype(np.uint32) << 16
         return bits.view(np.float32)
-    return arr.astype(compute_dtype(tag))
+    return arr.astype(kernel_float_dtype(tag))
 
 
 def _store(g, tag, like):
@@ -51,7 +51,7 @@ def transducer_gather(logits, sym, colidx, logit_lengths, target_lengths, num_ro
     arr, tag, (B, T, U1, V, J), sym, colidx, Tl, Ul = check_common(
         np, logits, sym, colidx, logit_lengths, target_lengths
     )
-    R = compute_dtype(tag)
+    R = kernel_float_dtype(tag)
     x = _values(arr, tag)
     live = _live(B, T, U1, Tl, Ul)
     if fused_log_softmax:
@@ -89,7 +89,7 @@ def transducer_grad(logits, sym, colidx, logit_lengths, target_lengths, post, ls
     arr, tag, (B, T, U1, V, J), sym, colidx, Tl, Ul = check_common(
         np, logits, sym, colidx, logit_lengths, target_lengths
     )
-    R = compute_dtype(tag)
+    R = kernel_float_dtype(tag)
     x = _values(arr, tag)
     w = check_kind_weight(np, kind_weight, J, R)
     post = np.asarray(post, dtype=R)
