@@ -13,9 +13,9 @@ From grid point ``(t, u)``, with score ``token_lp - sigma + duration_lp``:
   (the final arc: every alignment ends with a blank landing on
   ``(T_b, U_b)``).
 
-Step graph: :func:`~chainfb.transducer.graphs.tdt_step_graph` (main
-states ``u = 0 .. U_b`` with auxiliary chains carrying durations; start 0,
-final ``U_b``, run for ``T_b + U_b`` steps), compiled, batched and cached by
+Step graph: :func:`~chainfb.transducer.graphs.tdt_step_graph` (states
+``u = 0 .. U_b``, start 0, final ``U_b``, run for ``T_b + U_b`` steps; a
+duration is an arc spanning several steps), compiled, batched and cached by
 the one transducer compiler, :func:`~chainfb.transducer.graphs.compile_layout`
 (``family="tdt"``), which also lists the ``(column, t)`` entries where each
 move is allowed (:class:`~chainfb.transducer.graphs.ScoreEntries`).
@@ -145,7 +145,6 @@ class TDTCriterion(Criterion):
         tab, sidx = self._entries(dev, T)
         X = torch.full((self.layout.num_steps, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
         X[tab["rows"], tab["cols"]] = S.reshape(-1).index_select(0, sidx)
-        X[:, tab["zero"]] = 0.0
         return as_array(X, "logits")[0]
 
     def finish(self, x, loglike, post):
