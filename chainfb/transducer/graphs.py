@@ -177,7 +177,7 @@ def rnnt_graphs(target_lengths, logit_lengths=None) -> FstBatch:
 
 def multiblank_graphs(target_lengths, big_blank_durations, sigma: float = 0.0, logit_lengths=None) -> FstBatch:
     """The multi-blank RNN-T step graphs of a batch (see the module docstring
-    for the auxiliary chains); ``sigma`` is subtracted on every real arc."""
+    for the big blanks' arcs spanning frames); ``sigma`` is subtracted on every arc."""
     durations = _durations(big_blank_durations, "big_blank_durations", 2)
     sigma = checks.number(sigma, "sigma")
     return _batch_graphs(target_lengths, logit_lengths, _builder("rnnt", durations, sigma, logit_lengths))

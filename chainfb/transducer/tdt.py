@@ -127,12 +127,15 @@ class TDTCriterion(Criterion):
         V = self.V
         dev = x.device
         xd = x.detach()
+        if not xd.is_contiguous():
+            xd = xd.contiguous()
         ct = compute_dtype(x.dtype)
         if need_grad:
-            work = xd.to(ct, copy=True).contiguous()  # becomes the gradient
-            tok_norm = _softmax_(work[..., :V])
-            dur_norm = _softmax_(work[..., V:])
-            self._work = work
+            work = torch.empty((B, T, U1, VD), dtype=ct, device=dev)  # becomes the gradient
+            tok_norm = _token_softmax(xd, V, work)
+            dur = xd[..., V:].to(ct, copy=True)  # [B, T, U1, D], small
+            dur_norm = _softmax_(dur)
+            self._work = (work, dur)
         else:
             xc = xd.to(ct)
             tok_norm = torch.logsumexp(xc[..., :V], dim=-1)
@@ -153,6 +156,7 @@ class TDTCriterion(Criterion):
         work, self._work = self._work, None
         if post is None:
             return value, None
+        g, dsm = work
         B, T, U1, VD = x.shape
         V, D = self.V, len(self.durations)
         dev = x.device
@@ -160,11 +164,11 @@ class TDTCriterion(Criterion):
         P = _as_torch(post, dev)
         A = torch.zeros(B * T * U1 * 2 * D, dtype=torch.float64, device=dev)
         A[sidx] = P[tab["rows"], tab["cols"]]
-        A = A.view(B, T, U1, 2, D)
+        # impossible utterances (non-finite cost): no posteriors, so a zero gradient (the softmaxes are finite)
+        A = torch.where(torch.isfinite(ll).view(-1, 1), A.view(B, -1), 0.0).view(B, T, U1, 2, D)
         Pk = A.sum(-1)  # [B, T, U1, 2]: blank, label
         Pb, Pl = Pk[..., 0], Pk[..., 1]
         wl = (1.0 + self.fastemit_lambda) * Pl
-        g = work
         ct = g.dtype
         tokg = g[..., :V]
         tokg.mul_((Pb + wl).to(ct)[..., None])
@@ -174,10 +178,45 @@ class TDTCriterion(Criterion):
         if self.clamp > 0:
             tokg.clamp_(-self.clamp, self.clamp)
         durg = g[..., V:]
-        durg.mul_((Pb + Pl).to(ct)[..., None])
+        torch.mul(dsm, (Pb + Pl).to(ct)[..., None], out=durg)
         durg.sub_(A.sum(-2).to(ct))
-        g.masked_fill_(~torch.isfinite(ll).view(-1, 1, 1, 1), 0.0)  # impossible utterances: zero gradient
         return value, g.to(x.dtype) if g.dtype != x.dtype else g
+
+
+#: rows of the token softmax per block: a block's logits and softmax stay in the CPU's cache between its passes
+_CPU_BLOCK_ELEMENTS = 1 << 20
+_GPU_BLOCK_ELEMENTS = 1 << 26
+
+
+def _token_softmax(x: torch.Tensor, V: int, out: torch.Tensor) -> torch.Tensor:
+    """The softmax of the token logits ``x[..., :V]`` (``x [B, T, U1, V + D]``
+    contiguous) written into ``out[..., :V]`` (``out`` the same shape, the
+    compute dtype), block by block; returns the log-normaliser ``[B, T, U1]``
+    in the compute dtype.
+
+    The normaliser comes from the row maximum, whose probability (``>=
+    1/V``) never underflows: ``max - log(max softmax)``; rows whose maximum
+    is not finite (all ``-inf``, ``inf``, NaN) get it as their normaliser
+    and a softmax of 0 (their utterances get a non-finite cost)."""
+    VD = x.shape[-1]
+    xv = x.view(-1, VD)[:, :V]
+    ov = out.view(-1, VD)[:, :V]
+    R = xv.shape[0]
+    smax = torch.empty(R, dtype=out.dtype, device=x.device)
+    on_cpu = x.device.type == "cpu"
+    rows = max(1, (_CPU_BLOCK_ELEMENTS if on_cpu else _GPU_BLOCK_ELEMENTS) // max(V, 1))
+    for r0 in range(0, R, rows):
+        sm = torch.softmax(xv[r0:r0 + rows].contiguous(), dim=-1, dtype=out.dtype)  # slow on strided rows
+        ov[r0:r0 + rows].copy_(sm)
+        torch.amax(sm, dim=-1, out=smax[r0:r0 + rows])
+    mx = xv.amax(dim=-1).to(out.dtype)
+    ok = torch.isfinite(mx)
+    norm = torch.where(ok, mx - smax.log_(), mx)
+    if not on_cpu:
+        ov.masked_fill_(~ok[:, None], 0.0)
+    elif not bool(ok.all()):  # a CPU tensor: no sync to avoid
+        ov[~ok] = 0.0
+    return norm.view(x.shape[:-1])
 
 
 def check_tdt_durations(durations, num_outputs: int) -> list:
