@@ -163,8 +163,9 @@ def best_path(fsts, scores, lengths=None):
         Max over paths of exactly ``lengths[n]`` arcs of arc log-probs +
         scores + final log-prob (``-inf`` when there is no path).
     paths : list of N int64 arrays
-        The arcs of each best path (``lengths[n]`` of them, empty when there
-        is no path), as indices into that sequence's own Fst.
+        The arcs of each best path in order (``lengths[n]`` of them when
+        every arc spans one frame, empty when there is no path), as indices
+        into that sequence's own Fst.
     """
     arr, xp = as_array(scores, "scores")
     crit = PdfCriterion(fsts, arr.shape, lengths)
@@ -174,7 +175,8 @@ def best_path(fsts, scores, lengths=None):
     crit._held = None
     batch = lat.batch
     first_arc = batch.arc_offsets[batch.seq_to_graph]
-    paths = [arcs[n, : lengths[n]] - first_arc[n] if score[n] > -np.inf else np.zeros(0, np.int64)
+    read = [arcs[n, : lengths[n]] for n in range(len(score))]  # -1: inside a spanning arc
+    paths = [read[n][read[n] >= 0] - first_arc[n] if score[n] > -np.inf else np.zeros(0, np.int64)
              for n in range(len(score))]
     return score, paths
 

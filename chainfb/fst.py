@@ -12,7 +12,11 @@ several final states are normal.
 In memory ``pdf`` is 0-based.  In OpenFst/Kaldi text files the label is
 ``pdf + 1`` (label 0 is epsilon, which numerator graphs may not contain) and
 weights are costs, ``cost = -log p``; a cost of ``Infinity`` (OpenFst's zero
-weight) is legal and means the arc or final can never be taken.
+weight) is legal and means the arc or final can never be taken.  A graph
+with arcs spanning several frames is written in OpenFst's transducer format
+with the span as the output label, ``src dst pdf+1 span cost`` on every arc
+(the cost always written), and read back with ``spans=True``; graphs whose
+arcs all span one frame keep the acceptor format.
 """
 
 from __future__ import annotations
@@ -269,7 +273,7 @@ class Fst:
         return cls(num_states, start, src, dst, pdf, lp, final, span)
 
     @classmethod
-    def from_openfst_text(cls, text: str, acceptor: bool | None = None) -> "Fst":
+    def from_openfst_text(cls, text: str, acceptor: bool | None = None, spans: bool = False) -> "Fst":
         """Parse an OpenFst/Kaldi text FST (label = pdf + 1, weight = cost).
 
         Arc lines are ``src dst label [cost]`` (acceptor format) or
@@ -278,11 +282,17 @@ class Fst:
         source is the start state.  ``acceptor=None`` detects the format: any
         5-field line means transducer format; otherwise 4 fields are an
         acceptor arc with a cost.
+
+        ``spans=True`` reads arcs that span several frames, as
+        :meth:`to_openfst_text` writes them: in the transducer format the
+        output label is the arc's span (``>= 1``), ``src dst pdf+1 span
+        cost``; acceptor-format lines are arcs of span 1.
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected str, got {type(text).__name__}")
         if acceptor is not None:
             acceptor = checks.flag(acceptor, "acceptor")
+        spans = checks.flag(spans, "spans")
         rows = []
         for lineno, line in enumerate(text.splitlines(), 1):
             fields = line.split()
@@ -305,19 +315,25 @@ class Fst:
                 s = _parse_int(fields[0], "source state", lineno)
                 d = _parse_int(fields[1], "destination state", lineno)
                 label = _parse_int(fields[2], "label", lineno)
+                span = 1
                 if not acceptor:
                     olabel = _parse_int(fields[3], "output label", lineno)
-                    if olabel != label:
+                    if spans:
+                        if olabel < 1:
+                            raise ValueError(f"line {lineno}: span (output label) {olabel}; every arc "
+                                             "spans at least one frame")
+                        span = olabel
+                    elif olabel != label:
                         raise ValueError(
                             f"line {lineno}: input label {label} != output label {olabel}; "
-                            "expected an acceptor"
+                            "expected an acceptor (spans=True reads the output label as the arc's span)"
                         )
                 if label == 0:
                     raise ValueError(
                         f"line {lineno}: label 0 (epsilon); numerator FSTs must be epsilon-free"
                     )
                 cost = _parse_cost(fields[arc_fields], lineno) if n == arc_fields + 1 else 0.0
-                arcs.append((s, d, label - 1, -cost))
+                arcs.append((s, d, label - 1, -cost, span))
             else:
                 fmt = "acceptor" if acceptor else "transducer"
                 raise ValueError(f"line {lineno}: malformed line for the {fmt} format: {' '.join(fields)!r}")
@@ -328,8 +344,9 @@ class Fst:
         return cls.from_arcs(arcs, finals, start=start)
 
     @classmethod
-    def read(cls, path: str | os.PathLike, acceptor: bool | None = None) -> "Fst":
-        """Read an OpenFst/Kaldi text FST from ``path``."""
+    def read(cls, path: str | os.PathLike, acceptor: bool | None = None, spans: bool = False) -> "Fst":
+        """Read an OpenFst/Kaldi text FST from ``path`` (arguments as for
+        :meth:`from_openfst_text`)."""
         with open(path, "rb") as f:
             data = f.read()
         try:
@@ -338,7 +355,7 @@ class Fst:
             raise ValueError(
                 f"{os.fspath(path)}: not an OpenFst/Kaldi text FST (binary data); binary Kaldi FST archives are "
                 f"read by chainfb.chain.read_kaldi_fst_archive") from None
-        return cls.from_openfst_text(text, acceptor=acceptor)
+        return cls.from_openfst_text(text, acceptor=acceptor, spans=spans)
 
     # ----------------------------------------------------------------- output
     def to_openfst_text(self) -> str:
@@ -349,10 +366,14 @@ class Fst:
         equals ``f``: a start state without arcs is named by a first final
         line (``Infinity`` if it is not final), and trailing isolated states
         by an ``Infinity`` final line for the last state.
-        """
 
-        if self.max_span > 1:
-            raise ValueError("fst: arcs spanning several frames have no OpenFst text form yet")
+        Arcs spanning several frames: when ``max_span > 1`` every arc is
+        written in OpenFst's transducer format with its span as the output
+        label and its cost always present, ``src dst pdf+1 span cost``
+        (OpenFst tools read it as a transducer); read it back with
+        ``Fst.from_openfst_text(text, spans=True)``.
+        """
+        spanning = self.max_span > 1
 
         def final_line(s):
             cost = _format_cost(self.final[s])
@@ -362,9 +383,13 @@ class Fst:
         start_has_arcs = self.num_arcs > 0 and self.src[0] == self.start
         if not start_has_arcs:
             lines.append(final_line(self.start))
-        for s, d, p, lp in zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist()):
+        for s, d, p, lp, k in zip(self.src.tolist(), self.dst.tolist(), self.pdf.tolist(), self.log_prob.tolist(),
+                                  self.span.tolist()):
             cost = _format_cost(lp)
-            lines.append(f"{s}\t{d}\t{p + 1}" + ("" if cost == "0" else f"\t{cost}"))
+            if spanning:
+                lines.append(f"{s}\t{d}\t{p + 1}\t{k}\t{cost}")
+            else:
+                lines.append(f"{s}\t{d}\t{p + 1}" + ("" if cost == "0" else f"\t{cost}"))
         finals = [s for s in np.flatnonzero(self.final > -np.inf).tolist() if start_has_arcs or s != self.start]
         lines += [final_line(s) for s in finals]
         used = [self.start, *finals]
@@ -376,7 +401,8 @@ class Fst:
         return "\n".join(lines) + "\n"
 
     def write(self, path: str | os.PathLike) -> None:
-        """Write OpenFst acceptor text to ``path``."""
+        """Write :meth:`to_openfst_text` to ``path`` (acceptor text; the
+        transducer form when arcs span several frames)."""
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_openfst_text())
 

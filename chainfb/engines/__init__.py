@@ -13,8 +13,17 @@ Every engine is a module with two functions over a
     (``X`` may be overwritten there).
 ``best_path(lat, X, lengths)``
     ``(score [N], arcs [N, max(lengths)])``: the same recursion in the max
-    semiring, with the winning arcs as indices into the FstBatch's flat arc
-    arrays (``-1`` past a length or without a path).
+    semiring; ``arcs[n, t]`` is the winning arc read at frame ``t``, as an
+    index into the FstBatch's flat arc arrays, and ``-1`` at frames inside an
+    arc that spans several frames (covered, not read), past a length or
+    without a path.
+
+Arcs may span several frames (``Fst.span``, ``Lattice.max_span > 1``): an
+arc read at frame ``t`` scores ``w + X[t, col]`` and lands at frame
+``t + span``; a path ends exactly at frame ``lengths[n]``.  Posteriors count
+an arc at the frame it is read.  The engines named in :data:`SPAN_ENGINES`
+run such lattices (no leaky HMM); :func:`select` picks one of them for
+``engine="auto"``, and an explicit other engine is refused.
 
 The CUDA engines take the kernel backend to run on as their first argument,
 ``forward_backward(backend, lat, X, lengths, leaky=None,
@@ -104,7 +113,7 @@ def _kernel_engine(lat, engine: str) -> str:
 
 
 #: the engines that run arcs spanning several frames (``Lattice.max_span > 1``)
-SPAN_ENGINES: tuple = ()
+SPAN_ENGINES: tuple = ("numpy",)
 
 
 def _check_spans(lat, name: str) -> str:
@@ -127,7 +136,9 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
     per-frame spread plus the arc weights' spread is under
     :data:`~chainfb.engines.scipy_shared.MAX_SPREAD` nats); ``"numba"`` for
     any other forward-backward on the CPU without ``leaky`` when Numba is
-    installed; ``"numpy"`` otherwise.  An explicit name is checked against
+    installed; ``"numpy"`` otherwise.  When arcs span several frames
+    (``lat.max_span > 1``) only the CPU engines in :data:`SPAN_ENGINES` are
+    picked (``"numpy"`` runs every lattice).  An explicit name is checked against
     where ``X`` lives (:func:`chainfb.cuda.kernels.on_device`) and against
     the lattice.
     """
@@ -135,20 +146,7 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
     on_gpu = kernels.on_device(X)
     if engine == "auto":
-        if on_gpu:
-            return _kernel_engine(lat, engine)
-        if op == "forward_backward" and lat.num_sequences >= 2:
-            from . import scipy_shared
-
-            g = scipy_shared.shared_graph(lat)
-            if g is not None and g.num_arcs >= _SHARED_MIN_ARCS and scipy_shared.is_exact(lat, X):
-                return "shared"
-        if op == "forward_backward" and leaky is None:
-            from .numba_log import available
-
-            if available():
-                return "numba"
-        return "numpy"
+        return _auto(lat, X, op, leaky, on_gpu)
     if on_gpu != (engine in _GPU_ENGINES):
         where = "CuPy (GPU)" if on_gpu else "NumPy (CPU)"
         raise ValueError(f"engine: {engine!r} cannot run on {where} scores")
@@ -165,6 +163,31 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
     return engine
 
 
+def _auto(lat, X, op, leaky, on_gpu) -> str:
+    """The engine ``engine="auto"`` picks (see :func:`select`); with arcs
+    spanning several frames, only engines in :data:`SPAN_ENGINES` are
+    candidates on the CPU."""
+    if on_gpu:
+        return _kernel_engine(lat, "auto")
+    spans = getattr(lat, "max_span", 1) > 1
+
+    def ok(name):
+        return not spans or name in SPAN_ENGINES
+
+    if op == "forward_backward" and lat.num_sequences >= 2 and ok("shared"):
+        from . import scipy_shared
+
+        g = scipy_shared.shared_graph(lat)
+        if g is not None and g.num_arcs >= _SHARED_MIN_ARCS and scipy_shared.is_exact(lat, X):
+            return "shared"
+    if op == "forward_backward" and leaky is None and ok("numba"):
+        from .numba_log import available
+
+        if available():
+            return "numba"
+    return "numpy"
+
+
 def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, engine: str = "auto"):
     """Run the engine :func:`select` picks (protocol in the module docstring);
     a CUDA engine runs on the kernel backend of ``X``
@@ -178,5 +201,7 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
 
 def best_path(lat, X, lengths, engine: str = "auto"):
     """Viterbi through the engine :func:`select` picks (CuPy scores are
-    decoded on the host: there is no max-semiring kernel)."""
+    decoded on the host: there is no max-semiring kernel); ``arcs[n, t]`` is
+    the arc read at frame ``t`` (``-1`` inside a spanning arc, past a length
+    or without a path)."""
     return _module(_check_spans(lat, select(lat, X, "best_path", engine))).best_path(lat, X, lengths)

@@ -258,6 +258,9 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if leaky is not None:
+        if lat.max_span > 1:
+            raise ValueError(f"leaky: the leaky HMM does not run arcs that span several frames "
+                             f"(max span {lat.max_span})")
         leaky = (leaky[0], lat.state_values(leaky[1]))
     threads = min(get_num_threads(), lat.num_sequences)
     if threads < 2 or lat.num_arcs < _MIN_PARALLEL_WORK or not lengths.size or lengths.max() == 0:
@@ -327,6 +330,8 @@ def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, le
     sequence's length plus its final log-prob and ``total`` the log-sum (or
     max) of ``end`` over each sequence's states, offsets added back.
     """
+    if lat.max_span > 1:
+        return _forward_spans(lat, X, lengths, semiring)
     viterbi = semiring == "max"
     N, S = lat.num_sequences, lat.num_states
     Tmax = _mask_past_lengths(lat, X, lengths)
@@ -408,6 +413,8 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     plan = _plan(lat)
     if N == 0:
         return np.zeros(0), (np.zeros((T, C)) if need_posteriors else None)
+    if lat.max_span > 1:
+        return _forward_backward_spans(lat, X, lengths, need_posteriors)
     b = lat.bwd
     sos = lat.seq_of_state
     state_len = lengths[sos]
@@ -521,11 +528,15 @@ def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
     Returns
     -------
     score : float64 ``[N]``
-        ``max`` over complete paths of exactly ``lengths[n]`` arcs of the arc
-        log-probs + scores + final log-prob; ``-inf`` if there is none.
+        ``max`` over complete paths ending exactly at frame ``lengths[n]``
+        of the arc log-probs + scores + final log-prob; ``-inf`` if there is
+        none.
     arcs : int64 ``[N, max(lengths)]``
-        The best path's arcs, as indices into the FstBatch's flat arc arrays;
-        ``-1`` past each length and for sequences without a path.
+        ``arcs[n, t]``: the best path's arc read at frame ``t``, as an index
+        into the FstBatch's flat arc arrays; ``-1`` at frames inside an arc
+        that spans several frames (covered, not read), past each length and
+        for sequences without a path.  Ties: the first winning arc in the
+        lattice's arc order, at the first best final state.
     """
     N = lat.num_sequences
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -541,9 +552,168 @@ def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
     state[seq[first]] = hit[first]
     arcs = np.full((N, Tmax), -1, dtype=np.int64)
     alive = state >= 0
+    if lat.max_span > 1:
+        # back[u - 1, s]: the arc landing in s at frame u, read at u - span
+        frame = np.where(alive, lengths, 0)
+        for u in range(Tmax, 0, -1):
+            on = np.flatnonzero(frame == u)
+            pos = back[u - 1, state[on]]
+            read = u - f.span[pos]
+            arcs[on, read] = f.arc[pos]
+            state[on] = f.src[pos]
+            frame[on] = read
+        return score, arcs
     for t in range(Tmax - 1, -1, -1):
         on = np.flatnonzero(alive & (t < lengths))
         pos = back[t, state[on]]
         arcs[on, t] = f.arc[pos]
         state[on] = f.src[pos]
     return score, arcs
+
+
+# -- arcs that span several frames ------------------------------------------
+#
+# An arc read at frame t lands at frame t + span.  The span-1 passes above are
+# kept as they are; lattices with ``max_span > 1`` take the passes below,
+# which gather each arc's term from the frame it is read at (forward) or lands
+# at (backward), over the segment layout.
+
+
+def _logsumexp_by(v: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
+    """``[n]``: the log-sum-exp of the entries of ``v`` with each id
+    (``-inf`` for ids without entries; NaN stays with its id)."""
+    m = np.full(n, -np.inf)
+    np.maximum.at(m, ids, v)
+    m[~np.isfinite(m)] = 0.0
+    s = np.bincount(ids, weights=np.exp(v - m.take(ids)), minlength=n)
+    return np.log(s) + m
+
+
+def _forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str):
+    """:func:`_forward` (same arguments and returns) for lattices whose arcs
+    may span several frames: an arc of span ``k`` landing at frame ``u`` is
+    read at frame ``u - k``, so ``alpha_u(j) = logsum`` over arcs ``i -> j``
+    of ``alpha_{u-k}(i) + w + X[u-k, col]`` (``u - k >= 0``).
+
+    ``alpha[u - k]`` is stored relative to ``offset[u - k]`` and frame ``u``'s
+    sum is formed relative to ``offset[u - 1]`` (then normalised, as for
+    span 1), so each arc's term carries ``offset[u - k] - offset[u - 1]``
+    (zero for span 1): exact in the log domain however far back the arc
+    reads.  ``back[u - 1, s]`` is the arc landing in ``s`` at frame ``u``."""
+    viterbi = semiring == "max"
+    N, S = lat.num_sequences, lat.num_states
+    Tmax = _mask_past_lengths(lat, X, lengths)
+    plan = _plan(lat)
+    f = lat.fwd
+    sos = lat.seq_of_state
+    alpha = np.full((Tmax + 1, S), -np.inf)
+    offset = np.zeros((Tmax + 1, N))
+    back = np.full((Tmax, S), -1, dtype=np.int64) if viterbi else None
+    alpha[0, lat.start] = 0.0
+    for u in range(1, Tmax + 1):
+        read = u - f.span
+        early = read < 0  # would be read before frame 0
+        read[early] = 0
+        v = alpha[read, f.src]
+        v += X[read, f.col]
+        v += f.log_prob
+        if not viterbi:
+            v += offset[read, f.seq] - offset[u - 1].take(f.seq)
+        v[early] = -np.inf
+        a = np.full(S, -np.inf)
+        if viterbi:
+            m = plan.fwd.max(v)
+            win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
+            seg = plan.fwd.seg_of[win]
+            first = _first_of_segments(seg)  # arcs are sorted by destination: one winner each
+            a[f.key_states] = m
+            back[u - 1, f.key_states[seg[first]]] = win[first]
+            alpha[u] = a
+            continue
+        a[f.key_states] = logsumexp_segments(v, plan.fwd)
+        offset[u] = offset[u - 1] + _normalise(plan, sos, a)
+        alpha[u] = a
+    if not N:
+        return alpha, offset, np.zeros(0), np.zeros(0), back
+    end = alpha[lengths[sos], np.arange(S)] + lat.final
+    total = plan.seqs.max(end.copy()) if viterbi else logsumexp_segments(end.copy(), plan.seqs)
+    return alpha, offset, end, total + offset[lengths, np.arange(N)], back
+
+
+def _forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, need_posteriors: bool):
+    """:func:`_forward_backward_serial` for lattices whose arcs may span
+    several frames.
+
+    Betas: ``beta_t(i) = logsum`` over arcs ``i -> j`` of ``w + X[t, col] +
+    beta_{t+k}(j)`` (``t + k <= L``), stored normalised per sequence and
+    frame with offsets ``boff[t]`` (each arc's term carries ``boff[t + k] -
+    boff[t + 1]``, as in the forward pass).
+
+    Posteriors: every path of sequence ``n`` crosses the cut between frames
+    ``t`` and ``t + 1`` (``t < L``) on exactly one arc -- the arc read at
+    some ``t' <= t`` with ``t' + k > t`` --, so the log-sum over those arcs of
+    ``alpha_{t'} + w + X[t', col] + beta_{t'+k}`` is ``loglike`` in exact
+    arithmetic.  Arc posteriors at frame ``t`` are normalised by that cut's
+    total, formed relative to ``offset[t] + boff[t + 1]`` (short offset
+    differences only), as the span-1 passes normalise by each frame's own
+    total."""
+    T, C = X.shape
+    N, S = lat.num_sequences, lat.num_states
+    plan = _plan(lat)
+    sos = lat.seq_of_state
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        alpha, offset, _, loglike, _ = _forward_spans(lat, X, lengths, "log")
+        if not need_posteriors:
+            return loglike, None
+        Tmax = alpha.shape[0] - 1
+        b = lat.bwd
+        beta = np.full((Tmax + 1, S), -np.inf)
+        boff = np.zeros((Tmax + 1, N))
+        post = np.zeros((T, C))
+        state_len = lengths[sos]
+        # arcs read before frame t that cross the cut after t: those of span > j, read at t - j
+        before = [np.flatnonzero(b.span > j) for j in range(1, lat.max_span)]
+        for t in range(Tmax, -1, -1):
+            bt = np.full(S, -np.inf)
+            if t < Tmax:
+                land = t + b.span
+                late = land > Tmax
+                land[late] = Tmax
+                w = beta[land, b.dst]
+                w += X[t].take(b.col)
+                w += b.log_prob
+                w += boff[land, b.seq] - boff[t + 1].take(b.seq)
+                w[late] = -np.inf
+                bt[b.key_states] = logsumexp_segments(w.copy(), plan.bwd)
+                base = boff[t + 1].copy()
+            else:
+                base = np.zeros(N)
+            ends = np.flatnonzero(state_len == t)
+            if ends.size:
+                bt[ends] = lat.final[ends]
+                base[lengths == t] = 0.0
+            boff[t] = base + _normalise(plan, sos, bt)
+            beta[t] = bt
+            if t == Tmax:
+                continue
+            g = w + alpha[t].take(b.src)  # relative to offset[t] + boff[t + 1]
+            terms, ids = [g], [b.seq]
+            for j, sel in enumerate(before, start=1):
+                r = t - j
+                if r < 0:
+                    break
+                sel = sel[t - j + b.span[sel] <= Tmax]
+                seq = b.seq[sel]
+                land = r + b.span[sel]
+                v = alpha[r].take(b.src[sel]) + X[r].take(b.col[sel]) + b.log_prob[sel]
+                v += beta[land, b.dst[sel]]
+                v += offset[r].take(seq) - offset[t].take(seq)
+                v += boff[land, seq] - boff[t + 1].take(seq)
+                terms.append(v)
+                ids.append(seq)
+            z = _logsumexp_by(np.concatenate(terms), np.concatenate(ids), N)
+            z[np.isneginf(z)] = np.inf  # no path across this cut: posteriors exp(-inf) = 0
+            g -= z.take(b.seq)
+            np.exp(g, out=g)
+            post[t] = np.bincount(b.col, weights=g, minlength=C)
+    return loglike, _zero_impossible(lat, loglike, lengths, post)
