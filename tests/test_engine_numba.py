@@ -177,3 +177,204 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
     fin = np.isfinite(ll_ref)
     np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12)
     np.testing.assert_allclose(post, post_ref, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# arcs that span frames: the compiled engine and the shared-graph engine
+# against path enumeration, the NumPy engine, and the same graph with every
+# spanning arc cut into one-frame arcs (exact for any scores)
+
+from chainfb import Fst  # noqa: E402
+from chainfb.engines import scipy_shared  # noqa: E402
+
+from oracles.fst import brute_force  # noqa: E402
+
+
+def _span_fst(rng, states=4, arcs=11, pdfs=3, max_span=4, dead_arc=True):
+    src = rng.integers(0, states, arcs)
+    dst = rng.integers(0, states, arcs)
+    dst[:4] = src[:4]  # self-loops, some of them spanning
+    span = rng.integers(1, max_span + 1, arcs)
+    span[0], span[1] = 1, max_span
+    lp = rng.normal(size=arcs) - 0.5
+    if dead_arc:
+        lp[5] = -np.inf
+    finals = {int(s): float(rng.normal()) for s in rng.choice(states, size=2, replace=False)}
+    return Fst.from_arcs(zip(src, dst, rng.integers(0, pdfs, arcs), lp, span), finals, start=0,
+                         num_states=states)
+
+
+def _cut_spans(fst, filler):
+    """The same paths with each arc of span k cut into k one-frame arcs: the
+    first reads the arc's pdf with its weight, the others read pdf ``filler``
+    (score 0) with weight 0 through new states."""
+    arcs, S = [], fst.num_states
+    for s, d, p, w, k in fst.arcs(spans=True):
+        prev = s
+        for m in range(k - 1):
+            arcs.append((prev, S, p if m == 0 else filler, w if m == 0 else 0.0))
+            prev, S = S, S + 1
+        arcs.append((prev, d, p if k == 1 else filler, w if k == 1 else 0.0))
+    finals = {i: float(v) for i, v in enumerate(fst.final) if v > -np.inf}
+    return Fst.from_arcs(arcs, finals, start=fst.start, num_states=S)
+
+
+def _span_run(engine, lat, X, lengths, need=True):
+    if engine == "numba":
+        return numba_log.forward_backward(lat, X.copy(), lengths, need_posteriors=need)
+    return scipy_shared.forward_backward(lat, X.copy(), lengths, need_posteriors=need)
+
+
+
+
+@pytest.mark.parametrize("engine", ["numba", "shared"])
+@pytest.mark.parametrize("seed", range(8))
+def test_spans_match_enumeration(engine, seed):
+    rng = np.random.default_rng(100 + seed)
+    fst = _span_fst(rng)
+    assert fst.max_span == 4
+    N, T = 4, 9
+    lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(N, dtype=np.int64)))
+    x = rng.normal(scale=2.0, size=(N, T, 3))
+    x[1, 3, :] = -np.inf  # a frame no arc may read
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, x)
+    lengths = np.array([T, 0, 5, 7])
+    lengths[1] = rng.integers(4, T + 1)
+    lengths[2] = 0
+    ll, post = _span_run(engine, lat, X, lengths)
+    for n in range(N):
+        ll_ref, post_ref = brute_force(fst, x[n], int(lengths[n]))
+        if ll_ref == -np.inf:
+            assert ll[n] == -np.inf
+        else:
+            np.testing.assert_allclose(ll[n], ll_ref, rtol=1e-12, atol=1e-12)
+        cols = np.flatnonzero(lat.col_seq == n)
+        np.testing.assert_allclose(post[:, cols], post_ref[:, lat.col_pdf[cols]], atol=1e-12)
+    ll_only, none = _span_run(engine, lat, X, lengths, need=False)
+    assert none is None
+    np.testing.assert_allclose(ll_only, ll, rtol=1e-13)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spans_match_numpy_engine_on_several_graphs(seed):
+    rng = np.random.default_rng(200 + seed)
+    fsts = [_span_fst(rng, states=5, arcs=14, pdfs=4, max_span=1 + g) for g in range(3)]
+    lat = Lattice.of(FstBatch(fsts, seq_to_graph=rng.integers(0, 3, size=6)))
+    assert lat.max_span == 3
+    X = _scores(lat, rng, 15)
+    lengths = rng.integers(0, 16, size=6)
+    (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
+    np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
+    fin = np.isfinite(ll_ref)
+    np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(post, post_ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["numba", "shared"])
+def test_spans_nan_stays_in_its_sequence(engine):
+    rng = np.random.default_rng(7)
+    fst = _span_fst(rng, dead_arc=False)
+    lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(4, dtype=np.int64)))
+    X = _scores(lat, rng, 12)
+    lengths = np.array([12, 12, 9, 11])
+    clean = _span_run(engine, lat, X, lengths)
+    hit = np.flatnonzero(lat.col_seq == 1)
+    X[4, hit] = np.nan
+    ll, post = _span_run(engine, lat, X, lengths)
+    assert np.isfinite(clean[0][1]) and np.isnan(ll[1])
+    others = np.arange(4) != 1
+    np.testing.assert_array_equal(ll[others], clean[0][others])
+    np.testing.assert_array_equal(post[:, lat.col_seq != 1], clean[1][:, lat.col_seq != 1])
+
+
+@pytest.mark.parametrize("engine, scale, T", [("numba", 1e4, 3000), ("numba", 300.0, 400), ("shared", 20.0, 400)])
+def test_spans_match_the_cut_graph_on_long_inputs(engine, scale, T):
+    # scores of magnitude 1e4 over thousands of frames: cells far below
+    # their frame's best (the log-domain escape), spans across them
+    rng = np.random.default_rng(int(scale))
+    fst = _span_fst(rng, states=6, arcs=18, pdfs=5, dead_arc=False)
+    cut = _cut_spans(fst, filler=5)
+    N = 3
+    lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(N, dtype=np.int64)))
+    lat_cut = Lattice.of(FstBatch([cut], seq_to_graph=np.zeros(N, dtype=np.int64)))
+    x = rng.normal(scale=scale, size=(N, T, 6))
+    x[..., 5] = 0.0
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, x)
+    X_cut = PdfScoreMap(lat_cut.col_seq, lat_cut.col_pdf).gather(np, x)
+    lengths = np.array([T, T // 2, 17])
+    ll, post = _span_run(engine, lat, X, lengths)
+    ll_ref, post_ref = numpy_log.forward_backward(lat_cut, X_cut, lengths)
+    assert np.isfinite(ll_ref).all()
+    np.testing.assert_allclose(ll, ll_ref, rtol=1e-12)
+    keep = np.isin(lat_cut.col_pdf, np.arange(5))
+    np.testing.assert_allclose(post, post_ref[:, keep], atol=1e-9)
+
+
+def test_spans_threads_match_one_thread(monkeypatch):
+    rng = np.random.default_rng(11)
+    fsts = [_span_fst(rng, states=5, arcs=14) for _ in range(3)]
+    lat = Lattice.of(FstBatch(fsts, seq_to_graph=rng.integers(0, 3, size=9)))
+    X = _scores(lat, rng, 30)
+    lengths = rng.integers(0, 31, size=9)
+    before = engines.get_num_threads()
+    engines.set_num_threads(1)
+    try:
+        one = numba_log.forward_backward(lat, X.copy(), lengths)
+        monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
+        engines.set_num_threads(3)
+        calls = []
+        run = numba_log._run_spans
+        monkeypatch.setattr(numba_log, "_run_spans", lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
+        three = numba_log.forward_backward(lat, X.copy(), lengths)
+        assert len(calls) == 3 and sorted(calls)[0][0] == 0 and sorted(calls)[-1][1] == 9
+    finally:
+        engines.set_num_threads(before)
+    np.testing.assert_array_equal(one[0], three[0])
+    np.testing.assert_array_equal(one[1], three[1])
+
+
+def test_span_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
+    # the engine's Python source with thresholds that send every cell and
+    # every frame total down the exact log-domain paths
+    for name in ("_logval", "_lse_push", "_store", "_normalise", "_live", "_span_in_sum", "_span_in_slow",
+                 "_span_out_sum", "_span_out_slow", "_scales", "_max_ref", "_run_spans"):
+        monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
+    monkeypatch.setattr(numba_log, "_SAFE", 1e300)
+    monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))
+    monkeypatch.setattr(numba_log, "_SAFE_TOTAL", 1e300)
+    rng = np.random.default_rng(12)
+    fst = _span_fst(rng)
+    lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(3, dtype=np.int64)))
+    x = rng.normal(scale=3.0, size=(3, 9, 3))
+    X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, x)
+    lengths = np.array([9, 6, 0])
+    ll, post = numba_log.forward_backward(lat, X, lengths)
+    for n in range(3):
+        ll_ref, post_ref = brute_force(fst, x[n], int(lengths[n]))
+        np.testing.assert_allclose(ll[n], ll_ref, rtol=1e-12)
+        cols = np.flatnonzero(lat.col_seq == n)
+        np.testing.assert_allclose(post[:, cols], post_ref[:, lat.col_pdf[cols]], atol=1e-12)
+
+
+def test_span_graphs_select_numba_and_shared_runs_by_name():
+    rng = np.random.default_rng(13)
+    fst = _span_fst(rng)
+    lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(3, dtype=np.int64)))
+    X = _scores(lat, rng, 6)
+    assert select(lat, X) == "numba"
+    assert not scipy_shared.is_exact(lat, X)  # the automatic choice keeps spans on the exact engines
+    assert {"numba", "shared"} <= set(engines.SPAN_ENGINES)
+    ll, post = engines.forward_backward(lat, X, np.array([6, 5, 4]), engine="shared")
+    ll2, post2 = engines.forward_backward(lat, X, np.array([6, 5, 4]))
+    np.testing.assert_allclose(ll, ll2, rtol=1e-12)
+    np.testing.assert_allclose(post, post2, atol=1e-12)
+    with pytest.raises(ValueError, match="leaky"):
+        scipy_shared.forward_backward(lat, X, np.array([6, 5, 4]), leaky=(0.1, np.zeros(fst.num_states)))
+
+
+def test_span_one_graphs_keep_the_one_frame_pass(monkeypatch):
+    lat, rng = _lattice(14)
+    X = _scores(lat, rng, 8)
+    monkeypatch.setattr(numba_log, "_run_spans", None)  # never called for span-1 lattices
+    ll, _ = numba_log.forward_backward(lat, X, np.full(lat.num_sequences, 8))
+    assert np.isfinite(ll).any()

@@ -40,6 +40,24 @@ every term left out of it (a cell kept as a log, below ``1e-290`` times at
 most the out-degree) is below ``1e-88`` of it and the scaled products are
 used; a frame with a smaller total is done in the log domain.
 
+Arcs that span frames (``lat.max_span > 1``, semantics in
+:mod:`chainfb.engines`: an arc read at frame ``t`` lands at ``t + span``)
+run in a second compiled pass, chosen once per call, so one-frame lattices
+keep the pass above unchanged.  An arc from frame ``t + 1 - k`` into frame
+``t + 1`` combines cells of different frames' scales: each frame keeps the
+increment of its log offset, so the scale between two frames is a sum of at
+most ``k`` increments (no large offsets cancel), and frame ``t + 1`` is
+formed relative to the largest of its source frames' references ``O_s + m_s``
+(frames without any path left out), each source frame's products rescaled
+by ``exp`` of its difference to it -- at most 1, so nothing overflows, and a
+cell whose scaled sum falls below ``_SAFE`` takes the log-domain escape as
+above, exact however far it lies below.  The betas are kept for every frame
+(an arc reads ``beta_{t+k}``); the posteriors of frame ``t`` are normalised
+by the frame's own total, the paths through a state at ``t``
+(``alpha_t B_t``) plus those on an arc read before ``t`` that lands after
+it, formed from local offset differences (scaled, or in the log domain when
+that total is small).
+
 Sequences are independent: the compiled function releases the GIL and
 contiguous ranges of sequences run on :func:`chainfb.engines.get_num_threads`
 threads; columns belong to one sequence, so the threads never write the
@@ -291,6 +309,335 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             _normalise(Q, LQ)
 
 
+# ---------------------------------------------------------------------------
+# Arcs that span several frames (``Lattice.max_span > 1``): the same cells and
+# escapes, with the scale products between frames (see the module docstring).
+
+
+@_inline
+def _live(P, LV):
+    """Whether a frame holds any path (a nonzero cell, or NaN)."""
+    for j in range(P.shape[0]):
+        if P[j] != 0.0 or LV[j] > -np.inf:
+            return True
+    return False
+
+
+@_inline
+def _span_in_sum(P, LV, t1, ptr, other, span, w, col, E, r, base, k):
+    """Forward cell ``k`` at frame ``t1`` as the scaled sum over its in-arcs,
+    each read at frame ``t1 - span`` and rescaled by ``r[span]``."""
+    s = 0.0
+    for a in range(ptr[k], ptr[k + 1]):
+        f = t1 - span[a]
+        if f < 0:
+            continue
+        rk = r[span[a]]
+        if rk == 0.0:
+            continue
+        i = other[a] - base
+        p = P[f, i]
+        if p == 0.0:
+            if LV[f, i] == -np.inf:
+                continue
+            p = np.exp(LV[f, i])
+        s += p * w[a] * E[f, col[a]] * rk
+    return s
+
+
+@_compile
+def _span_in_slow(P, LV, t1, ptr, other, span, lp, col, X, off, base, k, out_P, out_LV, j):
+    """Forward cell ``k`` at frame ``t1`` in the log domain: the log-sum-exp
+    of ``log(far end) + log_prob + score + off[span]``."""
+    m = -np.inf
+    acc = 0.0
+    for a in range(ptr[k], ptr[k + 1]):
+        f = t1 - span[a]
+        if f < 0:
+            continue
+        i = other[a] - base
+        m, acc = _lse_push(m, acc, _logval(P[f, i], LV[f, i]) + lp[a] + X[f, col[a]] + off[span[a]])
+    if acc != acc:
+        out_P[j], out_LV[j] = acc, -np.inf
+    elif acc == 0.0:
+        out_P[j], out_LV[j] = 0.0, -np.inf
+    else:
+        _store(m + np.log(acc), out_P, out_LV, j)
+
+
+@_inline
+def _span_out_sum(Q, LQ, t, L, ptr, other, span, w, col, Et, r, base, k):
+    """Backward cell ``k`` at frame ``t`` as the scaled sum over its
+    out-arcs, each landing at frame ``t + span <= L`` rescaled by ``r[span]``."""
+    s = 0.0
+    for a in range(ptr[k], ptr[k + 1]):
+        f = t + span[a]
+        if f > L:
+            continue
+        rk = r[span[a]]
+        if rk == 0.0:
+            continue
+        j = other[a] - base
+        q = Q[f, j]
+        if q == 0.0:
+            if LQ[f, j] == -np.inf:
+                continue
+            q = np.exp(LQ[f, j])
+        s += q * w[a] * Et[col[a]] * rk
+    return s
+
+
+@_compile
+def _span_out_slow(Q, LQ, t, L, ptr, other, span, lp, col, xt, off, base, k, out_P, out_LV, j):
+    """Backward cell ``k`` at frame ``t`` in the log domain."""
+    m = -np.inf
+    acc = 0.0
+    for a in range(ptr[k], ptr[k + 1]):
+        f = t + span[a]
+        if f > L:
+            continue
+        i = other[a] - base
+        m, acc = _lse_push(m, acc, _logval(Q[f, i], LQ[f, i]) + lp[a] + xt[col[a]] + off[span[a]])
+    if acc != acc:
+        out_P[j], out_LV[j] = acc, -np.inf
+    elif acc == 0.0:
+        out_P[j], out_LV[j] = 0.0, -np.inf
+    else:
+        _store(m + np.log(acc), out_P, out_LV, j)
+
+
+@_inline
+def _scales(g, r, off, R, K):
+    """``r[k] = exp(g[k] - R)`` and ``off[k] -= R`` for the frames in use
+    (``g[k] = -inf`` marks one not in use: ``r[k] = 0``)."""
+    for k in range(1, K + 1):
+        if g[k] == -np.inf:
+            r[k] = 0.0
+        else:
+            r[k] = np.exp(g[k] - R)
+        off[k] -= R
+
+
+@_inline
+def _max_ref(g, K):
+    """The largest of ``g[1..K]`` (NaN if one is NaN; 0 if all are ``-inf``)."""
+    R = -np.inf
+    for k in range(1, K + 1):
+        if g[k] != g[k]:
+            return g[k]
+        if g[k] > R:
+            R = g[k]
+    return R if R > -np.inf else 0.0
+
+
+@_compile
+def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col, in_span,
+               out_ptr, out_dst, out_lp, out_w, out_col, out_span, sp_ptr, sp_dst, sp_lp, sp_w, sp_col, sp_span,
+               has_span, K, wshift, X, E, M, lengths, need_post, loglike, post):
+    """:func:`_run` for arcs that span up to ``K`` frames (``in_span`` /
+    ``out_span`` per arc; ``sp_*`` the out-arcs of span > 1 by source;
+    ``has_span [K+1]`` the spans some arc has).  Per frame ``t`` the forward
+    offset increment ``inc[t] = O_t - O_{t-1}`` and the backward one
+    ``incb[t] = OB_t - OB_{t+1}`` are kept, so the scale between any two
+    frames is a sum of at most ``K`` increments (no large offsets cancel)."""
+    ninf = -np.inf
+    g = np.empty(K + 1)
+    r = np.empty(K + 1)
+    off = np.empty(K + 1)
+    fl = np.empty((K, K + 1))
+    ef = np.empty((K, K + 1))
+    for n in range(n0, n1):
+        s0 = state_off[n]
+        W = state_off[n + 1] - s0
+        L = lengths[n]
+        P = np.zeros((L + 1, W))
+        LV = np.full((L + 1, W), ninf)
+        live = np.zeros(L + 1, np.bool_)
+        inc = np.zeros(L + 1)
+        P[0, start[n] - s0] = 1.0
+        live[0] = True
+        offset = 0.0
+        for t1 in range(1, L + 1):
+            # frame s = t1 - k relative to frame t1 - 1: d = O_s - O_{t1-1}
+            d = 0.0
+            for k in range(1, K + 1):
+                s = t1 - k
+                if s < 0:
+                    g[k] = ninf
+                    off[k] = 0.0
+                    continue
+                if k > 1:
+                    d -= inc[s + 1]
+                off[k] = d
+                g[k] = d + M[s, n] + wshift if live[s] and has_span[k] else ninf
+            R = _max_ref(g, K)
+            _scales(g, r, off, R, K)
+            Pn, LVn = P[t1], LV[t1]
+            for j in range(W):
+                v = _span_in_sum(P, LV, t1, in_ptr, in_src, in_span, in_w, in_col, E, r, s0, s0 + j)
+                if v >= _SAFE or v != v:
+                    Pn[j] = v
+                    LVn[j] = ninf
+                else:
+                    _span_in_slow(P, LV, t1, in_ptr, in_src, in_span, in_lp, in_col, X, off, s0, s0 + j, Pn, LVn, j)
+            lc = _normalise(Pn, LVn)
+            live[t1] = _live(Pn, LVn)
+            inc[t1] = R + lc
+            offset += inc[t1]
+        fmax = ninf
+        for j in range(W):
+            if final[s0 + j] > fmax:
+                fmax = final[s0 + j]
+        if fmax == ninf:
+            fmax = 0.0
+        m = ninf
+        acc = 0.0
+        for j in range(W):
+            m, acc = _lse_push(m, acc, _logval(P[L, j], LV[L, j]) + final[s0 + j] - fmax)
+        loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
+        if not need_post or loglike[n] == ninf:
+            continue
+        Q = np.zeros((L + 1, W))  # normalised betas of every frame, tiny cells as logs
+        LQ = np.full((L + 1, W), ninf)
+        liveb = np.zeros(L + 1, np.bool_)
+        incb = np.zeros(L + 1)
+        BP = np.empty(W)
+        BL = np.empty(W)
+        for j in range(W):
+            _store(final[s0 + j] - fmax, Q[L], LQ[L], j)
+        liveb[L] = _live(Q[L], LQ[L])
+        for t in range(L - 1, -1, -1):
+            xt, et, pt = X[t], E[t], post[t]
+            shift = M[t, n] + wshift
+            # frame t + k relative to frame t + 1: d = OB_{t+k} - OB_{t+1}
+            d = 0.0
+            for k in range(1, K + 1):
+                f = t + k
+                if f > L:
+                    g[k] = ninf
+                    off[k] = 0.0
+                    continue
+                if k > 1:
+                    d -= incb[f - 1]
+                off[k] = d - shift
+                g[k] = d if liveb[f] and has_span[k] else ninf
+            R = _max_ref(g, K)
+            _scales(g, r, off, R, K)
+            for i in range(W):
+                v = _span_out_sum(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, r, s0, s0 + i)
+                if v >= _SAFE or v != v:
+                    BP[i] = v
+                    BL[i] = ninf
+                else:
+                    _span_out_slow(Q, LQ, t, L, out_ptr, out_dst, out_span, out_lp, out_col, xt, off, s0, s0 + i,
+                                   BP, BL, i)
+            if live[t]:
+                # the frame's total: paths through a state at t (alpha_t B_t), plus those on an arc read
+                # at s = t - dd < t that lands at s + k > t; in units of alpha_t's and B_t's scales
+                Pt, LVt = P[t], LV[t]
+                z = 0.0
+                for i in range(W):
+                    if Pt[i] != 0.0 and BP[i] != 0.0:
+                        z += Pt[i] * BP[i]
+                ref = 0.0
+                for dd in range(1, K):
+                    s = t - dd
+                    for k in range(K + 1):
+                        fl[dd, k] = ninf
+                        ef[dd, k] = ninf
+                    if s < 0:
+                        continue
+                    da = 0.0  # O_s - O_t
+                    for u in range(s + 1, t + 1):
+                        da -= inc[u]
+                    db = 0.0  # OB_{s+k} - OB_{t+1}
+                    for k in range(dd + 1, K + 1):
+                        f = s + k
+                        if f > L:
+                            break
+                        if f > t + 1:
+                            db -= incb[f - 1]
+                        fl[dd, k] = da + db - shift - R
+                        if live[s] and liveb[f] and has_span[k]:
+                            ef[dd, k] = fl[dd, k] + M[s, n] + wshift
+                            if ef[dd, k] > ref or ef[dd, k] != ef[dd, k]:
+                                ref = ef[dd, k]
+                zs = 0.0
+                for dd in range(1, K):
+                    s = t - dd
+                    if s < 0:
+                        break
+                    if not live[s]:
+                        continue
+                    for k in range(dd + 1, K + 1):
+                        ef[dd, k] = np.exp(ef[dd, k] - ref) if ef[dd, k] > -np.inf else 0.0
+                    for i in range(W):
+                        p = P[s, i]
+                        if p == 0.0:
+                            continue
+                        for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
+                            k = sp_span[a]
+                            if k <= dd or ef[dd, k] == 0.0 or s + k > L:
+                                continue
+                            zs += p * sp_w[a] * E[s, sp_col[a]] * Q[s + k, sp_dst[a] - s0] * ef[dd, k]
+                tot = z * np.exp(-ref) + zs
+                if tot >= _SAFE_TOTAL and tot < np.inf:
+                    inv = np.exp(-ref) / tot
+                    for i in range(W):
+                        if Pt[i] == 0.0:
+                            continue
+                        ai = Pt[i] * inv
+                        for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
+                            k = out_span[a]
+                            if t + k > L or r[k] == 0.0:
+                                continue
+                            c = out_col[a]
+                            pt[c] += ai * out_w[a] * et[c] * Q[t + k, out_dst[a] - s0] * r[k]
+                elif tot != tot or tot == np.inf:  # NaN in: NaN out
+                    for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                        pt[out_col[a]] = np.nan
+                else:  # a small total: the frame in the log domain
+                    m = ninf
+                    acc = 0.0
+                    for i in range(W):
+                        m, acc = _lse_push(m, acc, _logval(Pt[i], LVt[i]) + _logval(BP[i], BL[i]))
+                    for dd in range(1, K):
+                        s = t - dd
+                        if s < 0:
+                            break
+                        for i in range(W):
+                            la = _logval(P[s, i], LV[s, i])
+                            if la == ninf:
+                                continue
+                            for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
+                                k = sp_span[a]
+                                if k <= dd or s + k > L:
+                                    continue
+                                jd = sp_dst[a] - s0
+                                m, acc = _lse_push(m, acc, la + sp_lp[a] + X[s, sp_col[a]]
+                                                   + _logval(Q[s + k, jd], LQ[s + k, jd]) + fl[dd, k])
+                    if acc != 0.0:
+                        lz = m + np.log(acc)
+                        for i in range(W):
+                            ai = _logval(Pt[i], LVt[i]) - lz
+                            if ai == ninf:
+                                continue
+                            for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
+                                k = out_span[a]
+                                if t + k > L:
+                                    continue
+                                jd = out_dst[a] - s0
+                                pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] + off[k]
+                                                         + _logval(Q[t + k, jd], LQ[t + k, jd]))
+            Qt, LQt = Q[t], LQ[t]
+            for i in range(W):
+                Qt[i] = BP[i]
+                LQt[i] = BL[i]
+            lc = _normalise(Qt, LQt)
+            liveb[t] = _live(Qt, LQt)
+            incb[t] = shift + R + lc
+
+
 def _arrays(lat: Lattice) -> tuple:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source), cached on it."""
     arrs = lat.__dict__.get("_numba_arrays")
@@ -310,6 +657,29 @@ def _arrays(lat: Lattice) -> tuple:
             lp_out, np.exp(lp_out - wshift), np.asarray(b.col, dtype=np.int64), wshift,
         )
         lat._numba_arrays = arrs
+    return arrs
+
+
+def _span_arrays(lat: Lattice) -> tuple:
+    """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
+    spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
+    ``[K+1]`` and ``K``, cached on the lattice."""
+    arrs = lat.__dict__.get("_numba_span_arrays")
+    if arrs is None:
+        f, b = lat.fwd, lat.bwd
+        K = int(lat.max_span)
+        in_span = np.asarray(f.span, dtype=np.int64)
+        out_span = np.asarray(b.span, dtype=np.int64)
+        long = np.flatnonzero(out_span > 1)  # still sorted by source
+        sp_ptr = np.zeros(lat.num_states + 1, dtype=np.int64)
+        np.cumsum(np.bincount(b.src[long], minlength=lat.num_states), out=sp_ptr[1:])
+        lp = np.asarray(b.log_prob, dtype=np.float64)[long]
+        wshift = _arrays(lat)[-1]
+        has_span = np.zeros(K + 1, dtype=np.bool_)
+        has_span[np.unique(in_span)] = True
+        arrs = (in_span, out_span, sp_ptr, np.asarray(b.dst, dtype=np.int64)[long], lp, np.exp(lp - wshift),
+                np.asarray(b.col, dtype=np.int64)[long], out_span[long], has_span, K)
+        lat._numba_span_arrays = arrs
     return arrs
 
 
@@ -358,10 +728,18 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     arrs = _arrays(lat)
     E, M = _emissions(lat, X, T)
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
+    if lat.max_span == 1:
+        run = _run
+    else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
+        (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
+            _span_arrays(lat), arrs
+        arrs = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws)
+        run = _run_spans
+        work = work * lat.max_span
     ranges = balanced_ranges(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
-        _run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
+        run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
     else:
         with ThreadPoolExecutor(len(ranges)) as ex:
-            list(ex.map(lambda r: _run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike, post), ranges))
+            list(ex.map(lambda r: run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike, post), ranges))
     return loglike, (post if need_posteriors else None)

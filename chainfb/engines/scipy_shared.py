@@ -28,6 +28,15 @@ weights' spread is less than :data:`MAX_SPREAD` nats.
 Impossible sequences give ``-inf`` and zero posteriors.  Knows nothing
 about what the graph means.
 
+Arcs that span frames (``span > 1``, see :mod:`chainfb.engines`) are
+grouped by span, one set of sparse matrices per span ``k``; frame ``t``
+sums ``D_k (e_{t-k} * W_k^T a_{t-k})`` over the spans, each rescaled by the
+scales of the frames between (per-frame log increments, summed over at most
+``k`` frames) relative to the largest contribution (see
+:meth:`_SharedGraph._run_spans`).  No leaky HMM with spans (ValueError), and
+:func:`is_exact` is False for such graphs, so the automatic choice runs them
+on the exact engines; ``engine="shared"`` runs them here.
+
 The lattice's columns of sequence ``n`` are the graph's distinct pdfs in
 sorted order (see :class:`~chainfb.lattice.Lattice`), so ``X [T, C]`` is
 ``[T, N, K]`` in memory.  The sparse matrices are built once per graph and
@@ -69,7 +78,11 @@ def is_exact(lat: Lattice, X) -> bool:
     spread of the graph's finite arc weights below :data:`MAX_SPREAD` nats
     (and the spread of its finite finals too), so that no path-weight ratio
     within a frame can underflow.  The weights themselves may be anything:
-    they enter shifted by their maximum."""
+    they enter shifted by their maximum.  False for arcs that span several
+    frames (``lat.max_span > 1``): this engine runs them when asked for by
+    name, and the automatic choice keeps them on the exact engines."""
+    if getattr(lat, "max_span", 1) > 1:
+        return False
     X = np.asarray(X)
     if X.size and not np.isfinite(X).all():
         return False
@@ -178,6 +191,21 @@ class _SharedGraph:
         self.D = sp.csr_matrix((ones, (self.group_dst, np.arange(G))), shape=(S, G))
         self.DT = self.D.T.tocsr()
         self.P = sp.csr_matrix((ones, (self.group_col, np.arange(G))), shape=(K, G))
+        # arcs that span frames: one set of matrices per span (None when every arc spans one frame)
+        self.by_span = None
+        if fst.max_span > 1:
+            self.by_span = []
+            for k in np.unique(fst.span[ok]):
+                sel = fst.span[ok] == k
+                gu_k, gi_k = np.unique(gkey[sel], return_inverse=True)
+                Gk = len(gu_k)
+                gd, gc = gu_k // max(K, 1), gu_k % max(K, 1)
+                WTk = sp.csr_matrix((prob[sel], (gi_k.reshape(-1), src[sel])), shape=(Gk, S))
+                WTk.sum_duplicates()
+                onesk = np.ones(Gk)
+                Dk = sp.csr_matrix((onesk, (gd, np.arange(Gk))), shape=(S, Gk))
+                Pk = sp.csr_matrix((onesk, (gc, np.arange(Gk))), shape=(K, Gk))
+                self.by_span.append((int(k), WTk, WTk.T.tocsr(), Dk, Dk.T.tocsr(), Pk, gc))
         fin = fst.final[fst.final > -np.inf]
         self.final_shift = float(fin.max()) if fin.size else 0.0
         self.final_spread = float(fin.max() - fin.min()) if fin.size else 0.0
@@ -245,6 +273,10 @@ class _SharedGraph:
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.shape != (N,) or (N and (lengths.min() < 0 or lengths.max() > T)):
             raise ValueError(f"lengths: expected [{N}] ints in [0, {T}]")
+        if self.by_span is not None:
+            if leaky is not None:
+                raise ValueError("leaky: the leaky HMM is not defined for arcs that span several frames")
+            return self._run_spans(X, lengths, need_posteriors)
         S = self.num_states
         Tmax = int(lengths.max()) if N else 0
         if leaky is not None:
@@ -330,4 +362,100 @@ class _SharedGraph:
                 b = (self.W @ bd) / scales[t]
                 if leak_t is not None:
                     b = leak_t(b)
+        return loglike, post
+
+    def _run_spans(self, X, lengths, need_posteriors: bool = True):
+        """:meth:`_run` (no leaky HMM) for arcs that span several frames,
+        one set of matrices per span ``k`` (``self.by_span``)::
+
+            y_k     = D_k (e_{t-k}[pdf(g)] * W_k^T a_{t-k})       [S, N]
+            a_t     = sum_k y_k exp(O_{t-k} - O_{t-1} + m_{t-k} - G_t) / s_t
+
+        with ``O_t`` the log of frame ``t``'s scale (kept as per-frame
+        increments, so the scale between two frames is a sum of at most
+        ``k`` of them), ``G_t`` the largest contribution's log (every
+        contribution is at most 1, the largest exactly 1) and ``s_t`` the
+        per-sequence sum.  The betas share the forward scales, so that the
+        arc posteriors at frame ``t`` are ``a_t W_k e_t b_{t+k}
+        exp(O_t + m_t - O_{t+k}) / p_hat`` with one ``p_hat`` per sequence;
+        ``b_{t+k}`` is 0 past a sequence's length.  A frame may hold no path
+        (every path spans it) without the sequence being impossible."""
+        N, T, K = X.shape
+        S = self.num_states
+        Tmax = int(lengths.max()) if N else 0
+        valid = np.arange(T)[None, :] < lengths[:, None]  # [N, T]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m = X.max(axis=2) if K else np.zeros((N, T))
+            m = np.where(np.isfinite(m) & valid, m, 0.0)[:, :Tmax].T.copy()  # [Tmax, N]
+            E = np.exp(X[:, :Tmax, :] - m.T[:, :, None]).transpose(1, 2, 0).copy()  # [Tmax, K, N]
+            E[~valid[:, :Tmax].T[:, None, :].repeat(K, axis=1)] = 1.0
+            alphas = np.zeros((Tmax + 1, S, N))
+            alphas[0, self.fst.start] = 1.0
+            inc = np.zeros((Tmax + 1, N))  # O_t - O_{t-1}, 0 past a sequence's length
+            log_scale = np.zeros(N)
+            loglike = np.full(N, -np.inf)
+            fin = self.final[:, None]
+            ending = np.flatnonzero(lengths == 0)
+            loglike[ending] = np.log((alphas[0][:, ending] * fin).sum(axis=0)) + self.final_shift
+            for t in range(1, Tmax + 1):
+                parts = []
+                rel = np.zeros(N)  # O_s - O_{t-1} for s = t - k
+                for s in range(t - 1, max(t - 1 - max(k for k, *_ in self.by_span), -1), -1):
+                    if s < t - 1:
+                        rel = rel - inc[s + 1]
+                    k = t - s
+                    for kk, WT, _, D, _, _, gc in self.by_span:
+                        if kk == k:
+                            y = D @ ((WT @ alphas[s]) * E[s][gc])
+                            ymax = y.max(axis=0)
+                            parts.append((y, ymax, rel + m[s]))
+                if parts:
+                    lk = np.stack([np.where(ymax > 0, np.log(ymax) + r, np.where(ymax == ymax, -np.inf, ymax))
+                                   for _, ymax, r in parts])
+                    G = lk.max(axis=0)
+                    G = np.where(G == -np.inf, 0.0, G)
+                    a = np.zeros((S, N))
+                    for (y, ymax, r) in parts:
+                        a += y * np.where(ymax != 0, np.exp(r - G), 0.0)
+                else:
+                    G = np.zeros(N)
+                    a = np.zeros((S, N))
+                s_t = a.sum(axis=0)
+                s_t = np.where(s_t > 0, s_t, 1.0)
+                a /= s_t
+                alphas[t] = a
+                inc[t] = np.where(t <= lengths, G + self.weight_shift + np.log(s_t), 0.0)
+                log_scale += inc[t]
+                ending = np.flatnonzero(lengths == t)
+                if ending.size:
+                    tot = (a[:, ending] * fin).sum(axis=0)
+                    loglike[ending] = np.log(tot) + log_scale[ending] + self.final_shift
+            if not need_posteriors:
+                return loglike, None
+            post = np.zeros((N, T, K))
+            ok = np.isfinite(loglike)
+            p_hat = np.ones(N)
+            for n in np.flatnonzero(ok):
+                p_hat[n] = (alphas[lengths[n], :, n] * self.final).sum()
+            inv = np.where(ok, 1.0 / p_hat, 0.0)
+            kmax = max(k for k, *_ in self.by_span)
+            ring = np.zeros((kmax + 1, S, N))  # b'_f in slot f % (kmax + 1); 0 past each length
+            for t in range(Tmax, -1, -1):
+                b = np.zeros((S, N))
+                if t < Tmax:
+                    for k, WT, W, _, DT, P, gc in self.by_span:
+                        if t + k > Tmax:
+                            continue
+                        # exp(O_t + m_t + w_shift - O_{t+k}), 0 where t + k is past the length
+                        f = np.where(t + k <= lengths,
+                                     np.exp(m[t] + self.weight_shift - inc[t + 1:t + k + 1].sum(axis=0)), 0.0)
+                        bd = (DT @ ring[(t + k) % (kmax + 1)]) * E[t][gc]
+                        bd *= f
+                        b += W @ bd
+                        g = (WT @ alphas[t]) * bd
+                        g *= inv
+                        post[:, t, :] += (P @ g).T
+                starting = np.flatnonzero((lengths == t) & ok)
+                b[:, starting] = fin
+                ring[t % (kmax + 1)] = b
         return loglike, post
