@@ -15,9 +15,8 @@ Gather (fused log-softmax + skewed gather): column ``c = colidx[b, u, j]``
 of the engine's ``X[n, c]`` holds ``lp[b, t = n - u, u, sym[b, u, j]]`` for
 ``t`` in ``[0, T_b)`` and ``-inf`` elsewhere, where ``lp = logits -
 logsumexp_V(logits)`` (or the logits themselves when
-``fused_log_softmax=False``); big blanks only where NeMo allows them
-(:class:`~chainfb.transducer.graphs.ScoreEntries`; the CUDA kernels write
-every ``t``, which the exact-length rule makes equivalent).
+``fused_log_softmax=False``).  NeMo's boundary rules for big blanks follow
+from the exact-length rule (:class:`~chainfb.transducer.graphs.ScoreEntries`).
 
 Gradient of the cost ``-(1 + lambda) loglike`` w.r.t. the logits, written
 into one new tensor the size of the logits (the buffer that held the

@@ -199,25 +199,24 @@ class ScoreEntries:
     ``cells`` (flat ``(b, t, u)`` index into ``[B, T, U1]``), ``slots`` (flat
     ``(b, u, j)`` index into a ``[B, U1, width]`` table) and ``kinds`` (``j``).
 
-    RNN-T blank and label: every ``t`` in ``[0, T_b)``.  Big blanks and TDT:
-    the ``t`` at which the move is allowed, ``t + d <= T_b - 1``, or ``t + d
-    == T_b`` for a blank on the last row ``u == U_b`` (NeMo's rules); an arc
-    landing past the lattice would never be on a path anyway (the engine
-    counts paths of exactly ``T_b + U_b`` steps), so these entries only
-    save work."""
+    RNN-T / multi-blank: every ``t`` in ``[0, T_b)`` (a big blank landing
+    past ``T_b``, or at ``T_b`` on a row other than ``U_b``, is on no path:
+    the engine counts paths of exactly ``T_b + U_b`` steps and every score
+    at ``t = T_b`` is ``-inf``).  TDT: the ``t`` at which the move is
+    allowed, ``t + d <= T_b - 1``, or ``t + d == T_b`` for a blank on the
+    last row ``u == U_b`` (NeMo's rules)."""
 
     def __init__(self, layout: "TransducerLayout", T: int):
         r = layout.real
         b, u, j = layout.col_b[r], layout.col_u[r], layout.col_j[r]
         Tb = layout.logit_lengths[b]
-        last_row = u == layout.target_lengths[b]
         if layout.family == "tdt":
             D = layout.width // 2
             kind, d = j // D, np.asarray(layout.durations, dtype=np.int64)[j % D]
-            count = np.maximum(Tb - d + ((kind == 0) & last_row), 0)
-        else:  # big blanks: NeMo's rules, as TDT's blanks; blank and label: every t
-            d = np.asarray((1, 1) + layout.durations, dtype=np.int64)[j]
-            count = np.where(j >= 2, np.maximum(Tb - d + last_row, 0), Tb)
+            last_blank = (kind == 0) & (u == layout.target_lengths[b])
+            count = np.maximum(Tb - d + last_blank, 0)
+        else:
+            count = Tb
         which = np.repeat(np.arange(len(r)), count)
         t = concat_ranges(np.zeros(len(r), dtype=np.int64), count)
         bw, uw = b[which], u[which]
