@@ -389,7 +389,8 @@ def test_engine_hypothesis(be):
 
 def test_emulation_under_ubsan(tmp_path):
     """The kernels have no undefined behaviour (signed overflow, bad shifts,
-    out-of-bounds on fixed arrays) on a small engine and transducer case."""
+    out-of-bounds on fixed arrays) on small engine cases (arcs spanning
+    frames among them) and a transducer case."""
     try:
         lib = build(str(tmp_path), extra_flags=("-fsanitize=undefined,bounds", "-fno-sanitize-recover=all"))
         ub = EmulatedBackend(lib)
@@ -399,6 +400,10 @@ def test_emulation_under_ubsan(tmp_path):
     lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12) for _ in range(3)]))
     X = rng.normal(size=(5, lat.num_columns))
     _compare(ub, lat, X, np.array([5, 2, 0]), block=3)
+    import test_cuda_emulated_spans as sp  # arcs that span frames
+
+    for name, case in (("cuda", sp.per_sequence_case), ("cuda_shared", sp.shared_case)):
+        sp.check(ub, name, *case(12, N=3, T=5), np.float64, 3)
     for kind in ("f16", "bf16", "f64"):
         logits, args, C, rows, zc = _case(rng, M=2)
         x = _as_input(logits, kind)
@@ -512,8 +517,9 @@ def test_transducer_kind_weight_scales_per_formula(be, fused):
 
 def test_emulation_under_asan(tmp_path):
     """No out-of-bounds access in any kernel (the shared-graph engine's
-    included) on small cases, nor on out-of-range device lengths, columns
-    and symbols: the emulation built with AddressSanitizer, run in a child
+    included) on small cases (arcs spanning frames among them), nor on
+    out-of-range device lengths, columns and symbols: the emulation built
+    with AddressSanitizer, run in a child
     process with libasan preloaded (NumPy's buffers then get red zones)."""
     import os
     import subprocess
@@ -557,6 +563,8 @@ for leaky_c in (None, 0.1):
 import test_cuda_emulated_nan_bounds as nb  # out-of-range lengths, columns and symbols, as device inputs
 nb.device_inputs(setattr)
 nb.out_of_range_checks(be)
+import test_cuda_emulated_spans as sp  # arcs that span frames, out-of-range lengths included
+sp.asan_cases(be)
 print("ASAN-CLEAN")
 """)
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")

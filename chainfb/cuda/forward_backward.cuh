@@ -25,6 +25,18 @@
 //   out_ptr, out_dst, out_lp (R), out_col: arcs out of each state
 //   ca_ptr, ca_src, ca_dst, ca_lp (R): arcs of each column, in a fixed order,
 //     so each column's posterior is summed deterministically
+//   in_span, out_span, ca_span: the frames each arc covers (>= 1), in the
+//     order of in_src / out_dst / ca_src; nullptr when every arc covers one
+// Spans (chainfb.engines.numpy_log's contract): an arc read at frame t lands
+// at frame t + k, so alpha_t sums over arcs of span k <= t the terms
+// alpha_{t-k}(src) + lp + X[t-k, col] (every row of alpha is kept, and the
+// recursion is in the log domain: no per-frame scale to undo), and beta_t
+// over arcs with t + k <= L the terms lp + X[t, col] + beta_{t+k}(dst), with
+// beta rows in a ring of max_span + 1 (row t % (max_span + 1)).  An arc
+// landing past L is never on a path.  A span outside [1, max_span] is
+// skipped, so no value of it moves an access out of the arrays.  With every
+// span 1 the operations, and so the bits, are those of the one-frame
+// recursion.
 // Leaky HMM when log_init != nullptr:
 //   alpha'(i) = alpha(i) + c * sum_j alpha(j) * init(i)
 //   beta'(i)  = beta(i)  + c * sum_j init(j) * beta(j)      (sums per sequence)
@@ -33,7 +45,7 @@
 // value of them moves an access out of the arrays.
 // NaN as in the NumPy engine: a NaN score of sequence n in a frame <
 // lengths[n] makes loglike[n] NaN and every posterior of n's columns at
-// frames t < max(lengths) NaN; other sequences are unaffected.
+// frames t < lengths[n] NaN (zero past it); other sequences are unaffected.
 #ifndef CHAINFB_FORWARD_BACKWARD_CUH
 #define CHAINFB_FORWARD_BACKWARD_CUH
 
@@ -72,7 +84,8 @@ __device__ void leak_beta(R* b, const R* log_init, int io, R log_c, int s0, int 
 // of X are set to -inf.
 template <typename R>
 __device__ void forward_body(const SeqSpan& q, const R* final_, const int* in_ptr, const int* in_src,
-                             const R* in_lp, const int* in_col, i64 length, R* X, int T, int C, R* alpha, int S,
+                             const R* in_lp, const int* in_col, const int* in_span, i64 length, R* X, int T, int C,
+                             R* alpha, int S,
                              const R* log_init, R log_c, R* loglike) {
   const int tid = threadIdx.x, nt = blockDim.x;
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc;
@@ -92,15 +105,24 @@ __device__ void forward_body(const SeqSpan& q, const R* final_, const int* in_pt
   __syncthreads();
   if (log_init) leak_alpha<R>(alpha, log_init, q.io, log_c, s0, s1);
 
-  for (int t = 0; t < L; ++t) {
-    const R* prev = alpha + (i64)t * S;
-    R* cur = alpha + (i64)(t + 1) * S;
-    const R* x = X + (i64)t * C;
+  for (int t = 1; t <= L; ++t) {
+    R* cur = alpha + (i64)t * S;
     for (int s = s0 + tid; s < s1; s += nt) {
       LogAcc<R> acc;
       acc.init();
-      for (int a = in_ptr[s - gs], e = in_ptr[s - gs + 1]; a < e; ++a)
-        acc.add(prev[gs + in_src[a]] + in_lp[a] + x[gc + in_col[a]]);
+      if (in_span) {
+        for (int a = in_ptr[s - gs], e = in_ptr[s - gs + 1]; a < e; ++a) {
+          const int k = in_span[a];
+          if (k < 1 || k > t) continue;  // read before frame 0 (or not a span)
+          const i64 f = t - k;
+          acc.add(alpha[f * S + gs + in_src[a]] + in_lp[a] + X[f * C + gc + in_col[a]]);
+        }
+      } else {
+        const R* prev = alpha + (i64)(t - 1) * S;
+        const R* x = X + (i64)(t - 1) * C;
+        for (int a = in_ptr[s - gs], e = in_ptr[s - gs + 1]; a < e; ++a)
+          acc.add(prev[gs + in_src[a]] + in_lp[a] + x[gc + in_col[a]]);
+      }
       cur[s] = acc.result();
       nan = nan || acc.is_nan();
     }
@@ -118,54 +140,77 @@ __device__ void forward_body(const SeqSpan& q, const R* final_, const int* in_pt
 }
 
 // Posteriors post[t, c] for t < lengths[n] (the caller zero-fills post).
-// beta_buf [2, S] (R) holds beta_{t+1} and beta_t.
+// beta_buf [max_span + 1, S] (R) holds beta_t .. beta_{t+max_span} (max_span
+// = 1 without span arrays: beta_{t+1} and beta_t).
 template <typename R>
 __device__ void backward_body(const SeqSpan& q, const R* final_, const int* out_ptr, const int* out_dst,
-                              const R* out_lp, const int* out_col, const int* ca_ptr, const int* ca_src,
-                              const int* ca_dst, const R* ca_lp, const i64* lengths, const R* X, int T, int C,
-                              const R* alpha, int S, const R* log_init, R log_c, const R* loglike, R* beta_buf,
-                              R* post) {
+                              const R* out_lp, const int* out_col, const int* out_span, const int* ca_ptr,
+                              const int* ca_src, const int* ca_dst, const R* ca_lp, const int* ca_span,
+                              const i64* lengths, const R* X, int T, int C, const R* alpha, int S,
+                              const R* log_init, R log_c, const R* loglike, R* beta_buf, int max_span, R* post) {
   const int n = blockIdx.x;
   const int tid = threadIdx.x, nt = blockDim.x;
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc;
   const int c0 = q.c0, c1 = q.c1;
   const int L = clamp_len(lengths[n], T);
   const R total = loglike[n];
-  if (total != total) {  // NaN (uniform over the block): NaN posteriors up to the longest length, as NumPy
-    int Lmax = 0;
-    for (int i = 0; i < (int)gridDim.x; ++i) {
-      const int Li = clamp_len(lengths[i], T);
-      Lmax = Li > Lmax ? Li : Lmax;
-    }
-    const i64 cells = (i64)Lmax * (c1 - c0);
+  if (total != total) {  // NaN (uniform over the block): NaN posteriors up to the length, as NumPy
+    const i64 cells = (i64)L * (c1 - c0);
     for (i64 i = tid; i < cells; i += nt) post[(i / (c1 - c0)) * C + c0 + i % (c1 - c0)] = total;
     return;
   }
   if (!(total > Num<R>::neg_inf())) return;  // impossible: zero posteriors (uniform over the block)
 
-  R* b = beta_buf + (i64)(L & 1) * S;
+  const int M = (out_span && ca_span && max_span > 1) ? max_span : 1;  // ring of M + 1 beta rows
+  R* b = beta_buf + (i64)(L % (M + 1)) * S;
   for (int s = s0 + tid; s < s1; s += nt) b[s] = final_[s - gs];
   __syncthreads();
   if (log_init) leak_beta<R>(b, log_init, q.io, log_c, s0, s1);
 
   for (int t = L - 1; t >= 0; --t) {
-    const R* bn = beta_buf + (i64)((t + 1) & 1) * S;
-    R* bc = beta_buf + (i64)(t & 1) * S;
+    R* bc = beta_buf + (i64)(t % (M + 1)) * S;
     const R* x = X + (i64)t * C;
     const R* a = alpha + (i64)t * S;
-    for (int c = c0 + tid; c < c1; c += nt) {
-      R sum = R(0);
-      const R xc = x[c];
-      for (int k = ca_ptr[c - gc], e = ca_ptr[c - gc + 1]; k < e; ++k)
-        sum += Num<R>::exp_(a[gs + ca_src[k]] + ca_lp[k] + xc + bn[gs + ca_dst[k]] - total);
-      post[(i64)t * C + c] = sum;
-    }
-    for (int s = s0 + tid; s < s1; s += nt) {
-      LogAcc<R> acc;
-      acc.init();
-      for (int k = out_ptr[s - gs], e = out_ptr[s - gs + 1]; k < e; ++k)
-        acc.add(out_lp[k] + x[gc + out_col[k]] + bn[gs + out_dst[k]]);
-      bc[s] = acc.result();
+    const int reach = L - t < M ? L - t : M;  // the longest span landing by frame L
+    if (M == 1) {
+      const R* bn = beta_buf + (i64)((t + 1) & 1) * S;
+      for (int c = c0 + tid; c < c1; c += nt) {
+        R sum = R(0);
+        const R xc = x[c];
+        for (int k = ca_ptr[c - gc], e = ca_ptr[c - gc + 1]; k < e; ++k)
+          sum += Num<R>::exp_(a[gs + ca_src[k]] + ca_lp[k] + xc + bn[gs + ca_dst[k]] - total);
+        post[(i64)t * C + c] = sum;
+      }
+      for (int s = s0 + tid; s < s1; s += nt) {
+        LogAcc<R> acc;
+        acc.init();
+        for (int k = out_ptr[s - gs], e = out_ptr[s - gs + 1]; k < e; ++k)
+          acc.add(out_lp[k] + x[gc + out_col[k]] + bn[gs + out_dst[k]]);
+        bc[s] = acc.result();
+      }
+    } else {
+      for (int c = c0 + tid; c < c1; c += nt) {
+        R sum = R(0);
+        const R xc = x[c];
+        for (int k = ca_ptr[c - gc], e = ca_ptr[c - gc + 1]; k < e; ++k) {
+          const int d = ca_span[k];
+          if (d < 1 || d > reach) continue;  // lands past L (or not a span)
+          const R* bn = beta_buf + (i64)((t + d) % (M + 1)) * S;
+          sum += Num<R>::exp_(a[gs + ca_src[k]] + ca_lp[k] + xc + bn[gs + ca_dst[k]] - total);
+        }
+        post[(i64)t * C + c] = sum;
+      }
+      for (int s = s0 + tid; s < s1; s += nt) {
+        LogAcc<R> acc;
+        acc.init();
+        for (int k = out_ptr[s - gs], e = out_ptr[s - gs + 1]; k < e; ++k) {
+          const int d = out_span[k];
+          if (d < 1 || d > reach) continue;
+          const R* bn = beta_buf + (i64)((t + d) % (M + 1)) * S;
+          acc.add(out_lp[k] + x[gc + out_col[k]] + bn[gs + out_dst[k]]);
+        }
+        bc[s] = acc.result();
+      }
     }
     __syncthreads();
     if (log_init) leak_beta<R>(bc, log_init, q.io, log_c, s0, s1);

@@ -27,7 +27,9 @@
 //   in_ptr [Sg+1], in_src [A], in_lp [A] (R), in_col [A]: arcs into each state
 //   out_ptr [Sg+1], out_dst [A], out_lp [A] (R), out_col [A]: arcs out of each state
 //   ca_ptr [K+1], ca_src [A], ca_dst [A], ca_lp [A] (R): arcs of each column
-// X [T, C] (C = N*K), alpha [(T+1), S] and beta_buf [2, S] (S = N*Sg), post
+//   in_span [A], out_span [A], ca_span [A]: the frames each arc covers (all
+//     three nullptr: every arc covers one)
+// X [T, C] (C = N*K), alpha [(T+1), S] and beta_buf [max_span + 1, S] (S = N*Sg), post
 // [T, C] as in engine.cu.  log_init (R): nullptr (no leaky HMM), G's [Sg]
 // shared by every sequence (init_per_seq = 0) or [S], one per sequence
 // (init_per_seq = 1).  A block whose sequence would reach past S states or C
@@ -52,25 +54,26 @@ __device__ __forceinline__ bool shared_span(SeqSpan* q, const int* start, int Sg
 
 template <typename R>
 CHAINFB_KERNEL void fb_shared_forward(const int* start, const R* final_, const int* in_ptr, const int* in_src,
-                                      const R* in_lp, const int* in_col, int Sg, int K, int init_per_seq,
-                                      const i64* lengths, R* X, int T, int C, R* alpha, int S, const R* log_init,
-                                      R log_c, R* loglike) {
+                                      const R* in_lp, const int* in_col, const int* in_span, int Sg, int K,
+                                      int init_per_seq, const i64* lengths, R* X, int T, int C, R* alpha, int S,
+                                      const R* log_init, R log_c, R* loglike) {
   SeqSpan q;
   if (!shared_span(&q, start, Sg, K, S, C, init_per_seq)) return;
-  forward_body<R>(q, final_, in_ptr, in_src, in_lp, in_col, lengths[blockIdx.x], X, T, C, alpha, S, log_init,
-                  log_c, loglike);
+  forward_body<R>(q, final_, in_ptr, in_src, in_lp, in_col, in_span, lengths[blockIdx.x], X, T, C, alpha, S,
+                  log_init, log_c, loglike);
 }
 
 template <typename R>
 CHAINFB_KERNEL void fb_shared_backward(const R* final_, const int* out_ptr, const int* out_dst, const R* out_lp,
-                                       const int* out_col, const int* ca_ptr, const int* ca_src, const int* ca_dst,
-                                       const R* ca_lp, int Sg, int K, int init_per_seq, const i64* lengths,
-                                       const R* X, int T, int C, const R* alpha, int S, const R* log_init, R log_c,
-                                       const R* loglike, R* beta_buf, R* post) {
+                                       const int* out_col, const int* out_span, const int* ca_ptr,
+                                       const int* ca_src, const int* ca_dst, const R* ca_lp, const int* ca_span,
+                                       int Sg, int K, int init_per_seq, const i64* lengths, const R* X, int T,
+                                       int C, const R* alpha, int S, const R* log_init, R log_c,
+                                       const R* loglike, R* beta_buf, int max_span, R* post) {
   SeqSpan q;
   if (!shared_span(&q, nullptr, Sg, K, S, C, init_per_seq)) return;
-  backward_body<R>(q, final_, out_ptr, out_dst, out_lp, out_col, ca_ptr, ca_src, ca_dst, ca_lp, lengths, X, T, C,
-                   alpha, S, log_init, log_c, loglike, beta_buf, post);
+  backward_body<R>(q, final_, out_ptr, out_dst, out_lp, out_col, out_span, ca_ptr, ca_src, ca_dst, ca_lp, ca_span,
+                   lengths, X, T, C, alpha, S, log_init, log_c, loglike, beta_buf, max_span, post);
 }
 
 }  // namespace chainfb

@@ -113,7 +113,7 @@ def _kernel_engine(lat, engine: str) -> str:
 
 
 #: the engines that run arcs spanning several frames (``Lattice.max_span > 1``)
-SPAN_ENGINES: tuple = ("numpy", "numba", "shared")
+SPAN_ENGINES: tuple = ("numpy", "numba", "shared", "cuda", "cuda_shared")
 
 
 def _check_spans(lat, name: str) -> str:

@@ -30,7 +30,10 @@ def host_array(x):
 
 
 def _host_arrays(lat: Lattice) -> dict:
-    """int32 CSR structure and float64 weights of a lattice (host side)."""
+    """int32 CSR structure and float64 weights of a lattice (host side);
+    the arcs' spans (``in_span``, ``out_span``, ``ca_span``) only when some
+    arc spans several frames (None otherwise: the kernels read every span as
+    1)."""
     S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
@@ -39,6 +42,7 @@ def _host_arrays(lat: Lattice) -> dict:
     i32 = np.int32
     order = np.argsort(b.col, kind="stable")
     col_sorted = b.col[order]
+    spans = lat.max_span > 1
     return {
         "state_off": lat.state_offsets.astype(i32),
         "col_off": lat.col_offsets.astype(i32),
@@ -56,6 +60,9 @@ def _host_arrays(lat: Lattice) -> dict:
         "ca_src": b.src[order].astype(i32),
         "ca_dst": b.dst[order].astype(i32),
         "ca_lp": np.asarray(b.log_prob, dtype=np.float64)[order],
+        "in_span": f.span.astype(i32) if spans else None,
+        "out_span": b.span.astype(i32) if spans else None,
+        "ca_span": b.span[order].astype(i32) if spans else None,
         "max_width": int(
             max(
                 np.diff(lat.state_offsets).max(initial=0),
@@ -66,7 +73,7 @@ def _host_arrays(lat: Lattice) -> dict:
 
 
 def upload(backend, host: dict, dtype) -> dict:
-    """``host`` (arrays and ints from :func:`lattice_host_arrays`) on
+    """``host`` (arrays, ints and Nones from :func:`lattice_host_arrays`) on
     ``backend``'s device, float arrays in ``dtype``."""
     xp = backend.xp
     out = {}
@@ -147,6 +154,11 @@ def check_inputs(backend, lat: Lattice, X, lengths):
     return X, xp.ascontiguousarray(lengths.astype(np.int64, copy=False)), dtype
 
 
+def null_or(a):
+    """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array."""
+    return np.uint64(0) if a is None else a
+
+
 def leak_log_c(leaky, dtype):
     """``log(c)`` of ``leaky = (c, log_init)`` in ``dtype`` (``-inf`` for
     ``c = 0``: no leak, but paths start from ``log_init``); 0 without a leak."""
@@ -177,8 +189,13 @@ def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, 
     own leading arguments (the arguments every engine kernel takes follow,
     see ``forward_backward.cuh``), the device ``log_init`` (None without a
     leak) and the widest sequence in states or columns (for the default
-    block size).  Returns ``(loglike [N], post [T, C] or None)``."""
+    block size).  The backward kernel keeps ``lat.max_span + 1`` rows of
+    betas.  Returns ``(loglike [N], post [T, C] or None)``."""
     X, lengths, dtype = check_inputs(backend, lat, X, lengths)
+    max_span = int(lat.max_span)
+    if leaky is not None and max_span > 1:
+        raise ValueError(f"leaky: the leaky HMM is not defined for arcs that span several frames (max span "
+                         f"{max_span})")
     log_c = leak_log_c(leaky, dtype)
     xp = backend.xp
     T, C = X.shape
@@ -199,8 +216,9 @@ def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, 
     backend.launch(f"chainfb::{prefix}_forward<{r}>", N, block, fwd_head + tail + [loglike])
     if not need_posteriors:
         return loglike, None
-    beta = xp.empty((2, S), dtype=dtype)
-    backend.launch(f"chainfb::{prefix}_backward<{r}>", N, block, bwd_head + tail + [loglike, beta, post])
+    beta = xp.empty((max_span + 1, S), dtype=dtype)
+    backend.launch(f"chainfb::{prefix}_backward<{r}>", N, block,
+                   bwd_head + tail + [loglike, beta, i32(max_span), post])
     return loglike, post
 
 
@@ -217,9 +235,10 @@ def _lattice_layout(backend, lat: Lattice, dtype, leaky):
     """engine.cu's kernels over the lattice's own arrays (see :func:`run_engine`)."""
     a = lattice_arrays(backend, lat, dtype)
     log_init = None if leaky is None else _instance_log_init(backend.xp, lat, leaky[1], dtype)
-    fwd = [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"]]
+    fwd = [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"],
+           null_or(a["in_span"])]
     bwd = [a["state_off"], a["col_off"], a["final"], a["out_ptr"], a["out_dst"], a["out_lp"], a["out_col"],
-           a["ca_ptr"], a["ca_src"], a["ca_dst"], a["ca_lp"]]
+           null_or(a["out_span"]), a["ca_ptr"], a["ca_src"], a["ca_dst"], a["ca_lp"], null_or(a["ca_span"])]
     return "fb", fwd, bwd, log_init, a["max_width"]
 
 
@@ -240,7 +259,8 @@ def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteri
         place (when ``X`` is C-contiguous).
     lengths : ``[N]`` ints in ``[0, T]`` (host or ``backend.xp``; a device
         array avoids any host-device copy).
-    leaky : ``(coefficient, log_init [S])`` or None
+    leaky : ``(coefficient, log_init [S])`` or None (refused when an arc
+        spans several frames)
     need_posteriors : bool
     block_size : threads per block (1..1024), or None for
         :func:`default_block_size` of the widest sequence.
@@ -256,8 +276,11 @@ def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteri
 def best_path(lat: Lattice, X, lengths):
     """Viterbi for CuPy scores: there is no max-semiring kernel, so ``X`` is
     copied to the host and :func:`chainfb.engines.numpy_log.best_path` runs
-    (same return values, NumPy arrays)."""
-    from . import numpy_log
+    (same return values, NumPy arrays; arcs spanning several frames as
+    there)."""
+    from . import _check_spans, numpy_log
+
+    _check_spans(lat, "numpy")
 
     def host(a):
         return a.get() if hasattr(a, "get") else a
