@@ -73,14 +73,15 @@ def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dic
     once per device and stream and kept with the layout: ``target_lengths``
     ``[B]`` and, given the logits' frame
     count ``T``, the :class:`~chainfb.transducer.graphs.ScoreEntries`
-    ``rows``, ``cols``, ``cells``, ``slots``, ``kinds`` ``[E]``."""
+    ``rows``, ``cols``, ``flat``, ``cells``, ``slots``, ``kinds``, ``arcs`` ``[E]``."""
     device = torch.device(device)
 
     def build():
         out = {"target_lengths": layout.target_lengths}
         if T is not None:
             e = layout.entries(T)
-            out.update(rows=e.rows, cols=e.cols, cells=e.cells, slots=e.slots, kinds=e.kinds)
+            out.update(rows=e.rows, cols=e.cols, flat=e.flat, cells=e.cells, slots=e.slots, kinds=e.kinds,
+                       arcs=e.arcs)
         return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
 
     return layout.memo(("torch", T) + _place(device), build)
@@ -280,7 +281,7 @@ def _torch_gather(logits: torch.Tensor, sym: torch.Tensor, layout, fused_log_sof
     if fused_log_softmax:
         vals -= norm.reshape(-1).index_select(0, tab["cells"]).to(torch.float64)
     X = torch.full((layout.num_steps, layout.lat.num_columns), -np.inf, dtype=torch.float64)
-    X[tab["rows"], tab["cols"]] = vals
+    X.view(-1)[tab["flat"]] = vals
     return X.numpy(), ScoreMapState(work, tab, elems, (B, T, U1, V), fused_log_softmax)
 
 
@@ -301,7 +302,7 @@ def _torch_gradient(state: ScoreMapState, post, kind_weight, clamp: float = -1.0
     tab = state.tables
     P = post if isinstance(post, torch.Tensor) else torch.from_numpy(np.asarray(post))
     kw = torch.tensor(np.asarray(kind_weight, dtype=np.float64).tolist(), dtype=torch.float64)
-    w = P[tab["rows"], tab["cols"]] * kw[tab["kinds"]]
+    w = P.reshape(-1).index_select(0, tab["flat"]) * kw[tab["kinds"]]
     if state.fused:
         occ = torch.zeros(B * T * U1, dtype=torch.float64).index_add_(0, tab["cells"], w)
         g.mul_(occ.to(g.dtype).view(B, T, U1, 1))  # softmax * occupancy; cells never visited get exactly 0

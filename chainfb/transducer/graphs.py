@@ -196,8 +196,10 @@ def tdt_graphs(target_lengths, durations: Sequence[int], logit_lengths=None) -> 
 class ScoreEntries:
     """Every ``(column, t)`` a score map fills for logits with ``T`` frames:
     int64 ``[E]`` arrays ``rows`` (step ``t + u``), ``cols`` (engine column),
-    ``cells`` (flat ``(b, t, u)`` index into ``[B, T, U1]``), ``slots`` (flat
-    ``(b, u, j)`` index into a ``[B, U1, width]`` table) and ``kinds`` (``j``).
+    ``flat`` (``rows * C + cols``, the flat index into the engine's ``[num_steps,
+    C]``), ``cells`` (flat ``(b, t, u)`` index into ``[B, T, U1]``), ``slots``
+    (flat ``(b, u, j)`` index into a ``[B, U1, width]`` table), ``kinds``
+    (``j``) and ``arcs`` (flat ``(b, t, u, j)`` index into ``[B, T, U1, width]``).
 
     RNN-T / multi-blank: every ``t`` in ``[0, T_b)`` (a big blank landing
     past ``T_b``, or at ``T_b`` on a row other than ``U_b``, is on no path:
@@ -227,6 +229,8 @@ class ScoreEntries:
         self.cells = (bw * self.T + t) * U1 + uw
         self.kinds = j[which]
         self.slots = (bw * U1 + uw) * layout.width + self.kinds
+        self.flat = self.rows * layout.lat.num_columns + self.cols
+        self.arcs = self.cells * layout.width + self.kinds
 
 
 class TransducerLayout:

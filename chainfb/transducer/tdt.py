@@ -120,7 +120,7 @@ class TDTCriterion(Criterion):
     def _entries(self, dev, T):
         """rows, cols and the flat index into ``S [B, T, U1, 2, D]`` of every entry, on ``dev``."""
         tab = layout_tables(self.layout, dev, T)
-        return tab, tab["cells"] * self.layout.width + tab["kinds"]
+        return tab, tab["arcs"]
 
     def gather(self, x, need_grad=True):
         B, T, U1, VD = x.shape
@@ -147,7 +147,7 @@ class TDTCriterion(Criterion):
         S = tok[..., :, None] + dur[..., None, :]  # [B, T, U1, 2, D]
         tab, sidx = self._entries(dev, T)
         X = torch.full((self.layout.num_steps, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
-        X[tab["rows"], tab["cols"]] = S.reshape(-1).index_select(0, sidx)
+        X.view(-1)[tab["flat"]] = S.reshape(-1).index_select(0, sidx)
         return as_array(X, "logits")[0]
 
     def finish(self, x, loglike, post):
@@ -163,7 +163,7 @@ class TDTCriterion(Criterion):
         tab, sidx = self._entries(dev, T)
         P = _as_torch(post, dev)
         A = torch.zeros(B * T * U1 * 2 * D, dtype=torch.float64, device=dev)
-        A[sidx] = P[tab["rows"], tab["cols"]]
+        A[sidx] = P.reshape(-1).index_select(0, tab["flat"])
         # impossible utterances (non-finite cost): no posteriors, so a zero gradient (the softmaxes are finite)
         A = torch.where(torch.isfinite(ll).view(-1, 1), A.view(B, -1), 0.0).view(B, T, U1, 2, D)
         Pk = A.sum(-1)  # [B, T, U1, 2]: blank, label
