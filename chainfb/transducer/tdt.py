@@ -185,7 +185,7 @@ class TDTCriterion(Criterion):
 
 #: rows of the token softmax per block: a block's logits and softmax stay in the CPU's cache between its passes
 _CPU_BLOCK_ELEMENTS = 1 << 20
-_GPU_BLOCK_ELEMENTS = 1 << 26
+_GPU_BLOCK_ELEMENTS = 1 << 24
 
 
 def _token_softmax(x: torch.Tensor, V: int, out: torch.Tensor) -> torch.Tensor:
