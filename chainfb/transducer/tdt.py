@@ -171,11 +171,15 @@ class TDTCriterion(Criterion):
         A[sidx] = P.reshape(-1).index_select(0, tab["flat"])
         # impossible utterances (non-finite cost): no posteriors, so a zero gradient (the softmaxes are finite)
         A = torch.where(torch.isfinite(ll).view(-1, 1), A.view(B, -1), 0.0).view(B, T, U1, 2, D)
-        Pk = A.sum(-1)  # [B, T, U1, 2]: blank, label
+        # sums over the durations as one matrix-vector product (torch's reductions over a short last dim are slow)
+        Pk = (A.view(-1, D) @ torch.ones(D, dtype=torch.float64, device=dev)).view(B, T, U1, 2)  # blank, label
+        occ = Pk[..., 0] + Pk[..., 1]  # Pb + Pl
+        Pd = A[..., 0, :] + A[..., 1, :]  # [B, T, U1, D]: both kinds of each duration
         Pk[..., 1] *= 1.0 + self.fastemit_lambda  # FastEmit scales the label's token terms
         ct = g.dtype
         tokg = g[..., :V]
-        tokg.mul_((Pk.sum(-1) / tok_total.to(torch.float64)).to(ct)[..., None])  # softmax * (Pb + (1 + l) Pl)
+        w = Pk[..., 0] + Pk[..., 1]
+        tokg.mul_((w / tok_total.to(torch.float64)).to(ct)[..., None])  # softmax * (Pb + (1 + l) Pl)
         # minus Pb at the blank and (1 + l) Pl at the label (where u >= U_b the "label" is the blank, weight 0)
         tokg.scatter_add_(-1, self._symbols(dev, T), (-Pk).to(ct))
         if self.clamp > 0:
@@ -183,7 +187,7 @@ class TDTCriterion(Criterion):
         # durations: softmax * (Pb + Pl) - P_i (the plain derivative, no FastEmit); rows without a
         # finite normaliser have a softmax of 0
         dsm = torch.where(torch.isfinite(dur_norm), dur.exp(), 0.0)
-        g[..., V:] = dsm * A.sum(dim=(-2, -1))[..., None] - A.sum(-2)
+        g[..., V:] = dsm * occ[..., None] - Pd
         return value, g.to(x.dtype) if g.dtype != x.dtype else g
 
 
