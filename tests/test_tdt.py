@@ -67,14 +67,44 @@ def test_oracles_agree_and_count_paths():
 
 def test_step_graph_shape():
     f = tdt_step_graph(2, [0, 1, 2])
-    # main states 0..2, each with a chain of max(d) = 2 auxiliary states
-    assert f.num_states == 3 * 3
+    # main states 0..2 only: a blank of duration d spans d steps, a label of duration d spans d + 1
+    assert f.num_states == 3 and f.max_span == 3
     assert np.isfinite(f.final).sum() == 1 and f.final[2] == 0.0
-    # durations longer than the longest utterance get no arcs and no chain states
+    J = 6
+    assert sorted(f.arcs(spans=True)) == sorted(
+        [(u, u, u * J + i, 0.0, d) for u in range(3) for i, d in ((1, 1), (2, 2))]
+        + [(u, u + 1, u * J + 3 + i, 0.0, d + 1) for u in range(2) for i, d in enumerate((0, 1, 2))])
+    # durations longer than the longest utterance get no arcs
     g = tdt_step_graph(2, [0, 1, 2, 10 ** 9], max_frames=4)
-    assert g.num_states == 3 * 3 and g.num_arcs == f.num_arcs
+    assert g.num_states == 3 and g.num_arcs == f.num_arcs
+    # the graph does not grow with the durations
+    h = tdt_step_graph(2, [0, 1, 2, 10 ** 9])
+    assert h.num_states == 3 and h.num_arcs == f.num_arcs + 3 + 2 and h.max_span == 10 ** 9 + 1
     batch = tdt_graphs([2, 0, 2], [0, 1, 2], logit_lengths=[3, 0, 1])
     assert batch.num_sequences == 3
+
+
+@pytest.mark.parametrize("durations, sigma", [((0, 1, 2), 0.0), ((1, 3), 0.07), ((0, 1, 2, 3, 4), 0.07),
+                                             ((0, 6), 0.0)])
+def test_compiled_spans_against_the_loop_oracle(durations, sigma):
+    """Compiler and score map alone: the compiled span graphs through the
+    per-graph loop oracle (no engine) against the grid reference."""
+    from chainfb.transducer import TDTCriterion
+    from oracles.lattice import lattice_forward_backward
+
+    x, tg, Tb, Ub = tdt_batch(21, B=4, T=7, U=3, durations=durations, Tb=[7, 2, 5, 1], Ub=[3, 3, 1, 0])
+    crit = TDTCriterion(x.shape, tg, Tb.numpy(), Ub.numpy(), 4, durations, sigma)
+    assert crit.lattice.num_states == int((Ub + 1).sum())
+    X = crit.gather(x)
+    loglike, post = lattice_forward_backward(crit.lattice, X, crit.lengths)
+    cost, grad = crit.finish(x, loglike, post)
+    for b in range(4):
+        lp, g = grid_reference(x[b].numpy(), tg[b], int(Tb[b]), int(Ub[b]), 4, durations, sigma)
+        if lp == -math.inf:
+            assert cost[b].item() == math.inf and (grad[b] == 0).all()
+            continue
+        assert cost[b].item() == pytest.approx(-lp, rel=1e-12)
+        np.testing.assert_allclose(grad[b].numpy(), g, atol=1e-12)
 
 
 # ---------------------------------------------------------- enumeration

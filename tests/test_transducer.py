@@ -323,17 +323,51 @@ def test_no_grad_path():
 # ------------------------------------------------------------ the graphs
 def test_step_graph_structure():
     f = step_graph(2)
-    assert f.num_states == 3 and f.num_arcs == 5 and f.start == 0
+    assert f.num_states == 3 and f.num_arcs == 5 and f.start == 0 and f.max_span == 1
     assert sorted(f.arcs()) == [(0, 0, 0, 0.0), (0, 1, 1, 0.0), (1, 1, 2, 0.0), (1, 2, 3, 0.0), (2, 2, 4, 0.0)]
     assert f.finals() == {2: 0.0}
     g = step_graph(1, durations=(2, 3), sigma=0.5)
-    # main 0..1, aux r1, r2 per main state; W = 4; zero pdf = 8
-    assert g.num_states == 2 + 2 * 2
-    arcs = set((s, d, p) for s, d, p, _ in g.arcs())
-    assert (0, 2, 2) in arcs and (0, 3, 3) in arcs  # big blanks 2 -> r1(0), 3 -> r2(0)
-    assert (3, 2, 8) in arcs and (2, 0, 8) in arcs  # r2 -> r1 -> 0 with the zero pdf
-    assert all(lp == (0.0 if p == 8 else -0.5) for _, _, p, lp in g.arcs())
+    # main states 0..1 only; W = 4: a big blank of duration d is a self-loop spanning d steps
+    assert g.num_states == 2 and g.max_span == 3
+    assert sorted(g.arcs(spans=True)) == [
+        (0, 0, 0, -0.5, 1), (0, 0, 2, -0.5, 2), (0, 0, 3, -0.5, 3), (0, 1, 1, -0.5, 1),
+        (1, 1, 4, -0.5, 1), (1, 1, 6, -0.5, 2), (1, 1, 7, -0.5, 3)]
     assert "digraph" in g.to_dot()
+
+
+def test_big_blank_costs_one_arc_whatever_its_duration():
+    short, long = step_graph(3, durations=(2, 4)), step_graph(3, durations=(2, 10 ** 6))
+    assert short.num_states == long.num_states == 4 and short.num_arcs == long.num_arcs == 4 + 3 + 2 * 4
+    assert long.max_span == 10 ** 6
+    # longer than every utterance of the batch: no arc at all
+    capped = step_graph(3, durations=(2, 10 ** 6), max_duration=50)
+    assert capped.num_arcs == 4 + 3 + 4 and capped.max_span == 2
+    lay = compile_layout([3, 1], [6, 4], durations=(2, 4, 999))
+    assert lay.batch.fsts[0].num_states + lay.batch.fsts[1].num_states == 2 + 4
+    assert len(lay.real) == lay.lat.num_columns and (lay.col_j >= 0).all()
+
+
+@pytest.mark.parametrize("durations", [(), (2,), (2, 3), (4, 2), (3, 7)])
+def test_compiled_spans_against_the_loop_oracle(durations):
+    """Compiler and torch score map alone: the compiled span graphs through
+    the per-graph loop oracle (no engine) against the grid reference."""
+    from oracles.lattice import lattice_forward_backward
+
+    rng = np.random.default_rng(len(durations) + sum(durations))
+    M = len(durations)
+    x, tg, Tb, Ub = random_batch(rng, B=4, T=7, U=3, V=5 + M, reserved=1 + M)
+    Tb[1], Ub[1] = 2, 3  # too short for the big blanks
+    V = x.shape[-1]
+    blank, sigma = V - 1, 0.1 if M else 0.0
+    crit = TransducerCriterion(x.shape, tg, Tb.numpy(), Ub.numpy(), blank, durations, sigma)
+    assert crit.lattice.num_states == int((Ub + 1).sum())
+    X = crit.gather(x)
+    loglike, post = lattice_forward_backward(crit.lattice, X, crit.lengths)
+    cost, grad = crit.finish(x, loglike, post)
+    for b in range(4):
+        lp, g = grid_reference(x[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, sigma)
+        assert cost[b].item() == pytest.approx(-lp, rel=1e-12)
+        np.testing.assert_allclose(grad[b].numpy(), g, atol=1e-12)
 
 
 def test_graph_batches_share_graphs_and_layout_columns():
@@ -430,7 +464,7 @@ def test_draw_tool_writes_dot(tmp_path):
     subprocess.run([sys.executable, str(root / "tools" / "draw_transducer.py"), "--out", str(tmp_path)], check=True, env=env,
                    capture_output=True)
     text = (tmp_path / "multiblank_U2_d2_3.dot").read_text()
-    assert "big3@1" in text and "zero" in text and "digraph" in text
+    assert "big3@1 (-0.05), 3 steps" in text and "zero" not in text and "digraph" in text
     assert (tmp_path / "rnnt_U3_pdfs.dot").read_text().count("->") == 7
 
 
@@ -457,8 +491,7 @@ def test_score_map_gather_layout():
                     t = n - u
                     want = lp[b, t, u, sym] if 0 <= t < Tb[b] else -np.inf
                     assert X[n, c] == pytest.approx(want, abs=1e-12)
-    zero = np.flatnonzero(lay.col_j < 0)
-    assert len(zero) == 3 and (X[:, zero] == 0).all()
+    assert (lay.col_j >= 0).all() and len(lay.real) == X.shape[1]  # no zero-pdf columns: every arc reads a symbol
 
 
 def test_repeated_backward_recomputes_the_gradient():
@@ -582,7 +615,7 @@ def test_cpu_call_crosses_once_each_way():
 
 def test_kernel_metadata_is_cached_per_layout(emulated_kernels, monkeypatch):
     """Under the kernels (here their emulation), the per-layout tables
-    (colidx, lengths, zero columns, kind weights) are built once per device
+    (colidx, lengths, kind weights) are built once per device
     and handed to every later call as the same arrays."""
     from chainfb.cuda import transducer_maps
 
@@ -606,7 +639,7 @@ def test_kernel_metadata_is_cached_per_layout(emulated_kernels, monkeypatch):
     def same(a, b):
         return all(u is v for u, v in zip(a, b))
 
-    assert gathers[0][3] is not None  # the zero-pdf columns of the big blanks' chains
+    assert gathers[0][3] is None  # no zero-pdf columns: a big blank is one arc spanning frames
     assert same(gathers[0], gathers[1]) and same(grads[0], grads[1]) and same(grads[0][:3], gathers[0][:3])
 
 

@@ -5,7 +5,8 @@ Writes Graphviz dot for a small RNN-T example (``U = 3`` labels) and a
 multi-blank example (``U = 2``, big-blank durations 2 and 3, sigma 0.05),
 twice each: the plain ``Fst.to_dot()`` (arcs ``pdf:prob``, as the engine
 sees them) and an annotated version naming each pdf (``blank@u``,
-``y_{u+1}``, ``big<d>@u``, ``zero``).  Renders PNGs when ``dot`` is on PATH.
+``y_{u+1}``, ``big<d>@u``) and the steps an arc spans when more than one
+(a big blank of duration ``d`` is one self-loop spanning ``d`` steps).  Renders PNGs when ``dot`` is on PATH.
 
 The files go to ``--out DIR`` (created if needed); without ``--out`` they go
 to a new temporary directory, so that nothing is written into the current
@@ -32,11 +33,8 @@ from _cli import Parser  # noqa: E402
 
 def annotated_dot(fst, num_labels, durations, title):
     W = len(durations) + 2
-    zero_pdf = (num_labels + 1) * W
 
     def name(pdf):
-        if pdf == zero_pdf:
-            return "zero"
         u, j = divmod(pdf, W)
         if j == 0:
             return f"blank@{u}"
@@ -50,9 +48,10 @@ def annotated_dot(fst, num_labels, durations, title):
         shape = "doublecircle" if fst.final[s] > -math.inf else ("circle" if main else "point")
         label = f"u={s}" if main else ""
         out.append(f'  {s} [shape={shape}, label="{label}"{", style=bold" if s == fst.start else ""}];')
-    for s, d, p, lp in fst.arcs():
+    for s, d, p, lp, k in fst.arcs(spans=True):
         w = "" if lp == 0.0 else f" (-{-lp:g})"
-        out.append(f'  {s} -> {d} [label="{name(p)}{w}"];')
+        steps = "" if k == 1 else f", {k} steps"
+        out.append(f'  {s} -> {d} [label="{name(p)}{w}{steps}"];')
     out.append("}")
     return "\n".join(out) + "\n"
 

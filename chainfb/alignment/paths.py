@@ -19,7 +19,9 @@ __all__ = ["StepArcs", "best_arcs"]
 
 @dataclass
 class StepArcs:
-    """The best path of one sequence, one entry per step (frame).
+    """The best path of one sequence, one entry per step (frame): the arc
+    read at that frame, or ``-1`` in all three arrays for a frame inside an
+    arc that spans several frames.
 
     Attributes
     ----------
@@ -51,6 +53,11 @@ def best_arcs(lattice, X, lengths) -> list:
             out.append(StepArcs(e, e, e, -np.inf))
             continue
         a = np.asarray(arcs[n, : lengths[n]], dtype=np.int64)
-        out.append(StepArcs(a - batch.arc_offsets[g[n]], batch.src[a] - batch.state_offsets[g[n]],
-                            batch.pdf[a].astype(np.int64), float(score[n])))
+        read = a >= 0  # -1: a frame inside an arc that spans several frames
+
+        def local(v, offset):
+            return np.where(read, v[np.maximum(a, 0)].astype(np.int64) - offset, -1)
+
+        out.append(StepArcs(np.where(read, a - batch.arc_offsets[g[n]], -1),
+                            local(batch.src, batch.state_offsets[g[n]]), local(batch.pdf, 0), float(score[n])))
     return out

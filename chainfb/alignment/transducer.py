@@ -17,8 +17,9 @@ scores are decoded on the host), and reads each winning arc back as a move
 on the ``(t, u)`` grid: the step graphs' pdf numbering says which main
 state ``u`` and which kind (blank, label, big blank / duration) an arc is,
 and on main state ``u`` at step ``n`` the frame is ``t = n - u`` (``t = n``
-for the modified grid).  Arcs of the auxiliary chains (a big blank or a
-duration still running) are not moves.
+for the modified grid).  A big blank or a duration is one arc spanning
+several steps: the steps it covers (``-1`` in the engine's best path) are
+not moves.
 
 Result: one :class:`TransducerAlignment` per utterance.  An utterance with
 no alignment (no frames, an impossible duration set, ``-inf`` scores on
@@ -93,13 +94,14 @@ def _result(moves, U, with_durations, score):
                                float(score), torch.from_numpy(mv))
 
 
-def _step_moves(p, width, zero_pdf, kind_of, dur_of, modified=False, s0=0, t0=0):
-    """Rows ``(t, u, kind, duration)`` of the main-state arcs of one step
-    graph path ``p`` (:class:`~chainfb.alignment.paths.StepArcs`): pdf
-    ``u * width + j`` (``zero_pdf``: an auxiliary arc, skipped);
-    ``kind_of[j]`` and ``dur_of[j]`` give each ``j``'s kind and duration."""
+def _step_moves(p, width, kind_of, dur_of, modified=False, s0=0, t0=0):
+    """Rows ``(t, u, kind, duration)`` of the arcs of one step graph path
+    ``p`` (:class:`~chainfb.alignment.paths.StepArcs`): pdf ``u * width +
+    j``, read at step ``n`` (steps inside an arc that spans several, ``-1``,
+    are skipped); ``kind_of[j]`` and ``dur_of[j]`` give each ``j``'s kind
+    and duration."""
     n = np.arange(len(p.pdf), dtype=np.int64)
-    keep = p.pdf != zero_pdf
+    keep = p.arc >= 0
     u, j, n = p.pdf[keep] // width, p.pdf[keep] % width, n[keep]
     t = n if modified else n - u
     return np.stack([t + t0, u + s0, np.asarray(kind_of)[j], np.asarray(dur_of)[j]], axis=1)
@@ -149,7 +151,7 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
         if p.score == -np.inf:
             out.append(_empty(False))
             continue
-        mv = _step_moves(p, W, (int(Ub[b]) + 1) * W, kind_of, dur_of)
+        mv = _step_moves(p, W, kind_of, dur_of)
         out.append(_result(mv, int(Ub[b]), False, p.score))
     return out
 
@@ -197,7 +199,7 @@ def tdt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
         if p.score == -np.inf:
             out.append(_empty(True))
             continue
-        mv = _step_moves(p, J, (int(Ub[b]) + 1) * J, kind_of, dur_of)
+        mv = _step_moves(p, J, kind_of, dur_of)
         out.append(_result(mv, int(Ub[b]), True, p.score))
     return out
 
@@ -233,7 +235,7 @@ def grid_align(px: torch.Tensor, py: torch.Tensor, boundary=None) -> list:
         if p.score == -np.inf:
             out.append(_empty(False))
             continue
-        mv = _step_moves(p, 2, -1, kind_of, dur_of, modified, int(bd[b, 0]), int(bd[b, 1]))
+        mv = _step_moves(p, 2, kind_of, dur_of, modified, int(bd[b, 0]), int(bd[b, 1]))
         out.append(_result(mv, int(bd[b, 2] - bd[b, 0]), False, p.score))
     return out
 

@@ -15,7 +15,8 @@ Gather (fused log-softmax + skewed gather): column ``c = colidx[b, u, j]``
 of the engine's ``X[n, c]`` holds ``lp[b, t = n - u, u, sym[b, u, j]]`` for
 ``t`` in ``[0, T_b)`` and ``-inf`` elsewhere, where ``lp = logits -
 logsumexp_V(logits)`` (or the logits themselves when
-``fused_log_softmax=False``).  The zero pdf's column scores 0 at every step.
+``fused_log_softmax=False``).  NeMo's boundary rules for big blanks follow
+from the exact-length rule (:class:`~chainfb.transducer.graphs.ScoreEntries`).
 
 Gradient of the cost ``-(1 + lambda) loglike`` w.r.t. the logits, written
 into one new tensor the size of the logits (the buffer that held the
@@ -70,16 +71,17 @@ def _place(device: torch.device) -> tuple:
 def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dict:
     """The layout's index tables as int64 torch tensors on ``device``, built
     once per device and stream and kept with the layout: ``target_lengths``
-    ``[B]`` and ``zero`` (the zero-pdf columns) and, given the logits' frame
+    ``[B]`` and, given the logits' frame
     count ``T``, the :class:`~chainfb.transducer.graphs.ScoreEntries`
-    ``rows``, ``cols``, ``cells``, ``slots``, ``kinds`` ``[E]``."""
+    ``rows``, ``cols``, ``flat``, ``cells``, ``slots``, ``kinds``, ``arcs`` ``[E]``."""
     device = torch.device(device)
 
     def build():
-        out = {"target_lengths": layout.target_lengths, "zero": layout.zero}
+        out = {"target_lengths": layout.target_lengths}
         if T is not None:
             e = layout.entries(T)
-            out.update(rows=e.rows, cols=e.cols, cells=e.cells, slots=e.slots, kinds=e.kinds)
+            out.update(rows=e.rows, cols=e.cols, flat=e.flat, cells=e.cells, slots=e.slots, kinds=e.kinds,
+                       arcs=e.arcs)
         return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
 
     return layout.memo(("torch", T) + _place(device), build)
@@ -88,7 +90,7 @@ def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dic
 def kernel_tables(layout: TransducerLayout, backend) -> dict:
     """The layout's tables as the score-map kernels take them, int32 arrays
     on ``backend``'s device (``colidx [B, U1, J]``, ``logit_lengths``,
-    ``target_lengths`` ``[B]``, ``zero_col [B]`` or None), built once per
+    ``target_lengths`` ``[B]``), built once per
     device and stream (``backend.cache_key()``) and kept with the layout."""
 
     def build():
@@ -98,7 +100,7 @@ def kernel_tables(layout: TransducerLayout, backend) -> dict:
             return None if a is None else xp.ascontiguousarray(xp.asarray(a.astype(np.int32)))
 
         return {"colidx": up(layout.colidx), "logit_lengths": up(layout.logit_lengths),
-                "target_lengths": up(layout.target_lengths), "zero_col": up(layout.zero_col)}
+                "target_lengths": up(layout.target_lengths)}
 
     return layout.memo(("kernels", backend.cache_key()), build)
 
@@ -179,7 +181,7 @@ class TransducerCriterion(Criterion):
         m = kernel_tables(lay, kb)
         X, self._state = transducer_gather(
             kb, x.detach().contiguous(), self.sym, m["colidx"], m["logit_lengths"], m["target_lengths"],
-            lay.num_steps, self.lattice.num_columns, zero_col=m["zero_col"], fused_log_softmax=self.fused)
+            lay.num_steps, self.lattice.num_columns, fused_log_softmax=self.fused)
         return X
 
     def _kernel_weights(self, kb, dtype):
@@ -279,8 +281,7 @@ def _torch_gather(logits: torch.Tensor, sym: torch.Tensor, layout, fused_log_sof
     if fused_log_softmax:
         vals -= norm.reshape(-1).index_select(0, tab["cells"]).to(torch.float64)
     X = torch.full((layout.num_steps, layout.lat.num_columns), -np.inf, dtype=torch.float64)
-    X[tab["rows"], tab["cols"]] = vals
-    X[:, tab["zero"]] = 0.0
+    X.view(-1)[tab["flat"]] = vals
     return X.numpy(), ScoreMapState(work, tab, elems, (B, T, U1, V), fused_log_softmax)
 
 
@@ -301,7 +302,7 @@ def _torch_gradient(state: ScoreMapState, post, kind_weight, clamp: float = -1.0
     tab = state.tables
     P = post if isinstance(post, torch.Tensor) else torch.from_numpy(np.asarray(post))
     kw = torch.tensor(np.asarray(kind_weight, dtype=np.float64).tolist(), dtype=torch.float64)
-    w = P[tab["rows"], tab["cols"]] * kw[tab["kinds"]]
+    w = P.reshape(-1).index_select(0, tab["flat"]) * kw[tab["kinds"]]
     if state.fused:
         occ = torch.zeros(B * T * U1, dtype=torch.float64).index_add_(0, tab["cells"], w)
         g.mul_(occ.to(g.dtype).view(B, T, U1, 1))  # softmax * occupancy; cells never visited get exactly 0

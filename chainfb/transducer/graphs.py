@@ -10,36 +10,31 @@ blank self-loop on each and a label arc ``u -> u + 1``, start ``0``, final
 ``[0, T_b)``, so the engine never needs to know about the grid.
 
 Multi-blank RNN-T (big blank ``i`` of duration ``d_i >= 2`` moves
-``(t, u) -> (t + d_i, u)``): each main state ``u`` gets a chain of
-``max(d) - 1`` auxiliary states ``r_1 .. r_{max(d)-1}``; big blank ``i``
-enters ``r_{d_i - 1}``, and ``r_k -> r_{k-1}``, ``r_1 -> u`` carry the
-*zero pdf* (score 0), so the big blank lands on ``u`` exactly ``d_i`` steps
-later.  NeMo's boundary rules (inside the lattice iff ``t + d <= T - 1``; as
-the last arc iff ``u = U`` and ``t + d == T``) then hold automatically: a
-landing on a non-final row at ``t = T`` has no way on (all its scores are
-``-inf``), a landing past step ``T_b + U_b`` is never counted.
+``(t, u) -> (t + d_i, u)``): one self-loop on main state ``u`` that spans
+``d_i`` steps (read at step ``n = t + u``, it lands at step ``n + d_i``,
+still on row ``u``).  NeMo's boundary rules (inside the lattice iff ``t +
+d <= T - 1``; as the last arc iff ``u = U`` and ``t + d == T``) then hold
+by the exact-length rule: a landing on a non-final row at ``t = T`` has no
+way on (all its scores are ``-inf``), a landing past step ``T_b + U_b`` is
+never counted.  The graph has ``U_b + 1`` states whatever the durations.
 
 pdf numbering (pinned, the GPU kernels rely on it): for main state ``u`` and
 ``M`` big blanks, ``pdf = u * (M + 2) + j`` with ``j = 0`` the standard blank
 self-loop, ``j = 1`` the label arc (``u < U_b`` only), ``j = 2 + i`` big blank
-``i``; the zero pdf is ``(U_b + 1) * (M + 2)``.  Arcs of real symbols carry
-log-prob ``-sigma`` (multi-blank's logit under-normalisation), auxiliary
-arcs 0.
+``i``.  Every arc carries log-prob ``-sigma`` (multi-blank's logit
+under-normalisation).
 
 TDT (token-and-duration transducer, durations ``d_0 .. d_{D-1}``, ``d = 0``
-allowed for labels): a blank of duration ``d`` advances ``d`` steps, a
-label of duration ``d`` advances ``d + 1``.  Main states ``u = 0 .. U_b``;
-each owns a chain ``r^u_1 .. r^u_L`` ("lands on ``u`` in ``k`` steps",
-``r^u_k -> r^u_{k-1}`` and ``r^u_1 -> u`` carry the zero pdf).  A blank of
-duration ``d`` from ``u`` enters ``r^u_{d-1}`` (``u`` itself for ``d = 1``),
-a label of duration ``d`` from ``u`` enters ``r^{u+1}_d`` (``u + 1`` for
-``d = 0``).  Durations longer than every utterance of the batch get no
-arcs and ``L`` is the longest usable one.  pdf numbering: ``u * 2D + i``
-the blank of duration ``d_i`` (``d_i > 0``), ``u * 2D + D + i`` the label of
-duration ``d_i`` (``u < U_b``), zero pdf ``(U_b + 1) * 2D``; arcs carry log-prob 0
-(the scores, ``- sigma`` included, come from the score map).  Which ``t``
-each TDT arc may be taken at (NeMo's boundary rules) is the score map's
-business: :meth:`TransducerLayout.entries` lists them.
+allowed for labels): a blank of duration ``d > 0`` is a self-loop on ``u``
+spanning ``d`` steps, a label of duration ``d`` an arc ``u -> u + 1``
+spanning ``d + 1`` steps (``t`` advances ``d``, ``u`` one).  Main states
+``u = 0 .. U_b`` only; durations longer than every utterance of the batch
+get no arcs.  pdf numbering: ``u * 2D + i`` the blank of duration ``d_i``
+(``d_i > 0``), ``u * 2D + D + i`` the label of duration ``d_i`` (``u <
+U_b``); arcs carry log-prob 0 (the scores, ``- sigma`` included, come from
+the score map).  Which ``t`` each TDT arc may be taken at (NeMo's boundary
+rules) is the score map's business: :meth:`TransducerLayout.entries` lists
+them.
 
 Both families share one compiler, :func:`compile_layout`: the batch's
 distinct graphs, the lattice, the column bookkeeping and the per-layout
@@ -77,53 +72,42 @@ __all__ = [
 
 def step_graph(num_labels: int, durations: Sequence[int] = (), sigma: float = 0.0, possible: bool = True,
                max_duration: int | None = None) -> Fst:
-    """The step graph of one utterance with ``num_labels`` (``U_b``) labels.
+    """The step graph of one utterance with ``num_labels`` (``U_b``) labels:
+    ``U_b + 1`` states, a blank self-loop on each, a label arc ``u -> u + 1``
+    and, per big blank ``d``, a self-loop spanning ``d`` steps.
 
     ``durations`` are the big-blank durations (empty for plain RNN-T),
-    ``sigma`` the log-prob subtracted on every real arc.  ``possible=False``
+    ``sigma`` the log-prob subtracted on every arc.  ``possible=False``
     (an utterance with no frames) gives the same graph with no final state
     weight (``-inf``), i.e. an impossible sequence.  Big blanks longer than
     ``max_duration`` (the batch's longest utterance: they can never be
-    taken) get no arc, so the auxiliary chains stay at most that long
-    whatever durations are asked for.
+    taken) get no arc.
     """
     U = int(num_labels)
     if U < 0:
         raise ValueError(f"num_labels: expected >= 0, got {U}")
     durations = [int(d) for d in durations]
-    M = len(durations)
-    W = M + 2
-    usable = [d for d in durations if max_duration is None or d <= max_duration]
-    Dm = max(usable) if usable else 1
-    naux = Dm - 1
-    S = (U + 1) * (1 + naux)
-    zero_pdf = (U + 1) * W
+    W = len(durations) + 2
     u = np.arange(U + 1)
-    srcs, dsts, pdfs, lps = [u], [u], [u * W], [np.full(U + 1, -sigma)]
-    srcs.append(u[:-1]), dsts.append(u[:-1] + 1), pdfs.append(u[:-1] * W + 1), lps.append(np.full(U, -sigma))
-
-    def aux(k):  # state id of r_k of every main state
-        return U + 1 + u * naux + (k - 1)
-
+    srcs, dsts, pdfs, spans = [u, u[:-1]], [u, u[:-1] + 1], [u * W, u[:-1] * W + 1], [np.ones(U + 1), np.ones(U)]
     for i, d in enumerate(durations):
-        if d > Dm:
+        if max_duration is not None and d > max_duration:
             continue  # longer than any utterance of the batch: never taken
-        srcs.append(u), dsts.append(aux(d - 1)), pdfs.append(u * W + 2 + i), lps.append(np.full(U + 1, -sigma))
-    for k in range(1, Dm):
-        srcs.append(aux(k)), dsts.append(aux(k - 1) if k > 1 else u)
-        pdfs.append(np.full(U + 1, zero_pdf)), lps.append(np.zeros(U + 1))
-    final = np.full(S, -np.inf)
+        srcs.append(u), dsts.append(u), pdfs.append(u * W + 2 + i), spans.append(np.full(U + 1, d))
+    src = np.concatenate(srcs)
+    final = np.full(U + 1, -np.inf)
     if possible:
         final[U] = 0.0
-    return Fst(
-        S, 0, np.concatenate(srcs), np.concatenate(dsts), np.concatenate(pdfs), np.concatenate(lps), final
-    )
+    return Fst(U + 1, 0, src, np.concatenate(dsts), np.concatenate(pdfs), np.full(len(src), -float(sigma)), final,
+               np.concatenate(spans).astype(np.int64))
 
 
 def tdt_step_graph(num_labels: int, durations: Sequence[int], max_frames: int | None = None,
                    possible: bool = True) -> Fst:
-    """The TDT step graph of one utterance with ``num_labels`` (``U_b``) labels
-    (module docstring).
+    """The TDT step graph of one utterance with ``num_labels`` (``U_b``)
+    labels (module docstring): ``U_b + 1`` states; a blank of duration
+    ``d > 0`` is a self-loop spanning ``d`` steps, a label of duration ``d``
+    an arc ``u -> u + 1`` spanning ``d + 1``.
 
     ``durations``: the duration of each duration index; those longer than
     ``max_frames`` (default: no limit) get no arcs.  ``possible=False``
@@ -134,34 +118,25 @@ def tdt_step_graph(num_labels: int, durations: Sequence[int], max_frames: int | 
     durations = [int(d) for d in durations]
     D = len(durations)
     J = 2 * D
-    usable = [max_frames is None or d <= max_frames for d in durations]
-    L = max([d for d, ok in zip(durations, usable) if ok], default=0)
-    S = (U + 1) * (1 + L)
-    zero_pdf = (U + 1) * J
     u = np.arange(U + 1)
-
-    def state(v, k):  # r^v_k (k >= 1), or v itself for k == 0
-        return np.where(k == 0, v, U + 1 + v * L + (k - 1))
-
-    srcs, dsts, pdfs = [], [], []
+    v = u[:-1]
+    srcs, dsts, pdfs, spans = [], [], [], []
     for i, d in enumerate(durations):
-        if not usable[i]:
+        if max_frames is not None and d > max_frames:
             continue
         if d > 0:  # blank
-            srcs.append(u), dsts.append(state(u, np.full_like(u, d - 1))), pdfs.append(u * J + i)
+            srcs.append(u), dsts.append(u), pdfs.append(u * J + i), spans.append(np.full(U + 1, d))
         if U > 0:  # label
-            v = u[:-1]
-            srcs.append(v), dsts.append(state(v + 1, np.full_like(v, d))), pdfs.append(v * J + D + i)
-    for k in range(1, L + 1):
-        srcs.append(state(u, np.full_like(u, k))), dsts.append(state(u, np.full_like(u, k - 1)))
-        pdfs.append(np.full(U + 1, zero_pdf))
-    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
-    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
-    pdf = np.concatenate(pdfs) if pdfs else np.zeros(0, np.int64)
-    final = np.full(S, -np.inf)
+            srcs.append(v), dsts.append(v + 1), pdfs.append(v * J + D + i), spans.append(np.full(U, d + 1))
+
+    def cat(parts):
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    src = cat(srcs)
+    final = np.full(U + 1, -np.inf)
     if possible:
         final[U] = 0.0
-    return Fst(S, 0, src, dst, pdf, np.zeros(len(src)), final)
+    return Fst(U + 1, 0, src, cat(dsts), cat(pdfs), np.zeros(len(src)), final, cat(spans))
 
 
 def _builder(family: str, durations: tuple, sigma: float, logit_lengths) -> Callable[[int, bool], Fst]:
@@ -202,7 +177,7 @@ def rnnt_graphs(target_lengths, logit_lengths=None) -> FstBatch:
 
 def multiblank_graphs(target_lengths, big_blank_durations, sigma: float = 0.0, logit_lengths=None) -> FstBatch:
     """The multi-blank RNN-T step graphs of a batch (see the module docstring
-    for the auxiliary chains); ``sigma`` is subtracted on every real arc."""
+    for the big blanks' arcs spanning frames); ``sigma`` is subtracted on every arc."""
     durations = _durations(big_blank_durations, "big_blank_durations", 2)
     sigma = checks.number(sigma, "sigma")
     return _batch_graphs(target_lengths, logit_lengths, _builder("rnnt", durations, sigma, logit_lengths))
@@ -221,12 +196,17 @@ def tdt_graphs(target_lengths, durations: Sequence[int], logit_lengths=None) -> 
 class ScoreEntries:
     """Every ``(column, t)`` a score map fills for logits with ``T`` frames:
     int64 ``[E]`` arrays ``rows`` (step ``t + u``), ``cols`` (engine column),
-    ``cells`` (flat ``(b, t, u)`` index into ``[B, T, U1]``), ``slots`` (flat
-    ``(b, u, j)`` index into a ``[B, U1, width]`` table) and ``kinds`` (``j``).
+    ``flat`` (``rows * C + cols``, the flat index into the engine's ``[num_steps,
+    C]``), ``cells`` (flat ``(b, t, u)`` index into ``[B, T, U1]``), ``slots``
+    (flat ``(b, u, j)`` index into a ``[B, U1, width]`` table), ``kinds``
+    (``j``) and ``arcs`` (flat ``(b, t, u, j)`` index into ``[B, T, U1, width]``).
 
-    RNN-T / multi-blank: every ``t`` in ``[0, T_b)``.  TDT: the ``t`` at
-    which the move is allowed, ``t + d <= T_b - 1``, or ``t + d == T_b`` for
-    a blank on the last row ``u == U_b`` (NeMo's rules)."""
+    RNN-T / multi-blank: every ``t`` in ``[0, T_b)`` (a big blank landing
+    past ``T_b``, or at ``T_b`` on a row other than ``U_b``, is on no path:
+    the engine counts paths of exactly ``T_b + U_b`` steps and every score
+    at ``t = T_b`` is ``-inf``).  TDT: the ``t`` at which the move is
+    allowed, ``t + d <= T_b - 1``, or ``t + d == T_b`` for a blank on the
+    last row ``u == U_b`` (NeMo's rules)."""
 
     def __init__(self, layout: "TransducerLayout", T: int):
         r = layout.real
@@ -249,6 +229,8 @@ class ScoreEntries:
         self.cells = (bw * self.T + t) * U1 + uw
         self.kinds = j[which]
         self.slots = (bw * U1 + uw) * layout.width + self.kinds
+        self.flat = self.rows * layout.lat.num_columns + self.cols
+        self.arcs = self.cells * layout.width + self.kinds
 
 
 class TransducerLayout:
@@ -265,9 +247,9 @@ class TransducerLayout:
     width : int, arc kinds per main state (``M + 2``; TDT ``2D``).
     umax : int, ``U1 - 1`` of the logits the layout serves.
     colidx : int64 ``[B, umax + 1, width]``: column of ``(b, u, j)``, -1 if unused.
-    col_b, col_u, col_j : int64 ``[C]`` per column (``col_j = -1`` for the zero pdf).
-    real : int64 ``[R]`` the columns with ``col_j >= 0``; zero : the others.
-    zero_col : int64 ``[B]`` each sequence's zero-pdf column, or None if none has one.
+    col_b, col_u, col_j : int64 ``[C]`` per column.
+    real : int64 ``[C]`` every column (each arc of the step graphs reads a
+        symbol: there are no auxiliary arcs).
 
     Tables derived from the layout (:meth:`entries`, device copies) are kept
     in :meth:`memo`, so a batch shape seen again costs no compilation and no
@@ -286,16 +268,10 @@ class TransducerLayout:
         self.num_steps = int(self.steps.max()) if len(U) else 0
         self.width, self.umax = width, umax
         b = lat.col_seq
-        zero = lat.col_pdf == (U[b] + 1) * width
         self.col_b = b
-        self.col_u = np.where(zero, 0, lat.col_pdf // width)
-        self.col_j = np.where(zero, -1, lat.col_pdf % width)
-        self.real = np.flatnonzero(~zero)
-        self.zero = np.flatnonzero(zero)
-        self.zero_col = None
-        if self.zero.size:
-            self.zero_col = np.full(len(U), -1, dtype=np.int64)
-            self.zero_col[b[self.zero]] = self.zero
+        self.col_u = lat.col_pdf // width
+        self.col_j = lat.col_pdf % width
+        self.real = np.arange(lat.num_columns, dtype=np.int64)
         self.colidx = np.full((len(U), umax + 1, width), -1, dtype=np.int64)
         r = self.real
         self.colidx[b[r], self.col_u[r], self.col_j[r]] = r

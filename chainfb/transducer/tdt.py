@@ -13,9 +13,9 @@ From grid point ``(t, u)``, with score ``token_lp - sigma + duration_lp``:
   (the final arc: every alignment ends with a blank landing on
   ``(T_b, U_b)``).
 
-Step graph: :func:`~chainfb.transducer.graphs.tdt_step_graph` (main
-states ``u = 0 .. U_b`` with auxiliary chains carrying durations; start 0,
-final ``U_b``, run for ``T_b + U_b`` steps), compiled, batched and cached by
+Step graph: :func:`~chainfb.transducer.graphs.tdt_step_graph` (states
+``u = 0 .. U_b``, start 0, final ``U_b``, run for ``T_b + U_b`` steps; a
+duration is an arc spanning several steps), compiled, batched and cached by
 the one transducer compiler, :func:`~chainfb.transducer.graphs.compile_layout`
 (``family="tdt"``), which also lists the ``(column, t)`` entries where each
 move is allowed (:class:`~chainfb.transducer.graphs.ScoreEntries`).
@@ -37,8 +37,8 @@ durations for the blank/the label, and ``w = Pb + (1 + lambda) Pl``::
 clamps only the token part, as NeMo's kernel does; the duration part is the
 plain derivative).  ``P`` is filled by assignment and reduced with dense
 torch ops, so the gradient is deterministic on the GPU; the one 4-D buffer
-besides the logits holds the softmaxes during the gather and becomes the
-gradient.  The index tables are the layout's, cached per device
+besides the logits holds the token softmax (times its row sum, which the
+gradient divides out) during the gather and becomes the gradient.  The index tables are the layout's, cached per device
 (:func:`~chainfb.transducer.criterion.layout_tables`): a call uploads no
 metadata.
 
@@ -120,33 +120,40 @@ class TDTCriterion(Criterion):
     def _entries(self, dev, T):
         """rows, cols and the flat index into ``S [B, T, U1, 2, D]`` of every entry, on ``dev``."""
         tab = layout_tables(self.layout, dev, T)
-        return tab, tab["cells"] * self.layout.width + tab["kinds"]
+        return tab, tab["arcs"]
 
     def gather(self, x, need_grad=True):
         B, T, U1, VD = x.shape
         V = self.V
         dev = x.device
         xd = x.detach()
+        if not xd.is_contiguous():
+            xd = xd.contiguous()
         ct = torch_compute_dtype(x.dtype)
         if need_grad:
-            work = xd.to(ct, copy=True).contiguous()  # becomes the gradient
-            tok_norm = _softmax_(work[..., :V])
-            dur_norm = _softmax_(work[..., V:])
-            self._work = work
+            work = torch.empty((B, T, U1, VD), dtype=ct, device=dev)  # becomes the gradient
+            tok_norm, tok_total = _token_exp(xd, V, work)
         else:
-            xc = xd.to(ct)
-            tok_norm = torch.logsumexp(xc[..., :V], dim=-1)
-            dur_norm = torch.logsumexp(xc[..., V:], dim=-1)
-        lab = self.labels.to(dev)[:, None, :, None].expand(B, T, U1, 1)
-        tok = torch.stack([xd[..., self.blank], xd[..., :V].gather(-1, lab).squeeze(-1)], dim=-1)
-        tok = tok.to(torch.float64) - tok_norm.to(torch.float64)[..., None] - self.sigma  # [B, T, U1, 2]
-        dur = xd[..., V:].to(torch.float64) - dur_norm.to(torch.float64)[..., None]  # [B, T, U1, D]
+            tok_norm, tok_total = torch.logsumexp(xd[..., :V].to(ct), dim=-1), None
+        # durations: [B, T, U1, D], small; log-softmax in float64 (non-finite rows: x - their normaliser)
+        dx = xd[..., V:].to(torch.float64, copy=True)
+        dur_norm = torch.logsumexp(dx, dim=-1, keepdim=True)
+        dur = dx.sub_(dur_norm)
+        self._work = (work, tok_total, dur, dur_norm) if need_grad else None
+        # the blank and the label at every (b, t, u), in one gather: [B, T, U1, 2]
+        tok = xd[..., :V].gather(-1, self._symbols(dev, T)).to(torch.float64)
+        tok -= (tok_norm.to(torch.float64) + self.sigma)[..., None]
         S = tok[..., :, None] + dur[..., None, :]  # [B, T, U1, 2, D]
         tab, sidx = self._entries(dev, T)
         X = torch.full((self.layout.num_steps, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
-        X[tab["rows"], tab["cols"]] = S.reshape(-1).index_select(0, sidx)
-        X[:, tab["zero"]] = 0.0
+        X.view(-1)[tab["flat"]] = S.reshape(-1).index_select(0, sidx)
         return as_array(X, "logits")[0]
+
+    def _symbols(self, dev, T):
+        """``[B, T, U1, 2]`` int64: the blank and the label read at each ``(b, t, u)`` (an expanded view)."""
+        lab = self.labels.to(dev)
+        both = torch.stack([torch.full_like(lab, self.blank), lab], dim=-1)  # [B, U1, 2]
+        return both[:, None].expand(lab.shape[0], T, lab.shape[1], 2)
 
     def finish(self, x, loglike, post):
         ll = _as_torch(loglike, x.device)
@@ -154,31 +161,67 @@ class TDTCriterion(Criterion):
         work, self._work = self._work, None
         if post is None:
             return value, None
+        g, tok_total, dur, dur_norm = work
         B, T, U1, VD = x.shape
         V, D = self.V, len(self.durations)
         dev = x.device
         tab, sidx = self._entries(dev, T)
         P = _as_torch(post, dev)
         A = torch.zeros(B * T * U1 * 2 * D, dtype=torch.float64, device=dev)
-        A[sidx] = P[tab["rows"], tab["cols"]]
-        A = A.view(B, T, U1, 2, D)
-        Pk = A.sum(-1)  # [B, T, U1, 2]: blank, label
-        Pb, Pl = Pk[..., 0], Pk[..., 1]
-        wl = (1.0 + self.fastemit_lambda) * Pl
-        g = work
+        A[sidx] = P.reshape(-1).index_select(0, tab["flat"])
+        # impossible utterances (non-finite cost): no posteriors, so a zero gradient (the softmaxes are finite)
+        A = torch.where(torch.isfinite(ll).view(-1, 1), A.view(B, -1), 0.0).view(B, T, U1, 2, D)
+        # sums over the durations as one matrix-vector product (torch's reductions over a short last dim are slow)
+        Pk = (A.view(-1, D) @ torch.ones(D, dtype=torch.float64, device=dev)).view(B, T, U1, 2)  # blank, label
+        occ = Pk[..., 0] + Pk[..., 1]  # Pb + Pl
+        Pd = A[..., 0, :] + A[..., 1, :]  # [B, T, U1, D]: both kinds of each duration
+        Pk[..., 1] *= 1.0 + self.fastemit_lambda  # FastEmit scales the label's token terms
         ct = g.dtype
         tokg = g[..., :V]
-        tokg.mul_((Pb + wl).to(ct)[..., None])
-        g[..., self.blank].sub_(Pb.to(ct))
-        lab = self.labels.to(dev)[:, None, :, None].expand(B, T, U1, 1)
-        tokg.scatter_add_(-1, lab, (-wl).to(ct)[..., None])  # one element per (b, t, u): no collisions
+        w = Pk[..., 0] + Pk[..., 1]
+        tokg.mul_((w / tok_total.to(torch.float64)).to(ct)[..., None])  # softmax * (Pb + (1 + l) Pl)
+        # minus Pb at the blank and (1 + l) Pl at the label (where u >= U_b the "label" is the blank, weight 0)
+        tokg.scatter_add_(-1, self._symbols(dev, T), (-Pk).to(ct))
         if self.clamp > 0:
             tokg.clamp_(-self.clamp, self.clamp)
-        durg = g[..., V:]
-        durg.mul_((Pb + Pl).to(ct)[..., None])
-        durg.sub_(A.sum(-2).to(ct))
-        g.masked_fill_(~torch.isfinite(ll).view(-1, 1, 1, 1), 0.0)  # impossible utterances: zero gradient
+        # durations: softmax * (Pb + Pl) - P_i (the plain derivative, no FastEmit); rows without a
+        # finite normaliser have a softmax of 0
+        dsm = torch.where(torch.isfinite(dur_norm), dur.exp(), 0.0)
+        g[..., V:] = dsm * occ[..., None] - Pd
         return value, g.to(x.dtype) if g.dtype != x.dtype else g
+
+
+def _token_exp(x: torch.Tensor, V: int, out: torch.Tensor) -> tuple:
+    """``exp(x - max)`` of the token logits ``x[..., :V]`` (``x [B, T, U1, V +
+    D]`` contiguous) written into ``out[..., :V]`` (``out`` the same shape,
+    the compute dtype): the token softmax times its row sum.  Returns
+    ``(norm, total)`` ``[B, T, U1]`` in the compute dtype: the
+    log-normaliser ``max + log(total)`` and the row sums (the softmax is
+    ``out[..., :V] / total``).
+
+    The subtraction and the exponential run over whole contiguous rows of
+    ``out`` (its duration columns get values that are never read: the
+    gradient overwrites them), which is several times faster than over the
+    strided token columns.  Rows whose maximum is not finite (all ``-inf``,
+    ``inf``, NaN) get it as their normaliser, zeros in ``out`` and a row sum
+    of 1 (their utterances get a non-finite cost)."""
+    VD = x.shape[-1]
+    xr, orow = x.view(-1, VD), out.view(-1, VD)
+    mx = xr[:, :V].amax(dim=-1)
+    torch.sub(xr, mx[:, None], out=orow)
+    orow.exp_()
+    ov = orow[:, :V]
+    total = ov.sum(dim=-1)
+    mx = mx.to(out.dtype)
+    ok = torch.isfinite(mx)
+    norm = torch.where(ok, mx + total.log(), mx)
+    if x.device.type != "cpu":
+        ov.masked_fill_(~ok[:, None], 0.0)
+        total.masked_fill_(~ok, 1.0)
+    elif not bool(ok.all()):  # a CPU tensor: no sync to avoid
+        ov[~ok] = 0.0
+        total[~ok] = 1.0
+    return norm.view(x.shape[:-1]), total.view(x.shape[:-1])
 
 
 def check_tdt_durations(durations, num_outputs: int) -> list:
