@@ -43,8 +43,10 @@ last phone read into them (the start node by the utterance start), and every
 arc ``u -> v`` reading ``p`` from the copy of ``u`` whose last phone is
 ``q`` is relabelled with the biphone label ``(q, p)``; the expansion by a
 topology then gives it the pdfs of the unit of ``(q, p)``.  A phone-LM
-state of order 2 or more already knows its last phone, so the denominator
-graph does not grow; numerator graphs split at optional silences and
+state of order 2 or more already knows its last phone, so splitting adds no
+LM state; the HMM states of the expansion multiply only where arcs from
+states of different last phones enter one LM state (and merge again where
+their units are tied).  Numerator graphs split after optional silences and
 alternative pronunciations.
 """
 
