@@ -230,9 +230,16 @@ def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True, cont
     uses them only for the initial probabilities and treats every state as
     final with probability 1.  ``minimize`` merges equivalent states exactly.
 
+    ``context`` (a :class:`~chainfb.chain.graphs.biphone.BiphoneSet`): an arc
+    reading phone ``p`` from an LM state whose last phone is ``q`` (the start
+    state: the utterance start) takes the pdfs of the unit of ``(q, p)``.
+    LM states of order 2 or more know their last phone, so only states of a
+    shorter history are split (the HMM states are per LM state and biphone).
+
     Returns
     -------
-    Fst — epsilon-free pdf acceptor, start state 0.
+    Fst — epsilon-free pdf acceptor, start state 0 (pdf numbering: the
+    topology's, with ``context`` its units in place of phones).
     """
     minimize = checks.flag(minimize, "minimize")
     if not isinstance(phone_lm, PhoneLM):
