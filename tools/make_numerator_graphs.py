@@ -60,8 +60,8 @@ def main(argv=None):
 
     from _progress import progress
     from chainfb.chain import (
-        BiphoneSet, DenominatorGraph, Topology, add_normalization, fits, have_kaldifst, normalization_fst, numerator_graph,
-        read_lexicon, read_phones, read_text, write_fst_archive, write_kaldi_fst_archive,
+        BiphoneSet, DenominatorGraph, Topology, add_normalization, fits, have_kaldifst, normalization_fst,
+        numerator_graph, read_lexicon, read_phones, read_text, write_fst_archive, write_kaldi_fst_archive,
     )
 
     if args.kaldi_ark and not have_kaldifst():
