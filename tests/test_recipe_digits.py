@@ -152,6 +152,38 @@ def test_recipe_graphs(tiny):
         r.numerator(["two", "eleventy"])
 
 
+def test_biphone_recipe_graphs_and_tiny_training(tiny, tmp_path):
+    _, data = tiny
+    tr = data["train"]
+    r = Recipe(tr, phone_lm_order=2, normalize_numerators=False, context="biphone", min_biphone_count=2,
+               min_monophone_count=0)
+    bs, ids = r.context, r.phone_ids
+    assert r.num_pdfs == 2 * bs.num_units == r.den.num_pdfs and bs.num_monophone_units > 0
+    # "two oh": T after the utterance start, UW after T, OW after UW; every training transcript has a path
+    num, need = r.numerator(["two", "oh"])
+    assert need == 3
+    for t, n in zip(tr.texts, tr.num_frames()):
+        assert r.numerator(t)[1] <= (n + 2) // 3
+    units = [bs.unit_of(-1, ids["T"]), bs.unit_of(ids["T"], ids["UW"]), bs.unit_of(ids["UW"], ids["OW"])]
+    x = np.full((1, 4, r.num_pdfs), -np.inf)
+    x[0, np.arange(4), [2 * units[0], 2 * units[1], 2 * units[1] + 1, 2 * units[2]]] = 0.0
+    assert np.isfinite(chainfb.forward_backward(num, x)[0][0])
+    assert np.isfinite(r.den.forward_backward(x, leaky_hmm_coefficient=0.0)[0][0])
+    mono_units = [bs.unit_of(-1, ids["T"]), bs.unit_of(-1, ids["UW"]), bs.unit_of(-1, ids["OW"])]
+    x[:] = -np.inf
+    x[0, np.arange(4), [2 * mono_units[0], 2 * mono_units[1], 2 * mono_units[1] + 1, 2 * mono_units[2]]] = 0.0
+    assert chainfb.forward_backward(num, x)[0][0] == -np.inf  # UW after T is not UW at the start
+    sizes = r.graph_sizes(tr.texts[:4])
+    assert sizes["context"] == "biphone" and sizes["num_pdfs"] == r.num_pdfs and sizes["num_states_mean"] > 0
+    cfg = TrainConfig(epochs=1, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False,
+                      max_steps=1, context="biphone", min_biphone_count=2,
+               min_monophone_count=0)
+    out = str(tmp_path / "bi")
+    res = train(tr, data["test"].subset([0, 1]), cfg, out, log=lambda *a: None)
+    assert np.isfinite(res["history"][0]["train_objf_per_frame"]) and res["graphs"]["num_pdfs"] == r.num_pdfs
+    assert os.path.exists(os.path.join(out, "units.txt"))
+
+
 def test_viterbi_matches_brute_force_and_wer(lex):
     lexicon, ids = lex
     g, lab = chainfb.chain.word_loop_graph(["one", "oh", "two"], to_chain_lexicon(lexicon),

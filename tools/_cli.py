@@ -51,3 +51,30 @@ def check_symbol(parser, option, symbol, known, what):
     hint = (f"; close matches: {', '.join(close)}" if close else
             f"; the {what}: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''}")
     parser.error(f"argument {option}: {symbol!r} is not in the {what}{hint}")
+
+
+def add_context_options(parser):
+    """``--context``, ``--min-biphone-count``, ``--min-monophone-count`` and ``--biphone-prons`` (left-biphone pdfs,
+    :class:`chainfb.chain.BiphoneSet`)."""
+    g = parser.add_argument_group("context dependency")
+    g.add_argument("--context", default="mono", choices=["mono", "biphone"],
+                   help="mono: pdfs per phone; biphone: per phone after each left context (or the utterance start), "
+                        "biphones rarer than --min-biphone-count in the transcripts tied to their monophone "
+                        "(Kaldi e2e) (default: %(default)s)")
+    g.add_argument("--min-biphone-count", type=int, default=100,
+                   help="biphone: fewer occurrences share the monophone's pdfs; 0 ties none (default: %(default)s, "
+                        "Kaldi's)")
+    g.add_argument("--min-monophone-count", type=int, default=20,
+                   help="biphone: a phone seen at most this often shares the zerophone pdfs (default: %(default)s, "
+                        "Kaldi's)")
+    g.add_argument("--biphone-prons", default="all", choices=["all", "last", "first"],
+                   help="biphone: pronunciations counted per word: all, or the last listed (Kaldi's "
+                        "text_to_phones.py), or the first (default: %(default)s)")
+
+
+def check_context_options(parser, args):
+    """One-line errors for the values of :func:`add_context_options`."""
+    for opt in ("--min-biphone-count", "--min-monophone-count"):
+        v = getattr(args, opt.lstrip("-").replace("-", "_"))
+        if v < 0:
+            parser.error(f"argument {opt}: expected a count >= 0, got {v}")

@@ -9,7 +9,13 @@ chain-est-phone-lm: ``--order``, ``--no-prune-order``,
 ``--num-extra-states``), expanded by the topology, merged, and written as
 OpenFst text (label = pdf + 1).  ``--phone-seqs`` reads phone sequences
 (``utt_id phone ...``) directly instead of text + lexicon (e.g. from
-alignments).
+alignments).  ``--context biphone`` gives the graph left-biphone pdfs
+(each arc reading phone p from an LM state whose last phone is q takes the
+pdfs of the biphone (q, p), tied to p's monophone when (q, p) occurs fewer
+than ``--min-biphone-count`` times in the transcripts, counted without
+silence as Kaldi counts them; with ``--phone-seqs``, in the sequences as
+given); ``tools/make_numerator_graphs.py`` with the same text and options
+builds the same units.
 
     python tools/make_den_graph.py --lexicon data/lang/lexicon.txt \\
         --phones data/lang/phones.txt --text data/train/text --out exp/chain/den.fst
@@ -21,7 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import Parser, check_input_files, check_symbol, check_topology  # noqa: E402
+from _cli import (Parser, add_context_options, check_context_options, check_input_files, check_symbol,  # noqa: E402
+                  check_topology)
 
 
 def main(argv=None):
@@ -43,7 +50,9 @@ def main(argv=None):
     ap.add_argument("--num-extra-states", type=int, default=1000,
                     help="LM states kept beyond the unpruned orders (default: %(default)s)")
     ap.add_argument("--out", required=True, help="den graph, OpenFst text")
+    add_context_options(ap)
     args = ap.parse_args(argv)
+    check_context_options(ap, args)
     if not args.phone_seqs and not (args.text and args.lexicon):
         ap.error("give --text and --lexicon, or --phone-seqs")
     if not 0.0 <= args.sil_prob < 1.0:
@@ -57,7 +66,7 @@ def main(argv=None):
 
     from _progress import progress
     from chainfb.chain import (
-        DenominatorGraph, Topology, den_graph, estimate_phone_lm, phone_index, read_lexicon, read_phones,
+        BiphoneSet, DenominatorGraph, Topology, den_graph, estimate_phone_lm, phone_index, read_lexicon, read_phones,
         read_text, transcript_phones,
     )
 
@@ -70,6 +79,7 @@ def main(argv=None):
             check_symbol(ap, "--optional-silence", sil, phones, "phones of --phones")
         rng = np.random.default_rng(args.seed)
         seqs = []
+        texts = []
         if args.phone_seqs:
             with open(args.phone_seqs) as f:
                 for n, ln in enumerate(progress(f.readlines(), desc="phone sequences", unit="utt"), 1):
@@ -86,6 +96,7 @@ def main(argv=None):
                 try:
                     seqs.append(transcript_phones(words, lex, phones, sil, args.sil_prob, rng,
                                                   "sample" if args.sample_prons else "first"))
+                    texts.append(words)
                 except ValueError as e:
                     skipped += 1
                     print(f"skipped {utt}: {e}", file=sys.stderr)
@@ -94,14 +105,22 @@ def main(argv=None):
         if not seqs:
             ap.fail("no phone sequence to estimate the phone LM from")
         lm = estimate_phone_lm(seqs, args.order, args.no_prune_order, args.num_extra_states)
-        fst = den_graph(lm, topo)
+        context = None
+        if args.context == "biphone":
+            if args.phone_seqs:
+                context = BiphoneSet.from_phone_sequences(seqs, phones, args.min_biphone_count,
+                                                          args.min_monophone_count)
+            else:
+                context = BiphoneSet.from_transcripts(texts, lex, phones, args.min_biphone_count,
+                                                      args.min_monophone_count, args.biphone_prons)
+        fst = den_graph(lm, topo, context=context)
         fst.write(args.out)
     except OSError as e:
         ap.fail(f"{e.filename or ''}: {e.strerror or e}" if e.filename else str(e))
     except ValueError as e:
         ap.fail(str(e))
-    den = DenominatorGraph(fst, topo.num_pdfs(len(phones)))
-    print(f"phone LM: {lm.num_states} states, {lm.num_arcs} arcs; den graph: {den}; "
+    den = DenominatorGraph(fst, topo.num_pdfs(len(phones)) if context is None else context.num_pdfs(topo))
+    print(f"phone LM: {lm.num_states} states, {lm.num_arcs} arcs; {context or 'monophone'}; den graph: {den}; "
           f"num_pdfs = {den.num_pdfs}; written to {args.out}", file=sys.stderr)
 
 

@@ -9,7 +9,10 @@ state merging).  Utterances whose graph cannot fit their frame count
 up) or that contain OOV words are reported on stderr (and in
 ``--rejected``) and left out.  Output: a text archive of OpenFst graphs
 (``key`` line, graph, empty line); ``--kaldi-ark`` also writes a Kaldi
-binary archive through ``kaldifst`` when it is installed.
+binary archive through ``kaldifst`` when it is installed.  ``--context
+biphone`` gives the graphs left-biphone pdfs, the units counted over the
+transcripts of ``--text`` (use the training text, and the options of
+``tools/make_den_graph.py``, so that both agree).
 
     python tools/make_numerator_graphs.py --lexicon data/lang/lexicon.txt \\
         --phones data/lang/phones.txt --text data/train/text --topology chain \\
@@ -24,7 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import Parser, check_input_files, check_symbol, check_topology  # noqa: E402
+from _cli import (Parser, add_context_options, check_context_options, check_input_files, check_symbol,  # noqa: E402
+                  check_topology)
 
 
 def main(argv=None):
@@ -44,7 +48,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output text archive")
     ap.add_argument("--kaldi-ark", help="also write a Kaldi binary archive (needs kaldifst)")
     ap.add_argument("--rejected", help="write rejected utterance ids and reasons here")
+    add_context_options(ap)
     args = ap.parse_args(argv)
+    check_context_options(ap, args)
     if not 0.0 <= args.sil_prob < 1.0:
         ap.error(f"argument --sil-prob: expected a probability in [0, 1), got {args.sil_prob}")
     if args.frame_subsampling_factor < 1:
@@ -54,8 +60,8 @@ def main(argv=None):
 
     from _progress import progress
     from chainfb.chain import (
-        DenominatorGraph, Topology, add_normalization, fits, have_kaldifst, normalization_fst, numerator_graph,
-        read_lexicon, read_phones, read_text, write_fst_archive, write_kaldi_fst_archive,
+        BiphoneSet, DenominatorGraph, Topology, add_normalization, fits, have_kaldifst, normalization_fst,
+        numerator_graph, read_lexicon, read_phones, read_text, write_fst_archive, write_kaldi_fst_archive,
     )
 
     if args.kaldi_ark and not have_kaldifst():
@@ -76,8 +82,21 @@ def main(argv=None):
                         if len(fields) != 2 or not fields[1].isdigit():
                             ap.fail(f"{args.utt2num_frames}: line {n}: expected 'utt_id num_frames'")
                         frames[fields[0]] = math.ceil(int(fields[1]) / args.frame_subsampling_factor)
-        norm = normalization_fst(DenominatorGraph.read(args.den_graph)) if args.den_graph else None
         utts = read_text(args.text)
+        context = None
+        if args.context == "biphone":
+            known = [w for _, w in utts if all(x in lex for x in w)]
+            context = BiphoneSet.from_transcripts(known, lex, phones, args.min_biphone_count,
+                                                  args.min_monophone_count, args.biphone_prons)
+            print(f"{context}; {context.num_pdfs(topo)} pdfs", file=sys.stderr)
+        norm = None
+        if args.den_graph:
+            den = DenominatorGraph.read(args.den_graph)
+            want = topo.num_pdfs(len(phones)) if context is None else context.num_pdfs(topo)
+            if den.num_pdfs > want:
+                ap.fail(f"--den-graph {args.den_graph} uses pdf {den.num_pdfs - 1} but --context {args.context} "
+                        f"gives {want} pdfs (another --context or --min-biphone-count?)")
+            norm = normalization_fst(den)
     except OSError as e:
         ap.fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e))
     except ValueError as e:
@@ -85,7 +104,7 @@ def main(argv=None):
     good, rejected = [], []
     for utt, words in progress(utts, desc="numerator graphs", unit="utt"):
         try:
-            fst = numerator_graph(words, lex, topo, phones, sil, args.sil_prob)
+            fst = numerator_graph(words, lex, topo, phones, sil, args.sil_prob, context=context)
         except ValueError as e:
             rejected.append((utt, str(e)))
             continue

@@ -31,17 +31,22 @@ PROG = "train_digits.py"
 DEFAULT_OUT = os.path.join("exp", "digits")
 
 
+CHAIN_ONLY = ("--context", "--min-biphone-count", "--min-monophone-count")
+
+
 def _child_argv(argv, criterion, out):
-    """``argv`` with ``--criterion`` and ``--out`` replaced (for one run of ``--criterion all``)."""
+    """``argv`` with ``--criterion`` and ``--out`` replaced (for one run of ``--criterion all``); the chain-only
+    options are dropped for the other criteria."""
+    drop = ("--criterion", "--out") + (CHAIN_ONLY if criterion != "chain" else ())
     rest, skip = [], False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg in ("--criterion", "--out"):
+        if arg in drop:
             skip = True
             continue
-        if arg.startswith(("--criterion=", "--out=")):
+        if arg.startswith(tuple(d + "=" for d in drop)):
             continue
         rest.append(arg)
     return rest + ["--criterion", criterion, "--out", out]
@@ -133,6 +138,15 @@ def build_parser(criteria, dc, dt, cache_dir):
                    help="chain: leaky-HMM coefficient of the denominator (default: %(default)s)")
     g.add_argument("--phone-lm-order", type=pos_int, default=dt.phone_lm_order,
                    help="chain: n-gram order of the phone LM (default: %(default)s)")
+    g.add_argument("--context", default=dt.context, choices=["mono", "biphone"],
+                   help="chain: mono (one HMM per phone) or biphone (each phone after each left context its own HMM, "
+                        "rare biphones tied to their monophone; Kaldi's e2e biphone recipes) (default: %(default)s)")
+    g.add_argument("--min-biphone-count", type=nonneg_int, default=dt.min_biphone_count,
+                   help="chain, --context biphone: a biphone seen fewer times in the training transcripts shares its "
+                        "monophone's pdfs; 0 ties none (default: %(default)s, Kaldi's)")
+    g.add_argument("--min-monophone-count", type=nonneg_int, default=dt.min_monophone_count,
+                   help="chain, --context biphone: a phone seen at most this often shares the one 'zerophone' pdf "
+                        "pair instead (default: %(default)s, Kaldi's)")
     g.add_argument("--l2", type=_typed(float, 0), default=dt.l2_regularize,
                    help="chain: l2 regularization of the output (default: %(default)s)")
     g.add_argument("--device", default=dt.device,
@@ -197,6 +211,9 @@ def _run(p, a, argv, out, dc, criteria):
 
     from digits.lexicon import parse_words
 
+    if a.criterion not in ("chain", "all") and a.context != "mono":
+        p.error(f"argument --context: {a.context!r} is for --criterion chain (its pdfs); {a.criterion} uses "
+                f"character units")
     if a.model == "tdnn-lstm" and a.layers < 1:
         p.error("argument --layers: --model tdnn-lstm needs at least one BLSTM layer")
     if a.device not in ("auto", "cpu"):
@@ -253,6 +270,8 @@ def _run(p, a, argv, out, dc, criteria):
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10,
                        model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
                        leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
+                       context=a.context if a.criterion == "chain" else "mono",
+                       min_biphone_count=a.min_biphone_count, min_monophone_count=a.min_monophone_count,
                        seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress,
                        criterion=a.criterion)
     try:

@@ -27,6 +27,9 @@ class TrainConfig:
     sil_prob: float = 0.5
     phone_lm_order: int = 3
     normalize_numerators: bool = True
+    context: str = "mono"  # chain: "mono" or "biphone" (left biphones, Kaldi e2e)
+    min_biphone_count: int = 100  # chain biphone: rarer biphones share their monophone's pdfs (Kaldi's default)
+    min_monophone_count: int = 20  # chain biphone: phones seen at most this often share the zerophone pdfs
     seed: int = 0
     device: str = "auto"
     max_steps: int = 0  # > 0: stop each epoch after this many batches (tests / smoke runs)

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from chainfb.chain import (DenominatorGraph, Topology, add_normalization, den_graph, estimate_phone_lm, min_frames,
-                           normalization_fst, numerator_graph, word_loop_graph)
+from chainfb.chain import (BiphoneSet, DenominatorGraph, Topology, add_normalization, den_graph, estimate_phone_lm,
+                           min_frames, normalization_fst, numerator_graph, word_loop_graph)
 from .config import TrainConfig, objective_label
 from .corpus import Corpus, DIGIT_WORDS
 from .decode import wer
@@ -30,29 +30,43 @@ __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history", "shard_
 
 class Recipe:
     """Everything graph-shaped for a training corpus over ``words``, built with :mod:`chainfb.chain`:
-    CMUdict lexicon, phone set (``SIL`` first), Kaldi chain topology (``2 * num_phones`` pdfs), a phone LM of order
-    ``phone_lm_order`` estimated on phone sequences of the training transcripts (random pronunciation, optional
-    silence with ``sil_prob``), the denominator graph, numerator graphs per transcript (optionally composed with
-    Kaldi's normalization FST) and the word-loop decoding graph."""
+    CMUdict lexicon, phone set (``SIL`` first), Kaldi chain topology, a phone LM of order ``phone_lm_order``
+    estimated on phone sequences of the training transcripts (random pronunciation, optional silence with
+    ``sil_prob``), the denominator graph, numerator graphs per transcript (optionally composed with Kaldi's
+    normalization FST) and the word-loop decoding graph.
+
+    ``context="mono"``: one HMM per phone (``2 * num_phones`` pdfs).  ``context="biphone"``: left biphones as in
+    Kaldi's e2e recipes (:class:`chainfb.chain.BiphoneSet`): counted over the training transcripts (every
+    pronunciation, no silence), a biphone seen fewer than ``min_biphone_count`` times shares its phone's monophone
+    pdfs (a phone seen at most ``min_monophone_count`` times: the shared zerophone pdfs); ``2 * num_units`` pdfs."""
 
     def __init__(self, train: Corpus, words=DIGIT_WORDS, sil_prob: float = 0.5, phone_lm_order: int = 3,
-                 normalize_numerators: bool = True, seed: int = 0):
+                 normalize_numerators: bool = True, seed: int = 0, context: str = "mono",
+                 min_biphone_count: int = 100, min_monophone_count: int = 20):
+        if context not in ("mono", "biphone"):
+            raise ValueError(f"context: expected 'mono' or 'biphone', got {context!r}")
         self.words = list(words)
         self.lexicon = cmudict_lexicon(self.words)
         self.chain_lexicon = to_chain_lexicon(self.lexicon)
         self.phones = phone_inventory(self.lexicon, SILENCE)
         self.phone_ids = {p: i for i, p in enumerate(self.phones)}
         self.topology = Topology.chain()
-        self.num_pdfs = self.topology.num_pdfs(len(self.phones))
+        self.context = None
+        if context == "biphone":
+            self.context = BiphoneSet.from_transcripts(train.texts, self.chain_lexicon, self.phones,
+                                                       min_biphone_count, min_monophone_count)
+            self.num_pdfs = self.context.num_pdfs(self.topology)
+        else:
+            self.num_pdfs = self.topology.num_pdfs(len(self.phones))
         self.sil_prob = sil_prob
         rng = np.random.default_rng(seed)
         seqs = [[self.phone_ids[p] for p in sample_phone_sequence(t, self.lexicon, rng, SILENCE, sil_prob)]
                 for t in train.texts]
         self.phone_lm = estimate_phone_lm(seqs, order=phone_lm_order, no_prune_order=min(phone_lm_order, 3))
-        self.den = DenominatorGraph(den_graph(self.phone_lm, self.topology), self.num_pdfs)
+        self.den = DenominatorGraph(den_graph(self.phone_lm, self.topology, context=self.context), self.num_pdfs)
         self._norm = normalization_fst(self.den) if normalize_numerators else None
         self.decode_graph, self.decode_labels = word_loop_graph(self.words, self.chain_lexicon, self.topology,
-                                                                self.phones, SILENCE, sil_prob)
+                                                                self.phones, SILENCE, sil_prob, context=self.context)
         self._num_cache: Dict[tuple, object] = {}
 
     def numerator(self, words):
@@ -60,15 +74,40 @@ class Recipe:
         key = tuple(words)
         if key not in self._num_cache:
             g = numerator_graph(list(words), self.chain_lexicon, self.topology, self.phones, SILENCE,
-                                self.sil_prob)
+                                self.sil_prob, context=self.context)
             if self._norm is not None:
                 g = add_normalization(g, self._norm)
             self._num_cache[key] = (g, min_frames(g))
         return self._num_cache[key]
 
+    def describe(self) -> str:
+        """One line: phones, context units and pdfs, and the denominator and decoding graph sizes."""
+        units = f"{self.context}; " if self.context is not None else "monophone; "
+        return (f"{len(self.phones)} phones, {units}{self.num_pdfs} pdfs; den graph {self.den.num_states} states / "
+                f"{self.den.num_arcs} arcs; decoding graph {self.decode_graph.num_states} states / "
+                f"{self.decode_graph.num_arcs} arcs")
+
+    def graph_sizes(self, texts) -> dict:
+        """Sizes of the graphs: pdfs, context units, den / decoding graph states and arcs, and the mean numerator
+        graph states and arcs over ``texts`` (normalization FST composed in when the recipe composes it)."""
+        nums = [self.numerator(t)[0] for t in texts]
+        return dict(context="mono" if self.context is None else "biphone", num_pdfs=self.num_pdfs,
+                    num_units=len(self.phones) if self.context is None else self.context.num_units,
+                    den_states=self.den.num_states, den_arcs=self.den.num_arcs,
+                    decode_states=self.decode_graph.num_states, decode_arcs=self.decode_graph.num_arcs,
+                    num_states_mean=float(np.mean([g.num_states for g in nums])) if nums else 0.0,
+                    num_arcs_mean=float(np.mean([g.num_arcs for g in nums])) if nums else 0.0)
+
     def write(self, out_dir: str) -> None:
-        """Write lexicon.txt, phones.txt, den.fst and decode.fst (OpenFst text) into ``out_dir``."""
+        """Write lexicon.txt, phones.txt, den.fst and decode.fst (OpenFst text) into ``out_dir``; with biphones also
+        units.txt (``left-context phone unit`` per line, ``<s>`` for the utterance start)."""
         os.makedirs(out_dir, exist_ok=True)
+        if self.context is not None:
+            with open(os.path.join(out_dir, "units.txt"), "w") as f:
+                for q in range(-1, len(self.phones)):
+                    for p in range(len(self.phones)):
+                        left = "<s>" if q < 0 else self.phones[q]
+                        f.write(f"{left} {self.phones[p]} {self.context.unit_of(q, p)}\n")
         write_lexicon(self.lexicon, os.path.join(out_dir, "lexicon.txt"))
         with open(os.path.join(out_dir, "phones.txt"), "w") as f:
             for i, p in enumerate(self.phones):
@@ -301,9 +340,14 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
 
     def make_recipe():
         return Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
-                      normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
+                      normalize_numerators=cfg.normalize_numerators, seed=cfg.seed, context=cfg.context,
+                      min_biphone_count=cfg.min_biphone_count, min_monophone_count=cfg.min_monophone_count)
 
     task = make_task(cfg.criterion, make_recipe, vocab, cfg)
+
+    def graph_sizes():  # after the epochs, when the numerator graphs are built (and cached) already
+        return task.recipe.graph_sizes(train_set.texts) if cfg.criterion == "chain" else None
+
     if rank == 0:
         task.write(out_dir)
     encoder = build_model(cfg.model, train_set.feats.shape[1], task.out_dim, cfg.hidden, cfg.num_layers, cfg.dropout)
@@ -337,8 +381,7 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             log(f"resumed from {ckpt} after epoch {start_epoch}")
         else:
             log(f"{ckpt} was written with a different model configuration; starting from scratch")
-    what = (f"{len(task.recipe.phones)} phones, {task.recipe.num_pdfs} pdfs; phone LM order {cfg.phone_lm_order}, "
-            f"den graph {task.recipe.den.num_states} states / {task.recipe.den.num_arcs} arcs"
+    what = (f"phone LM order {cfg.phone_lm_order}; {task.recipe.describe()}"
             if cfg.criterion == "chain" else f"{len(task.units)} character units")
     log(f"criterion {cfg.criterion}; device {device}" + (f" x {world} processes" if world > 1 else "") +
         f"; {len(train_set)} train / {len(test_set)} test utterances; {what}; "
@@ -402,7 +445,8 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
                                 scheduler=sched.state_dict(), history=history, hyps=hyps, epoch=epoch + 1,
                                 config=dataclasses.asdict(cfg), config_model=_model_key(cfg),
                                 elapsed=h["elapsed_s"], cpu=h["cpu_s"]), f)
-            write_outputs(out_dir, history, hyps, test_set, _results(cfg, history, train_set, test_set, device, world))
+            write_outputs(out_dir, history, hyps, test_set, _results(cfg, history, train_set, test_set, device, world,
+                                                                           graph_sizes()))
         if world > 1:
             import torch.distributed as dist
 
@@ -413,15 +457,16 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             # a checkpoint without its hypotheses (or for another test set): decode again
             test_wer, hyps, _ = evaluate(net, task, test_set, device=device, progress=cfg.progress)
             history[-1] = dict(history[-1], test_wer=test_wer)
-        results = _results(cfg, history, train_set, test_set, device, world)
+        results = _results(cfg, history, train_set, test_set, device, world, graph_sizes())
         if history:
             write_outputs(out_dir, history, hyps, test_set, results)
     return results
 
 
-def _results(cfg, history, train_set, test_set, device, world) -> dict:
+def _results(cfg, history, train_set, test_set, device, world, graphs=None) -> dict:
     """``results.json`` of the epochs in ``history``: final test WER, wall and CPU seconds (this process's CPU
-    time, all its threads: rank 0's under torchrun), peak resident memory, the configuration and the history."""
+    time, all its threads: rank 0's under torchrun), peak resident memory, the configuration and the history;
+    chain: the graph sizes (``graphs``, :meth:`Recipe.graph_sizes`)."""
     import resource
 
     last = history[-1] if history else {}
@@ -430,7 +475,7 @@ def _results(cfg, history, train_set, test_set, device, world) -> dict:
                 device=str(device), processes=world, train_seconds=last.get("elapsed_s", 0.0),
                 train_cpu_seconds=last.get("cpu_s", 0.0),
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                config=dataclasses.asdict(cfg), history=history)
+                config=dataclasses.asdict(cfg), history=history, **({"graphs": graphs} if graphs else {}))
 
 
 def _silent(*_args, **_kw):
@@ -446,6 +491,10 @@ def _all_sum(values):
 
 
 def _model_key(cfg: TrainConfig) -> dict:
-    return dict(model=cfg.model, hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size,
-                seed=cfg.seed, criterion=cfg.criterion, encoder_dim=cfg.encoder_dim, decoder_dim=cfg.decoder_dim,
-                joiner_dim=cfg.joiner_dim)
+    key = dict(model=cfg.model, hidden=cfg.hidden, num_layers=cfg.num_layers, lr=cfg.lr, batch_size=cfg.batch_size,
+               seed=cfg.seed, criterion=cfg.criterion, encoder_dim=cfg.encoder_dim, decoder_dim=cfg.decoder_dim,
+               joiner_dim=cfg.joiner_dim)
+    if cfg.context != "mono":  # the output layer depends on the context units (monophone keys stay as they were)
+        key.update(context=cfg.context, min_biphone_count=cfg.min_biphone_count,
+                   min_monophone_count=cfg.min_monophone_count)
+    return key

@@ -1,9 +1,10 @@
 """Graph building for chain (LF-MMI) training: lexicons and transcripts,
-HMM topologies, numerator and word-loop graphs, graph minimisation, the
+HMM topologies, left-biphone context dependency, numerator and word-loop graphs, graph minimisation, the
 phone LM and denominator graph, Kaldi's normalization FST, and FST
 archives.  Every function returns plain :class:`~chainfb.Fst` objects."""
 
 from .archive import have_kaldifst, read_fst_archive, read_kaldi_fst_archive, write_fst_archive, write_kaldi_fst_archive
+from .biphone import BiphoneSet, biphone_counts, transcript_biphone_counts
 from .graph_compiler import check_fits, expand, fits, min_frames, numerator_graph, phone_index, word_loop_graph
 from .lexicon import Lexicon, read_lexicon, read_phones, read_text
 from .minimize import determinize, merge_equivalent_states, trim
@@ -13,6 +14,7 @@ from .phone_lm import PhoneLM, den_graph, estimate_phone_lm, transcript_phones
 from .topology import Topology
 
 __all__ = [
+    "BiphoneSet", "biphone_counts", "transcript_biphone_counts",
     "Lexicon", "read_lexicon", "read_text", "read_phones", "Topology", "PhoneGraph",
     "numerator_graph", "word_loop_graph", "expand", "min_frames", "fits", "check_fits", "phone_index",
     "merge_equivalent_states", "trim", "determinize", "PhoneLM", "den_graph", "estimate_phone_lm",

@@ -14,6 +14,11 @@ at ``u`` (or from the start state when ``u`` is the start node) into
 ``(v, p, k)``, carrying the phone arc's weight plus the topology's
 probabilities.  The same expansion makes denominator graphs from phone LMs
 (:mod:`chainfb.chain.graphs.phone_lm`).
+
+Context dependency: with ``context=`` a
+:class:`~chainfb.chain.graphs.biphone.BiphoneSet` the phone graph is split by
+left context first (:meth:`~chainfb.chain.graphs.biphone.BiphoneSet.split`)
+and each biphone takes the pdfs of its (tied) unit.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 
 from ... import checks
 from ...fst import Fst
+from .biphone import BiphoneSet
 from .lexicon import Lexicon
 from .minimize import _build, merge_equivalent_states, trim
 from .minimize import determinize as determinize_fst
@@ -44,14 +50,19 @@ def phone_index(phone_ids) -> dict:
     raise TypeError(f"phone_ids: expected a list of phones or a {{phone: id}} mapping, got {type(phone_ids).__name__}")
 
 
-def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False):
+def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False, context: BiphoneSet | None = None):
     """Expand an epsilon-free phone graph by ``topology``.
 
     Parameters
     ----------
-    pg : PhoneGraph without epsilons (phone labels are 0-based phone ids).
+    pg : PhoneGraph without epsilons (phone labels are 0-based phone ids;
+        with ``context``, biphone labels from
+        :meth:`~chainfb.chain.graphs.biphone.BiphoneSet.split`).
     topology : Topology
     all_final : bool — make every state final with probability 1 (den graphs).
+    context : BiphoneSet or None — label ``l`` takes the pdfs of unit
+        ``context.unit_of_label[l]``; the topology's ``no_repeat_from``
+        compares the phones of the labels.
 
     Returns
     -------
@@ -61,6 +72,21 @@ def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False):
     all_final = checks.flag(all_final, "all_final")
     if not isinstance(topology, Topology):
         raise TypeError(f"topology: expected a chainfb.chain.Topology, got {type(topology).__name__}")
+    if context is not None and not isinstance(context, BiphoneSet):
+        raise TypeError(f"context: expected a chainfb.chain.BiphoneSet or None, got {type(context).__name__}")
+    if context is None:
+        def unit(p):
+            return p
+
+        phone_of = unit
+    else:
+        unit_of, phone_ids = context.unit_of_label, context.phone_of_label
+
+        def unit(p):
+            return int(unit_of[p])
+
+        def phone_of(p):
+            return int(phone_ids[p])
     ids: dict = {}
 
     def sid(key):
@@ -101,14 +127,14 @@ def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False):
         ends.add((v, p))
         for (_, k, tp, q) in enter:
             d = sid((v, p, k))
-            pid = topology.pdf_id(tp, p)
+            pid = topology.pdf_id(tp, unit(p))
             for s, ew, p2, f in sources(u):
-                if p2 == p and f in topology.no_repeat_from:
+                if p2 is not None and phone_of(p2) == phone_of(p) and f in topology.no_repeat_from:
                     continue
                 add(s, d, pid, lp + q + ew, w)
     for (v, p) in sorted(ends):
         for (i, k, tp, q) in inner:
-            add(sid((v, p, i)), sid((v, p, k)), topology.pdf_id(tp, p), q)
+            add(sid((v, p, i)), sid((v, p, k)), topology.pdf_id(tp, unit(p)), q)
     if topology.prefix_loop is not None:
         if topology.prefix_loop[0] != "shared":
             raise ValueError("topology: prefix_loop must use a shared pdf")
@@ -132,6 +158,14 @@ def _check_sil(optional_silence, sil_prob, ids):
         raise ValueError(f"sil_prob: expected a probability in [0, 1), got {sil_prob!r}")
     if optional_silence is not None and sil_prob > 0 and optional_silence not in ids:
         raise ValueError(f"optional_silence: phone {optional_silence!r} is not in phone_ids")
+
+
+def _check_context(context, ids):
+    if not isinstance(context, BiphoneSet):
+        raise TypeError(f"context: expected a chainfb.chain.BiphoneSet or None, got {type(context).__name__}")
+    if context.num_phones != len(ids):
+        raise ValueError(f"context: a BiphoneSet of {context.num_phones} phones, but phone_ids has {len(ids)}")
+    return context
 
 
 def _pron_ids(word, lexicon: Lexicon, ids):
@@ -158,6 +192,7 @@ def numerator_graph(
     sil_at_ends: bool = True,
     minimize: bool = True,
     determinize: bool = True,
+    context: BiphoneSet | None = None,
 ) -> Fst:
     """The numerator (supervision) graph of one transcript.
 
@@ -213,7 +248,8 @@ def numerator_graph(
                 u = v
         c = boundary(nb, i == len(prons) - 1)
     pg.final[c] = 0.0
-    fst, _ = expand(pg.remove_epsilons(), topology)
+    pg = pg.remove_epsilons()
+    fst, _ = expand(_check_context(context, ids).split(pg) if context is not None else pg, topology, context=context)
     if determinize:
         det = determinize_fst(fst)
         if det is not None:
@@ -231,6 +267,7 @@ def word_loop_graph(
     optional_silence: str | None = "SIL",
     sil_prob: float = 0.5,
     minimize: bool = True,
+    context: BiphoneSet | None = None,
 ):
     """A decoding graph: any sequence of ``words`` (a uniform word loop) with
     optional silence between them.
@@ -242,6 +279,8 @@ def word_loop_graph(
         :func:`numerator_graph`.  Each word has probability
         ``(1 - sil_prob) / len(words)`` times its pronunciation probability
         per step of the loop; silence ``sil_prob``.
+    context : BiphoneSet or None — left-biphone pdfs, as in :func:`numerator_graph`
+        (the loop state is split by the last phone of the previous word).
 
     Returns
     -------
@@ -268,7 +307,9 @@ def word_loop_graph(
                 v = loop if j == len(phones) - 1 else pg.add_node()
                 pg.add_arc(u, v, ph, (w_lp + lp) if j == 0 else 0.0, wid if j == 0 else -1)
                 u = v
-    fst, word_of_arc = expand(pg, topology)
+    if context is not None:
+        pg = _check_context(context, ids).split(pg)
+    fst, word_of_arc = expand(pg, topology, context=context)
     if minimize:
         fst, word_of_arc = merge_equivalent_states(fst, word_of_arc)
     return fst, word_of_arc

@@ -35,6 +35,7 @@ import numpy as np
 
 from ... import checks
 from ...fst import Fst
+from .biphone import BiphoneSet
 from .graph_compiler import expand
 from .minimize import merge_equivalent_states
 from .phone_graph import PhoneGraph
@@ -221,7 +222,7 @@ def transcript_phones(words, lexicon, phone_ids, optional_silence="SIL", sil_pro
     return out
 
 
-def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True) -> Fst:
+def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True, context: BiphoneSet | None = None) -> Fst:
     """The denominator graph: ``phone_lm`` expanded by ``topology``.
 
     Final probabilities are the LM's end-of-sequence probabilities (as in
@@ -229,14 +230,30 @@ def den_graph(phone_lm: PhoneLM, topology: Topology, minimize: bool = True) -> F
     uses them only for the initial probabilities and treats every state as
     final with probability 1.  ``minimize`` merges equivalent states exactly.
 
+    ``context`` (a :class:`~chainfb.chain.graphs.biphone.BiphoneSet`): an arc
+    reading phone ``p`` from an LM state whose last phone is ``q`` (the start
+    state: the utterance start) takes the pdfs of the unit of ``(q, p)``.
+    LM states of order 2 or more know their last phone, so only states of a
+    shorter history are split (the HMM states are per LM state and biphone).
+
     Returns
     -------
-    Fst — epsilon-free pdf acceptor, start state 0.
+    Fst — epsilon-free pdf acceptor, start state 0 (pdf numbering: the
+    topology's, with ``context`` its units in place of phones).
     """
     minimize = checks.flag(minimize, "minimize")
     if not isinstance(phone_lm, PhoneLM):
         raise TypeError(f"phone_lm: expected a PhoneLM, got {type(phone_lm).__name__}")
-    fst, _ = expand(phone_lm.to_phone_graph(), topology)
+    pg = phone_lm.to_phone_graph()
+    if context is not None:
+        if not isinstance(context, BiphoneSet):
+            raise TypeError(f"context: expected a chainfb.chain.BiphoneSet or None, got {type(context).__name__}")
+        used = max((a[2] for a in phone_lm.arcs), default=-1)
+        if used >= context.num_phones:
+            raise ValueError(f"context: the phone LM reads phone {used} but the BiphoneSet has "
+                             f"{context.num_phones} phones")
+        pg = context.split(pg)
+    fst, _ = expand(pg, topology, context=context)
     if minimize:
         fst, _ = merge_equivalent_states(fst)
     return fst
