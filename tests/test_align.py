@@ -19,6 +19,7 @@ from chainfb.chain import Topology, numerator_graph, read_lexicon
 from oracles import tdt as tdt_oracle
 from oracles import transducer as rnnt_oracle
 from oracles.fst import brute_force_best
+from devices import DeviceCase, OnCUDA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -440,3 +441,76 @@ def test_tool_aligns_every_criterion_to_the_transcript(criterion):
         assert [w for w, _, _ in segs] == text
         starts = [s for _, s, _ in segs]
         assert starts == sorted(starts) and all(0 <= s < e <= L for _, s, e in segs)
+
+
+# ------------------------------------------------------------------ device classes
+
+class AlignBodies:
+    """The aligners on ``self.device``'s route give the CPU route's results
+    (the engine's Viterbi runs on the host either way; the score gathers
+    are the device's: torch on the CPU, the CUDA kernels -- or their CPU
+    emulation -- for the transducers)."""
+
+    def _transducer_case(self, V=6, extra=0):
+        rng = np.random.default_rng(11)
+        B, T, U = 3, 6, 3
+        logits = torch.from_numpy(rng.normal(size=(B, T, U + 1, V + extra)))
+        targets = torch.from_numpy(rng.integers(0, V - 3, size=(B, U))).int()
+        return logits, targets, torch.tensor([6, 4, 5], dtype=torch.int32), torch.tensor([3, 1, 2], dtype=torch.int32)
+
+    @staticmethod
+    def _same(a, b):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert x.score == pytest.approx(y.score, rel=1e-9, abs=1e-9)
+            assert torch.equal(x.moves.cpu(), y.moves.cpu())
+
+    def test_rnnt_and_multiblank(self):
+        logits, targets, Tb, Ub = self._transducer_case()
+        for durations in ((), (2, 3)):
+            blank = 5
+            ref = chainfb.rnnt_align(logits, targets, Tb, Ub, blank, big_blank_durations=durations)
+            with self.route():
+                got = chainfb.rnnt_align(self.tensor(logits), self.tensor(targets), self.tensor(Tb), self.tensor(Ub),
+                                         blank, big_blank_durations=durations)
+            self._same(got, ref)
+
+    def test_tdt(self):
+        logits, targets, Tb, Ub = self._transducer_case(extra=3)
+        ref = chainfb.tdt_align(logits, targets, Tb, Ub, 5, [0, 1, 2])
+        with self.route():
+            got = chainfb.tdt_align(self.tensor(logits), self.tensor(targets), self.tensor(Tb), self.tensor(Ub), 5,
+                                    [0, 1, 2])
+        self._same(got, ref)
+
+    def test_ctc(self):
+        rng = np.random.default_rng(12)
+        lp = torch.from_numpy(rng.normal(size=(2, 7, 5))).log_softmax(-1)
+        tg = torch.tensor([[1, 2, 2], [3, 4, 0]])
+        il, tl = torch.tensor([7, 5]), torch.tensor([3, 2])
+        ref = chainfb.forced_align(lp, tg, il, tl)
+        with self.route():
+            got = chainfb.forced_align(self.tensor(lp), self.tensor(tg), self.tensor(il), self.tensor(tl))
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a.cpu(), b)
+
+
+class TestAlignEmulatedKernels(AlignBodies, DeviceCase):
+    """CPU tensors, the CUDA kernels' CPU emulation inside ``route()`` only
+    (the reference beside it runs the CPU route)."""
+
+    @pytest.fixture(autouse=True)
+    def _backend(self, emulated_backend):
+        self.be = emulated_backend
+
+    def route(self):
+        from emulation import run_on
+
+        return run_on(self.be)
+
+
+class TestAlignCUDA(AlignBodies, OnCUDA):
+    def route(self):
+        import contextlib
+
+        return contextlib.nullcontext()
