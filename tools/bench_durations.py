@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import warnings
+from _memory import reset_peak, status_bytes  # noqa: E402 -- tools/ is the script's directory
 
 # measure the chainfb of this source tree, not an installed one
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,17 +113,6 @@ def run_time(args, B=8, T=200, U=40, V=256):
         print(f"{k:30s} {t:9.4f} {m:8.4f} {vals[k]:14.4f}  {t / ref:6.2f}x {m / ref_min:6.2f}x")
 
 
-def _status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def memory_worker(args, B=1, T=1000, U=50, V=256):
@@ -132,10 +122,10 @@ def memory_worker(args, B=1, T=1000, U=50, V=256):
     step = make_step(kind, durations, B, T, U, V)
     out = {}
     for name in ("first", "second"):
-        _reset_peak()
-        base = _status("VmRSS")
+        reset_peak()
+        base = status_bytes("VmRSS")
         step()
-        out[name] = _status("VmHWM") - base
+        out[name] = status_bytes("VmHWM") - base
     print(json.dumps(out))
 
 

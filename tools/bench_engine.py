@@ -53,6 +53,7 @@ import numpy as np
 
 import chainfb
 from chainfb.testing import denominator_like_fst, numerator_like_fst
+from _memory import reset_peak, status_bytes  # noqa: E402 -- tools/ is the script's directory
 
 
 def cases(rng, which, P=2000, T=150):
@@ -175,21 +176,6 @@ def run_den(args):
         print(f"ChainLoss forward+backward ({N} numerator graphs of ~{nums.num_arcs // N} arcs + den): {best:.3f} s")
 
 
-def _status_bytes(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def first_call_worker(args):
@@ -225,23 +211,23 @@ def first_call_worker(args):
         return time.perf_counter() - t
 
     gc.collect()
-    base = _status_bytes("VmRSS")
-    _reset_peak()
+    base = status_bytes("VmRSS")
+    reset_peak()
     first = step(N)
     cpu_first = cpu[-1]
-    grow_first = _status_bytes("VmHWM") - base
+    grow_first = status_bytes("VmHWM") - base
     steady = min(step(N) for _ in range(args.repeat))
     cpu_steady = min(cpu[-args.repeat:])
     gc.collect()
-    before = _status_bytes("VmRSS")
-    reset = _reset_peak()
+    before = status_bytes("VmRSS")
+    reset = reset_peak()
     step(N)
-    grow_steady = _status_bytes("VmHWM") - before if reset else float("nan")
+    grow_steady = status_bytes("VmHWM") - before if reset else float("nan")
     change = step(N - 1)
     cpu_change = cpu[-1]
     alternate = [step(n) for _ in range(5) for n in (N - 1, N)]
     cpu_alternate = max(cpu[-10:])
-    grow_all = _status_bytes("VmHWM") - base
+    grow_all = status_bytes("VmHWM") - base
     mib = 2**20
     print(f"{'warm' if args.warm else 'cold'} process; den graph: {den}; ChainLoss forward+backward, N={N}, T={T}, "
           f"{args.repeat} steady calls")

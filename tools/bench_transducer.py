@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 import chainfb
+from _memory import reset_peak, status_bytes  # noqa: E402 -- tools/ is the script's directory
 
 warnings.filterwarnings("ignore")
 
@@ -89,21 +90,6 @@ def methods():
     return out
 
 
-def _status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def step(fn, inputs, device):
@@ -113,15 +99,15 @@ def step(fn, inputs, device):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        _reset_peak()
-        base = _status("VmRSS")
+        reset_peak()
+        base = status_bytes("VmRSS")
     t0 = time.perf_counter()
     loss = fn(x, *inputs[1:])
     loss.sum().backward()
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _status("VmHWM")) - base
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda" else status_bytes("VmHWM")) - base
     val = float(loss.sum())
     del x, loss
     return dt, peak, val
@@ -174,12 +160,12 @@ def pruned_worker(args):
     """Measure one step of one method in this process; print 'time peak value'."""
     case = pruned_case(args.seed)
     pruned_step(args.worker, case, args.s_range)  # warm-up
-    _reset_peak()
-    base = _status("VmRSS")
+    reset_peak()
+    base = status_bytes("VmRSS")
     t0 = time.perf_counter()
     val = pruned_step(args.worker, case, args.s_range)
     dt = time.perf_counter() - t0
-    print(f"{dt} {_status('VmHWM') - base} {val}")
+    print(f"{dt} {status_bytes('VmHWM') - base} {val}")
 
 
 def run_pruned(args):
