@@ -16,48 +16,17 @@ from chainfb.chain import (
     BiphoneSet, DenominatorGraph, Topology, biphone_counts, den_graph, estimate_phone_lm,
     numerator_graph, read_lexicon, transcript_biphone_counts, word_loop_graph,
 )
+from oracles import chain_graphs as chain_oracle
+from oracles.chain_graphs import pdf_sequences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHONES = ["SIL", "A", "B", "C"]
 LEX = ["a 1.0 A B", "a 0.5 A C", "b 1.0 B", "c 1.0 C A", "SIL 1.0 SIL"]
 
 
-def pdf_sequences(fst, L):
-    """{pdf tuple: total probability} over all paths of exactly L arcs (enumeration)."""
-    out = defaultdict(float)
-    arcs = defaultdict(list)
-    for s, d, p, lp in fst.arcs():
-        arcs[s].append((d, p, lp))
-
-    def walk(s, seq, lp):
-        if len(seq) == L:
-            if fst.final[s] > -math.inf:
-                out[tuple(seq)] += math.exp(lp + fst.final[s])
-            return
-        for d, p, w in arcs[s]:
-            walk(d, seq + [p], lp + w)
-
-    walk(fst.start, [], 0.0)
-    return dict(out)
-
-
 def phone_alternatives(words, lex, sil_prob, sil="SIL"):
-    """{phone tuple: prob} of a transcript with optional silence at every boundary (independent)."""
-    prons = [[(tuple(PHONES.index(p) for p in ph), pr) for ph, pr in lex.prons[w]] for w in words]
-    out = defaultdict(float)
-    nb = len(words) + 1
-    for choice in itertools.product(*prons):
-        for sils in itertools.product([0, 1], repeat=nb):
-            seq, prob = [], 1.0
-            for i in range(nb):
-                if sils[i]:
-                    seq.append(PHONES.index(sil))
-                prob *= sil_prob if sils[i] else 1 - sil_prob
-                if i < len(choice):
-                    seq += list(choice[i][0])
-                    prob *= choice[i][1]
-            out[tuple(seq)] += prob
-    return out
+    """{phone tuple: prob} of a transcript over :data:`PHONES` (see :mod:`oracles.chain_graphs`)."""
+    return chain_oracle.phone_alternatives(words, lex, sil_prob, PHONES, sil)
 
 
 def units_of(phones, table, ci=()):

@@ -1,0 +1,46 @@
+"""Enumeration references for chain graphs, written without the graph
+compiler: the pdf sequences an FST accepts, and the phone sequences of a
+transcript with alternative pronunciations and optional silence."""
+
+import itertools
+import math
+from collections import defaultdict
+
+
+def pdf_sequences(fst, L):
+    """{pdf tuple: total probability} over all paths of exactly L arcs (enumeration)."""
+    out = defaultdict(float)
+    arcs = defaultdict(list)
+    for s, d, p, lp in fst.arcs():
+        arcs[s].append((d, p, lp))
+
+    def walk(s, seq, lp):
+        if len(seq) == L:
+            if fst.final[s] > -math.inf:
+                out[tuple(seq)] += math.exp(lp + fst.final[s])
+            return
+        for d, p, w in arcs[s]:
+            walk(d, seq + [p], lp + w)
+
+    walk(fst.start, [], 0.0)
+    return dict(out)
+
+
+def phone_alternatives(words, lex, sil_prob, phones, sil="SIL"):
+    """{phone-id tuple: prob} of a transcript (``phones``: the phone list)
+    with optional silence at every boundary (independent)."""
+    prons = [[(tuple(phones.index(p) for p in ph), pr) for ph, pr in lex.prons[w]] for w in words]
+    out = defaultdict(float)
+    nb = len(words) + 1
+    for choice in itertools.product(*prons):
+        for sils in itertools.product([0, 1], repeat=nb):
+            seq, prob = [], 1.0
+            for i in range(nb):
+                if sils[i]:
+                    seq.append(phones.index(sil))
+                prob *= sil_prob if sils[i] else 1 - sil_prob
+                if i < len(choice):
+                    seq += list(choice[i][0])
+                    prob *= choice[i][1]
+            out[tuple(seq)] += prob
+    return out
