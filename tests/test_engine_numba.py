@@ -102,10 +102,19 @@ def test_nan_past_a_length_is_ignored():
     assert not post[6:].any()
 
 
-def test_threads_match_one_thread(monkeypatch):
-    lat, rng = _lattice(5, n=9)
+@pytest.mark.parametrize("spans", [False, True])
+def test_threads_match_one_thread(monkeypatch, spans):
+    """Sequences split over 3 threads give one thread's bits (the span-1
+    pass ``_run`` and the spanning pass ``_run_spans``)."""
+    if spans:
+        rng = np.random.default_rng(11)
+        fsts = [_span_fst(rng, states=5, arcs=14) for _ in range(3)]
+        lat = Lattice.of(FstBatch(fsts, seq_to_graph=rng.integers(0, 3, size=9)))
+    else:
+        lat, rng = _lattice(5, n=9)
     X = _scores(lat, rng, 30)
     lengths = rng.integers(0, 31, size=9)
+    name = "_run_spans" if spans else "_run"
     before = engines.get_num_threads()
     engines.set_num_threads(1)
     try:
@@ -113,8 +122,8 @@ def test_threads_match_one_thread(monkeypatch):
         monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
         engines.set_num_threads(3)
         calls = []
-        run = numba_log._run
-        monkeypatch.setattr(numba_log, "_run", lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
+        run = getattr(numba_log, name)
+        monkeypatch.setattr(numba_log, name, lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
         three = numba_log.forward_backward(lat, X.copy(), lengths)
         assert len(calls) == 3 and sorted(calls)[0][0] == 0 and sorted(calls)[-1][1] == 9
     finally:
@@ -308,29 +317,6 @@ def test_spans_match_the_cut_graph_on_long_inputs(engine, scale, T):
     np.testing.assert_allclose(ll, ll_ref, rtol=1e-12)
     keep = np.isin(lat_cut.col_pdf, np.arange(5))
     np.testing.assert_allclose(post, post_ref[:, keep], atol=1e-9)
-
-
-def test_spans_threads_match_one_thread(monkeypatch):
-    rng = np.random.default_rng(11)
-    fsts = [_span_fst(rng, states=5, arcs=14) for _ in range(3)]
-    lat = Lattice.of(FstBatch(fsts, seq_to_graph=rng.integers(0, 3, size=9)))
-    X = _scores(lat, rng, 30)
-    lengths = rng.integers(0, 31, size=9)
-    before = engines.get_num_threads()
-    engines.set_num_threads(1)
-    try:
-        one = numba_log.forward_backward(lat, X.copy(), lengths)
-        monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
-        engines.set_num_threads(3)
-        calls = []
-        run = numba_log._run_spans
-        monkeypatch.setattr(numba_log, "_run_spans", lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
-        three = numba_log.forward_backward(lat, X.copy(), lengths)
-        assert len(calls) == 3 and sorted(calls)[0][0] == 0 and sorted(calls)[-1][1] == 9
-    finally:
-        engines.set_num_threads(before)
-    np.testing.assert_array_equal(one[0], three[0])
-    np.testing.assert_array_equal(one[1], three[1])
 
 
 def test_span_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
