@@ -44,3 +44,17 @@ def phone_alternatives(words, lex, sil_prob, phones, sil="SIL"):
                     prob *= choice[i][1]
             out[tuple(seq)] += prob
     return out
+
+
+def lm_prefix_prob(lm, phones):
+    """The probability a phone LM (``lm.arcs``: ``(src, dst, phone,
+    log_prob)``; ``lm.start``) gives the phone prefix ``phones`` (0 when it
+    cannot be read)."""
+    arcs = {(s, p): (d, lp) for s, d, p, lp in lm.arcs}
+    s, lp = lm.start, 0.0
+    for p in phones:
+        if (s, p) not in arcs:
+            return 0.0
+        s, w = arcs[(s, p)]
+        lp += w
+    return math.exp(lp)
