@@ -137,23 +137,16 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
     """
     from ..transducer import TransducerCriterion
 
-    durations = tuple(checks.durations(big_blank_durations, "big_blank_durations", 2)) \
-        if len(big_blank_durations) else ()
+    from ..transducer.loss import check_durations
+
+    checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U + 1, V]")
+    durations = tuple(check_durations(big_blank_durations, logits.shape[-1])) if len(big_blank_durations) else ()
     sigma = checks.number(sigma, "sigma")
     fused = checks.flag(fused_log_softmax, "fused_log_softmax")
     blank, Tb, Ub = _check_common(logits, targets, logit_lengths, target_lengths, blank, len(durations))
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fused_log_softmax=fused)
-    W = len(durations) + 2
-    kind_of = np.arange(W)
     dur_of = np.array([1, 0, *durations], dtype=np.int64)
-    out = []
-    for b, p in enumerate(best_arcs(crit.lattice, crit.gather(logits, need_grad=False), crit.lengths)):
-        if p.score == -np.inf:
-            out.append(_empty(False))
-            continue
-        mv = _step_moves(p, W, kind_of, dur_of)
-        out.append(_result(mv, int(Ub[b]), False, p.score))
-    return out
+    return _align_steps(crit, logits, Ub, np.arange(len(durations) + 2), dur_of, False)
 
 
 @on_torch_stream
@@ -177,30 +170,30 @@ def tdt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     ``u`` is emitted at frame ``frames[u]`` with duration ``durations[u]``
     (the next arc leaves frame ``frames[u] + durations[u]``).
     """
-    from ..transducer import TDTCriterion
+    from ..transducer.tdt import TDTCriterion, check_tdt_durations
 
     checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U + 1, V + D]")
-    durs = checks.durations(durations, "durations", 0)
-    if max(durs) == 0:
-        raise ValueError(f"durations: at least one duration must be > 0 (the last arc is a blank), got {durs}")
-    if len(durs) >= logits.shape[-1]:
-        raise ValueError(f"durations: {len(durs)} durations leave no token logits in a last dimension of "
-                         f"{logits.shape[-1]}")
+    durs = check_tdt_durations(durations, logits.shape[-1])
     sigma = checks.number(sigma, "sigma")
     V = logits.shape[-1] - len(durs)
     blank, Tb, Ub = _check_common(logits[..., :V], targets, logit_lengths, target_lengths, blank)
     crit = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durs, sigma)
     D = len(durs)
-    J = 2 * D
     kind_of = np.r_[np.full(D, BLANK), np.full(D, LABEL)]
-    dur_of = np.r_[durs, durs]
+    return _align_steps(crit, logits, Ub, kind_of, np.r_[durs, durs], True)
+
+
+def _align_steps(crit, logits, Ub, kind_of, dur_of, with_durations: bool) -> list:
+    """The best path of each utterance of a compiled step-graph criterion
+    read back as moves: arc kind ``j`` (of ``len(kind_of)`` per state) is
+    move kind ``kind_of[j]`` advancing ``dur_of[j]`` frames."""
     out = []
     for b, p in enumerate(best_arcs(crit.lattice, crit.gather(logits, need_grad=False), crit.lengths)):
         if p.score == -np.inf:
-            out.append(_empty(True))
+            out.append(_empty(with_durations))
             continue
-        mv = _step_moves(p, J, kind_of, dur_of)
-        out.append(_result(mv, int(Ub[b]), True, p.score))
+        mv = _step_moves(p, len(kind_of), kind_of, dur_of)
+        out.append(_result(mv, int(Ub[b]), with_durations, p.score))
     return out
 
 
