@@ -316,6 +316,21 @@ def _first_of_segments(seg: np.ndarray) -> np.ndarray:
     return first
 
 
+def _max_step(plan, f, v, back_row, S: int) -> np.ndarray:
+    """One frame of the max semiring: each destination state's best in-arc
+    score ``[S]`` from the arc scores ``v`` (arcs in ``f``, sorted by
+    destination), its winning arc written into ``back_row`` (the first one
+    on ties)."""
+    a = np.full(S, -np.inf)
+    m = plan.fwd.max(v)
+    win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
+    seg = plan.fwd.seg_of[win]
+    first = _first_of_segments(seg)  # arcs are sorted by destination: one winner each
+    a[f.key_states] = m
+    back_row[f.key_states[seg[first]]] = win[first]
+    return a
+
+
 def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, leak: _Leak | None = None):
     """The forward recursion, once for both semirings.
 
@@ -370,16 +385,10 @@ def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, le
             wx = _arc_scores(X, t, min(Tmax, t + chunk), f)
         v = alpha[t].take(f.src)
         v += wx[t % chunk]
-        a = np.full(S, -np.inf)
         if viterbi:
-            m = plan.fwd.max(v)
-            win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
-            seg = plan.fwd.seg_of[win]
-            first = _first_of_segments(seg)  # arcs are sorted by destination: one winner each
-            a[f.key_states] = m
-            back[t, f.key_states[seg[first]]] = win[first]
-            alpha[t + 1] = a
+            alpha[t + 1] = _max_step(plan, f, v, back[t], S)
             continue
+        a = np.full(S, -np.inf)
         a[f.key_states] = logsumexp_segments(v, plan.fwd)
         if leak is not None:
             a = leak.alpha(a)
@@ -620,16 +629,10 @@ def _forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: s
         if not viterbi:
             v += offset[read, f.seq] - offset[u - 1].take(f.seq)
         v[early] = -np.inf
-        a = np.full(S, -np.inf)
         if viterbi:
-            m = plan.fwd.max(v)
-            win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
-            seg = plan.fwd.seg_of[win]
-            first = _first_of_segments(seg)  # arcs are sorted by destination: one winner each
-            a[f.key_states] = m
-            back[u - 1, f.key_states[seg[first]]] = win[first]
-            alpha[u] = a
+            alpha[u] = _max_step(plan, f, v, back[u - 1], S)
             continue
+        a = np.full(S, -np.inf)
         a[f.key_states] = logsumexp_segments(v, plan.fwd)
         offset[u] = offset[u - 1] + _normalise(plan, sos, a)
         alpha[u] = a
