@@ -249,6 +249,16 @@ class _SharedGraph:
         post = np.concatenate([r[1] for r in res]) if need_posteriors else None
         return loglike, post
 
+    def _inverse_totals(self, alphas, lengths, loglike):
+        """``(ok [N], 1 / P_hat [N])``: the sequences with a path and the
+        inverse of their total in the scaled domain, ``P_hat = sum_i
+        alpha'_L(i) final(i)`` (0 for sequences without a path)."""
+        ok = np.isfinite(loglike)
+        p_hat = np.ones(len(loglike))
+        for n in np.flatnonzero(ok):
+            p_hat[n] = (alphas[lengths[n], :, n] * self.final).sum()
+        return ok, np.where(ok, 1.0 / p_hat, 0.0)
+
     def _run(self, X, lengths, need_posteriors: bool = True, leaky=None):
         """Log-likelihoods and column posteriors.
 
@@ -340,12 +350,7 @@ class _SharedGraph:
             if not need_posteriors:
                 return loglike, None
             post = np.zeros((N, T, K))
-            ok = np.isfinite(loglike)
-            # P_hat = sum a'_L * final, in the scaled domain
-            p_hat = np.ones(N)
-            for n in np.flatnonzero(ok):
-                p_hat[n] = (alphas[lengths[n], :, n] * self.final).sum()
-            inv = np.where(ok, 1.0 / p_hat, 0.0)
+            ok, inv = self._inverse_totals(alphas, lengths, loglike)
             b = np.zeros((S, N))
             fin_b = fin if leak_t is None else leak_t(np.repeat(fin, 1, axis=1))
             for t in range(Tmax - 1, -1, -1):
@@ -433,11 +438,7 @@ class _SharedGraph:
             if not need_posteriors:
                 return loglike, None
             post = np.zeros((N, T, K))
-            ok = np.isfinite(loglike)
-            p_hat = np.ones(N)
-            for n in np.flatnonzero(ok):
-                p_hat[n] = (alphas[lengths[n], :, n] * self.final).sum()
-            inv = np.where(ok, 1.0 / p_hat, 0.0)
+            ok, inv = self._inverse_totals(alphas, lengths, loglike)
             kmax = max(k for k, *_ in self.by_span)
             ring = np.zeros((kmax + 1, S, N))  # b'_f in slot f % (kmax + 1); 0 past each length
             for t in range(Tmax, -1, -1):
