@@ -196,7 +196,7 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
 from chainfb import Fst  # noqa: E402
 from chainfb.engines import scipy_shared  # noqa: E402
 
-from oracles.fst import brute_force  # noqa: E402
+from oracles.fst import brute_force, expanded_span_one  # noqa: E402
 
 
 def _span_fst(rng, states=4, arcs=11, pdfs=3, max_span=4, dead_arc=True):
@@ -211,21 +211,6 @@ def _span_fst(rng, states=4, arcs=11, pdfs=3, max_span=4, dead_arc=True):
     finals = {int(s): float(rng.normal()) for s in rng.choice(states, size=2, replace=False)}
     return Fst.from_arcs(zip(src, dst, rng.integers(0, pdfs, arcs), lp, span), finals, start=0,
                          num_states=states)
-
-
-def _cut_spans(fst, filler):
-    """The same paths with each arc of span k cut into k one-frame arcs: the
-    first reads the arc's pdf with its weight, the others read pdf ``filler``
-    (score 0) with weight 0 through new states."""
-    arcs, S = [], fst.num_states
-    for s, d, p, w, k in fst.arcs(spans=True):
-        prev = s
-        for m in range(k - 1):
-            arcs.append((prev, S, p if m == 0 else filler, w if m == 0 else 0.0))
-            prev, S = S, S + 1
-        arcs.append((prev, d, p if k == 1 else filler, w if k == 1 else 0.0))
-    finals = {i: float(v) for i, v in enumerate(fst.final) if v > -np.inf}
-    return Fst.from_arcs(arcs, finals, start=fst.start, num_states=S)
 
 
 def _span_run(engine, lat, X, lengths, need=True):
@@ -302,7 +287,7 @@ def test_spans_match_the_cut_graph_on_long_inputs(engine, scale, T):
     # their frame's best (the log-domain escape), spans across them
     rng = np.random.default_rng(int(scale))
     fst = _span_fst(rng, states=6, arcs=18, pdfs=5, dead_arc=False)
-    cut = _cut_spans(fst, filler=5)
+    cut = expanded_span_one(fst, pad_pdf=5)
     N = 3
     lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(N, dtype=np.int64)))
     lat_cut = Lattice.of(FstBatch([cut], seq_to_graph=np.zeros(N, dtype=np.int64)))

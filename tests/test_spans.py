@@ -22,7 +22,7 @@ from chainfb import Fst, FstBatch, engines
 from chainfb.lattice import Lattice
 from chainfb.score_map import PdfScoreMap
 from chainfb.testing import random_fst
-from oracles.fst import brute_force, brute_force_best, frame_arcs, reference_forward_backward
+from oracles.fst import brute_force, brute_force_best, expanded_span_one, frame_arcs, reference_forward_backward
 
 #: the engines run by the engine-level forward-backward tests (an engine that runs spans adds its name here)
 ENGINES_WITH_SPANS = ["numpy", "numba"]
@@ -224,20 +224,6 @@ def test_arcs_landing_past_the_length_are_not_paths(engine):
 
 # ---------------------------------------------------------------- long inputs, large scores
 
-def _expanded(f: Fst, pad_pdf: int) -> Fst:
-    """The span-1 graph equal to ``f`` when pdf ``pad_pdf`` scores 0 everywhere: an arc of
-    span k becomes a chain of k arcs, the first reading the arc's pdf, the others ``pad_pdf``."""
-    arcs, S = [], f.num_states
-    for s, d, p, w, k in f.arcs(spans=True):
-        prev = s
-        for i in range(k - 1):
-            arcs.append((prev, S, p if i == 0 else pad_pdf, w if i == 0 else 0.0))
-            prev, S = S, S + 1
-        arcs.append((prev, d, p if k == 1 else pad_pdf, w if k == 1 else 0.0))
-    return Fst.from_arcs(arcs, {s: float(v) for s, v in enumerate(f.final) if v > -np.inf},
-                         start=f.start, num_states=S)
-
-
 @pytest.mark.parametrize("engine", ENGINES_WITH_SPANS)
 @pytest.mark.parametrize("scale", [1.0, 1e3])
 def test_long_inputs_equal_the_expanded_span_one_graph(engine, scale):
@@ -248,7 +234,7 @@ def test_long_inputs_equal_the_expanded_span_one_graph(engine, scale):
     x = np.concatenate([rng.normal(scale=scale, size=(3, T, P)), np.zeros((3, T, 1))], axis=2)
     lengths = np.array([T, 97, 61])
     ll, post = _engine_fb(engine, fsts, x, lengths)
-    ref_ll, ref_post = chainfb.forward_backward([_expanded(f, P) for f in fsts], x, lengths)
+    ref_ll, ref_post = chainfb.forward_backward([expanded_span_one(f, P) for f in fsts], x, lengths)
     np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ref_ll))
     fin = np.isfinite(ref_ll)
     assert fin.any()

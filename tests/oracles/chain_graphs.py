@@ -58,3 +58,15 @@ def lm_prefix_prob(lm, phones):
         s, w = arcs[(s, p)]
         lp += w
     return math.exp(lp)
+
+
+def expected_pdf_sequences(alternatives, L, align):
+    """{pdf tuple: prob} a numerator graph must accept at length ``L``:
+    every alignment (``align(phones, L)``, a list of pdf tuples) of every
+    phone sequence of ``alternatives`` ({phones: prob}), probabilities summed;
+    only the sequences of positive probability."""
+    out = defaultdict(float)
+    for phones, prob in alternatives.items():
+        for seq in align(phones, L):
+            out[seq] += prob
+    return {k: v for k, v in out.items() if v > 0}

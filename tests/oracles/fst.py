@@ -140,3 +140,21 @@ def frame_arcs(fst, path, length):
         for t, a in zip(_frames(path, _spans(fst)), path):
             out[t] = a
     return out
+
+
+def expanded_span_one(fst, pad_pdf: int):
+    """The span-1 graph with the same paths as ``fst`` when pdf ``pad_pdf``
+    scores 0 everywhere: an arc of span k becomes a chain of k one-frame
+    arcs through new states, the first reading the arc's pdf with its
+    weight, the others ``pad_pdf`` with weight 0."""
+    from chainfb import Fst
+
+    arcs, S = [], fst.num_states
+    for s, d, p, w, k in fst.arcs(spans=True):
+        prev = s
+        for i in range(k - 1):
+            arcs.append((prev, S, p if i == 0 else pad_pdf, w if i == 0 else 0.0))
+            prev, S = S, S + 1
+        arcs.append((prev, d, p if k == 1 else pad_pdf, w if k == 1 else 0.0))
+    finals = {s: float(v) for s, v in enumerate(fst.final) if v > -np.inf}
+    return Fst.from_arcs(arcs, finals, start=fst.start, num_states=S)
