@@ -179,75 +179,276 @@ def _normalise(P, LV):
     return lc
 
 
+# ---------------------------------------------------------------------------
+# The span-1 pass stores each cell in one float64: a scaled probability
+# (``v >= 0``; 0 is a true zero), or, for a cell below ``_SAFE`` of its
+# frame's largest, its log ``r`` as ``v = r - _LOG_SAFE < 0`` (so never
+# ambiguous, whatever the threshold), or NaN.  Only each frame's band of live states is computed and stored.
+
+
 @_inline
-def _fast_sum(P, LV, ptr, other, w, col, E, base, k):
-    """A cell's new value as the sum of its arcs' scaled products (arcs
-    ``ptr[k] .. ptr[k+1]``, ``other`` their far ends, local to ``base``);
-    far ends kept as logs enter as ``exp(log)``."""
-    s = 0.0
-    for a in range(ptr[k], ptr[k + 1]):
-        i = other[a] - base
-        p = P[i]
-        if p == 0.0:
-            if LV[i] == -np.inf:
-                continue
-            p = np.exp(LV[i])
-        s += p * w[a] * E[col[a]]
-    return s
+def _log1(v):
+    """The log of a one-array cell ``v`` (``-inf`` for 0, NaN for NaN)."""
+    if v > 0.0:
+        return np.log(v)
+    if v < 0.0:
+        return v + _LOG_SAFE
+    if v == 0.0:
+        return -np.inf
+    return v
+
+
+@_inline
+def _store1(r, A, j):
+    """Keep the log value ``r`` in one-array cell ``j``: scaled when safe,
+    else as ``r - _LOG_SAFE < 0``; ``-inf`` is a true zero, NaN stays NaN."""
+    if r >= _LOG_SAFE:
+        A[j] = np.exp(r)
+    elif r > -np.inf:
+        A[j] = r - _LOG_SAFE
+    elif r == -np.inf:
+        A[j] = 0.0
+    else:
+        A[j] = r
 
 
 @_compile
-def _slow_cell(P, LV, ptr, other, lp, col, xt, base, k, shift, out_P, out_LV, j):
-    """The cell in the log domain (its scaled sum was below the safe range):
-    the log-sum-exp of ``log(far end) + log_prob + score - shift`` over its
-    arcs, kept in ``out_P[j]`` / ``out_LV[j]``."""
+def _normalise1(A):
+    """:func:`_normalise` for one-array cells: divide the scaled cells by the
+    largest, re-store the logs relative to it, return its log (0 if none)."""
+    c = 0.0
+    for j in range(A.shape[0]):
+        if A[j] > c:
+            c = A[j]
+    if c > 0.0 and c < np.inf:
+        lc = np.log(c)
+    elif c == 0.0:  # every cell tiny (kept as logs) or zero
+        lc = -np.inf
+        for j in range(A.shape[0]):
+            if A[j] < 0.0 and A[j] + _LOG_SAFE > lc:
+                lc = A[j] + _LOG_SAFE
+        if lc == -np.inf:
+            return 0.0
+    else:  # +inf: leave the frame as it is
+        return 0.0
+    for j in range(A.shape[0]):
+        v = A[j]
+        if v > 0.0:
+            A[j] = v / c
+        elif v < 0.0:
+            _store1(v + _LOG_SAFE - lc, A, j)
+    return lc
+
+
+@_compile
+def _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j):
+    """Cell ``j`` of ``Pn`` in the log domain (its scaled sum was below the
+    safe range): the log-sum-exp of ``log(far end) + log_prob + score -
+    shift`` over the arcs of state ``k``; far ends outside ``Pp``'s band
+    (local index ``plo + i``) are zero."""
     m = -np.inf
     acc = 0.0
+    pw = Pp.shape[0]
     for a in range(ptr[k], ptr[k + 1]):
-        i = other[a] - base
-        m, acc = _lse_push(m, acc, _logval(P[i], LV[i]) + lp[a] + xt[col[a]] - shift)
+        i = other[a] - base - plo
+        if i < 0 or i >= pw:
+            continue
+        m, acc = _lse_push(m, acc, _log1(Pp[i]) + lp[a] + xt[col[a]] - shift)
     if acc != acc:
-        out_P[j], out_LV[j] = acc, -np.inf
+        Pn[j] = acc
     elif acc == 0.0:
-        out_P[j], out_LV[j] = 0.0, -np.inf
+        Pn[j] = 0.0
     else:
-        _store(m + np.log(acc), out_P, out_LV, j)
+        _store1(m + np.log(acc), Pn, j)
 
 
 @_inline
-def _frame(Pp, LVp, Pn, LVn, ptr, other, w, lp, col, xt, E, base, shift):
-    """One frame of either direction: every cell ``j`` of ``Pn``/``LVn`` from
-    the far ends in ``Pp``/``LVp`` -- the scaled sum when it is safe (or
+def _band_frame(Pp, plo, Pn, nlo, ptr, other, w, lp, col, xt, E, base, shift):
+    """One frame of either direction over bands: cell ``j`` of ``Pn`` (state
+    ``base + nlo + j``) from the far ends in ``Pp`` (state ``base + plo + i``;
+    those outside the band are zero) -- the scaled sum when it is safe (or
     NaN), else the exact log-domain value."""
+    pw = Pp.shape[0]
     for j in range(Pn.shape[0]):
-        s = _fast_sum(Pp, LVp, ptr, other, w, col, E, base, base + j)
+        k = base + nlo + j
+        s = 0.0
+        hit = False
+        for a in range(ptr[k], ptr[k + 1]):
+            i = other[a] - base - plo
+            if i < 0 or i >= pw:
+                continue
+            p = Pp[i]
+            if p == 0.0:
+                continue
+            hit = True
+            if p < 0.0:
+                p = np.exp(p + _LOG_SAFE)
+            s += p * w[a] * E[col[a]]
         if s >= _SAFE or s != s:
             Pn[j] = s
-            LVn[j] = -np.inf
+        elif not hit:
+            Pn[j] = 0.0
         else:
-            _slow_cell(Pp, LVp, ptr, other, lp, col, xt, base, base + j, shift, Pn, LVn, j)
+            _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j)
+
+
+@_inline
+def _find(nxt, t):
+    """The first frame ``>= t`` not yet given a bound (union-find, path halving)."""
+    while nxt[t] != t:
+        nxt[t] = nxt[nxt[t]]
+        t = nxt[t]
+    return t
+
+
+@_compile
+def _bands(dstart, dfinal, s0, W, L, lo, hi, nxt):
+    """The live range ``lo[t] .. hi[t]`` (local state indices; ``lo > hi``:
+    empty) of every frame ``t <= L`` of the sequence with states ``s0 ..
+    s0 + W``: the first and last state ``j`` with ``dstart[j] <= t`` and
+    ``dfinal[j] <= L - t``.  A state outside it holds no path of exactly
+    ``L`` arcs at ``t`` (alpha or beta is 0).  Each state is live over an
+    interval of frames; the frames still without a bound are skipped in
+    near-constant time, so the cost is ``O(W + L)``."""
+    for t in range(L + 1):
+        lo[t] = W
+        hi[t] = -1
+    for side in range(2):
+        for t in range(L + 2):
+            nxt[t] = t
+        for q in range(W):
+            j = q if side == 0 else W - 1 - q
+            a = dstart[s0 + j]
+            b = L - dfinal[s0 + j]
+            if a > b:
+                continue
+            t = _find(nxt, a)
+            while t <= b:
+                if side == 0:
+                    lo[t] = j
+                else:
+                    hi[t] = j
+                nxt[t] = t + 1
+                t = _find(nxt, t + 1)
+
+
+@_compile
+def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
+    """``(dstart, dfinal)`` ``[S]``: the fewest arcs from the start state of
+    each state's sequence, and to a state with a final weight (``2**62``
+    where there is no such path); breadth-first over the lattice."""
+    S = final.shape[0]
+    big = np.int64(2) ** 62
+    dist = np.full((2, S), big)
+    queue = np.empty(S, np.int64)
+    for side in range(2):
+        d = dist[side]
+        tail = 0
+        if side == 0:
+            for n in range(start.shape[0]):
+                if d[start[n]] != 0:
+                    d[start[n]] = 0
+                    queue[tail] = start[n]
+                    tail += 1
+            ptr, nbr = out_ptr, out_dst
+        else:
+            for s in range(S):
+                if final[s] > -np.inf or final[s] != final[s]:
+                    d[s] = 0
+                    queue[tail] = s
+                    tail += 1
+            ptr, nbr = in_ptr, in_src
+        head = 0
+        while head < tail:
+            s = queue[head]
+            head += 1
+            for a in range(ptr[s], ptr[s + 1]):
+                r = nbr[a]
+                if d[r] == big:
+                    d[r] = d[s] + 1
+                    queue[tail] = r
+                    tail += 1
+    return dist[0], dist[1]
 
 
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
-         out_ptr, out_dst, out_lp, out_w, out_col, wshift, X, E, M, lengths, need_post, loglike, post):
+         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, X, E, M, lengths, need_post,
+         loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
     their columns of ``post [T, C]`` (zero on entry), from the scores ``X``,
     the emissions ``E = exp(X - M[t, n])`` and the frame maxima ``M [T, N]``.
-    See the module docstring for the representation and why it is exact."""
+    Only the cells of each frame's live band (:func:`_bands`) are computed
+    and stored (ragged, one float64 each); the work arrays are allocated
+    once for all the sequences.  See the module docstring for the
+    representation and why it is exact."""
     ninf = -np.inf
+    # the bands of every sequence, and the largest work arrays they need
+    nf = 0
+    maxL = 0
+    for n in range(n0, n1):
+        nf += lengths[n] + 1
+        maxL = max(maxL, lengths[n])
+    blo = np.empty(nf, np.int64)
+    bhi = np.empty(nf, np.int64)
+    boff = np.empty(nf + (n1 - n0), np.int64)
+    nxt = np.empty(maxL + 2, np.int64)
+    cells = 0
+    width = 0
+    f0 = 0
+    for n in range(n0, n1):
+        L = lengths[n]
+        s0 = state_off[n]
+        lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
+        off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
+        _bands(dstart, dfinal, s0, state_off[n + 1] - s0, L, lo, hi, nxt)
+        off[0] = 0
+        for t in range(L + 1):
+            wt = max(hi[t] - lo[t] + 1, 0)
+            off[t + 1] = off[t] + wt
+            width = max(width, wt)
+        cells = max(cells, off[L + 1])
+        f0 += L + 1
+    A = np.empty(cells)
+    Q = np.empty(width)  # beta_{t+1}, one-array cells
+    BP = np.empty(width)  # B_t before normalisation
+    f0 = 0
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
-        P = np.zeros((L + 1, W))
-        LV = np.full((L + 1, W), ninf)
-        P[0, start[n] - s0] = 1.0
+        lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
+        off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
+        f0 += L + 1
+        bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
+        for t in range(L):
+            if M[t, n] != M[t, n] or M[t, n] == np.inf:
+                bad = True
+        if bad:
+            loglike[n] = np.nan
+            if need_post:
+                for t in range(L):
+                    for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                        post[t, out_col[a]] = np.nan
+            continue
+        empty = False
+        for t in range(L + 1):
+            if hi[t] < lo[t]:
+                empty = True
+        if empty:  # no path of exactly L arcs reaches a final state
+            loglike[n] = ninf
+            continue
+        P0 = A[0:off[1]]
+        for j in range(P0.shape[0]):
+            P0[j] = 0.0
+        P0[start[n] - s0 - lo[0]] = 1.0  # the start is live at frame 0 (dstart = 0)
         offset = 0.0
         for t in range(L):
             shift = M[t, n] + wshift
-            _frame(P[t], LV[t], P[t + 1], LV[t + 1], in_ptr, in_src, in_w, in_lp, in_col, X[t], E[t], s0, shift)
-            offset += shift + _normalise(P[t + 1], LV[t + 1])
+            Pn = A[off[t + 1]:off[t + 2]]
+            _band_frame(A[off[t]:off[t + 1]], lo[t], Pn, lo[t + 1], in_ptr, in_src, in_w, in_lp, in_col, X[t], E[t],
+                        s0, shift)
+            offset += shift + _normalise1(Pn)
         fmax = ninf
         for j in range(W):
             if final[s0 + j] > fmax:
@@ -256,57 +457,71 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             fmax = 0.0
         m = ninf
         acc = 0.0
-        for j in range(W):  # loglike: the log-sum-exp of alpha_L + final
-            m, acc = _lse_push(m, acc, _logval(P[L, j], LV[L, j]) + final[s0 + j] - fmax)
+        PL = A[off[L]:off[L + 1]]
+        for j in range(PL.shape[0]):  # loglike: the log-sum-exp of alpha_L + final
+            m, acc = _lse_push(m, acc, _log1(PL[j]) + final[s0 + lo[L] + j] - fmax)
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue  # no complete path: zero posteriors
-        Q = np.zeros(W)  # beta_{t+1}, scaled, and its tiny cells' logs
-        LQ = np.full(W, ninf)
-        BP = np.empty(W)  # B_t before normalisation
-        BL = np.empty(W)
-        for j in range(W):
-            _store(final[s0 + j] - fmax, Q, LQ, j)
+        qw = PL.shape[0]
+        for j in range(qw):
+            _store1(final[s0 + lo[L] + j] - fmax, Q, j)
         for t in range(L - 1, -1, -1):
-            xt, et = X[t], E[t]
+            xt, et, pt = X[t], E[t], post[t]
             shift = M[t, n] + wshift
-            _frame(Q, LQ, BP, BL, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift)
-            Pt, LVt, pt = P[t], LV[t], post[t]
+            Qn = Q[:qw]
+            qlo = lo[t + 1]
+            Pt = A[off[t]:off[t + 1]]
+            tw = Pt.shape[0]
+            Bt = BP[:tw]
+            _band_frame(Qn, qlo, Bt, lo[t], out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift)
             z = 0.0
-            for i in range(W):
-                if Pt[i] != 0.0 and BP[i] != 0.0:
-                    z += Pt[i] * BP[i]
+            for i in range(tw):
+                p = Pt[i]
+                b = Bt[i]
+                if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
+                    z += p * b
             if z >= _SAFE_TOTAL and z < np.inf:
                 # every term left out (a cell kept as a log) is below 1e-88 of z
-                for i in range(W):
-                    if Pt[i] == 0.0:
+                for i in range(tw):
+                    p = Pt[i]
+                    if p == 0.0 or p < 0.0:
                         continue
-                    ai = Pt[i] / z
-                    for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
+                    ai = p / z
+                    k = s0 + lo[t] + i
+                    for a in range(out_ptr[k], out_ptr[k + 1]):
+                        d = out_dst[a] - s0 - qlo
+                        if d < 0 or d >= qw:
+                            continue
+                        q = Qn[d]
+                        if q == 0.0 or q < 0.0:
+                            continue
                         c = out_col[a]
-                        pt[c] += ai * out_w[a] * et[c] * Q[out_dst[a] - s0]
+                        pt[c] += ai * out_w[a] * et[c] * q
             elif z != z or z == np.inf:  # NaN in: NaN out
                 for a in range(out_ptr[s0], out_ptr[s0 + W]):
                     pt[out_col[a]] = np.nan
             else:  # a small total: the frame in the log domain
                 m = ninf
                 acc = 0.0
-                for i in range(W):
-                    m, acc = _lse_push(m, acc, _logval(Pt[i], LVt[i]) + _logval(BP[i], BL[i]))
+                for i in range(tw):
+                    m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]))
                 if acc != 0.0:
                     lz = m + np.log(acc)
-                    for i in range(W):
-                        ai = _logval(Pt[i], LVt[i]) - lz
+                    for i in range(tw):
+                        ai = _log1(Pt[i]) - lz
                         if ai == ninf:
                             continue
-                        for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
-                            d = out_dst[a] - s0
-                            pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift
-                                                     + _logval(Q[d], LQ[d]))
-            for i in range(W):
-                Q[i] = BP[i]
-                LQ[i] = BL[i]
-            _normalise(Q, LQ)
+                        k = s0 + lo[t] + i
+                        for a in range(out_ptr[k], out_ptr[k + 1]):
+                            d = out_dst[a] - s0 - qlo
+                            if d < 0 or d >= qw:
+                                continue
+                            pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift + _log1(Qn[d]))
+            for i in range(tw):
+                Q[i] = Bt[i]
+            qw = tw
+            _normalise1(Q[:qw])
 
 
 # ---------------------------------------------------------------------------
@@ -660,6 +875,15 @@ def _arrays(lat: Lattice) -> tuple:
     return arrs
 
 
+def _distance_arrays(lat: Lattice) -> tuple:
+    """``(dstart, dfinal)`` of :func:`_distances`, cached on the lattice."""
+    d = lat.__dict__.get("_numba_distances")
+    if d is None:
+        so, st, fi, ip, isrc, _, _, _, op, od, *_ = _arrays(lat)
+        d = lat._numba_distances = _distances(st, fi, ip, isrc, op, od)
+    return d
+
+
 def _span_arrays(lat: Lattice) -> tuple:
     """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
     spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
@@ -730,6 +954,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
     if lat.max_span == 1:
         run = _run
+        arrs = arrs + _distance_arrays(lat)
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
