@@ -12,6 +12,15 @@ posterior array); on the CPU ``engine s`` times the engine alone.
     python tools/bench_engine.py [--repeat 3] [--device cpu|cuda] [--cases abc]
                                  [--numpy-baseline] [--peak-gbps 3350]
 
+On the CPU, cases (a) and (c) also print the throughput per CPU-second
+(``time.process_time``, all threads) of the public call on the engine
+``auto`` picks (the compiled one with Numba), min and median of
+``--repeat`` calls (default at least 9 here, so a bimodal spread shows),
+against Kaldi's per-sequence CPU numerator loop
+(``GenericNumeratorComputation``): 21 M arc-frames per CPU-second, the
+published figure for this kind of graph and machine (Kaldi is not run
+here); the target is at most 0.8x Kaldi's time (>= 26.3 M).
+
 With ``--device cuda`` and ``--numpy-baseline`` each case is also timed on
 the NumPy path in the same run and the speed-up printed.  The roofline
 column estimates the bytes the two kernels must move (forward: per arc and
@@ -82,10 +91,24 @@ def run(batch, scores, lengths, device):
     return time.perf_counter() - t0
 
 
+KALDI_NUM_MAF_PER_CPU_S = 21.0  # Kaldi's numerator loop, M arc-frames per CPU-second (published figure)
+
+
+def cpu_throughput(batch, scores, lengths, arcs, T, repeat):
+    """M arc-frames per CPU-second of ``repeat`` public calls: (min, median, max)."""
+    rates = []
+    for _ in range(repeat):
+        c = time.process_time()
+        chainfb.forward_backward(batch, scores, lengths)
+        rates.append(arcs * T / (time.process_time() - c) / 1e6)
+    rates.sort()
+    return rates[0], rates[len(rates) // 2], rates[-1]
+
+
 def run_engine(batch, scores, lengths):
-    """Time of the engine alone (CPU): forward+backward on the compact scores,
+    """Time of the engine ``auto`` picks alone (CPU): forward+backward on the compact scores,
     without the gather from and the scatter into the ``[N, T, P]`` arrays."""
-    from chainfb.engines.numpy_log import forward_backward
+    from chainfb.engines import forward_backward
     from chainfb.lattice import Lattice
     from chainfb.score_map import PdfScoreMap
 
@@ -289,6 +312,7 @@ def main(argv=None):
         head += f" {'GB/s (est)':>10s}" + (f" {'roofline':>8s}" if args.peak_gbps else "")
         head += f" {'numpy s':>8s} {'speed-up':>8s}" if args.numpy_baseline else ""
     print(head)
+    kaldi = []
     for name, batch, T, P in cases(rng, args.cases):
         N = batch.num_sequences
         scores_np = rng.normal(size=(N, T, P)).astype(np.float32)
@@ -314,6 +338,15 @@ def main(argv=None):
                 base = min(run(batch, scores_np, lengths, "cpu") for _ in range(max(1, args.repeat // 2)))
                 line += f" {base:8.3f} {base / best:7.1f}x"
         print(line, flush=True)
+        if args.device == "cpu" and name[:3] in ("(a)", "(c)"):
+            lo, med, hi = cpu_throughput(batch, scores, lengths, arcs, T, max(args.repeat, 9))
+            kaldi.append(f"{name:28s} {lo:10.1f} {med:10.1f} {hi:10.1f} {KALDI_NUM_MAF_PER_CPU_S / med:10.2f}x")
+    if kaldi:
+        print(f"\nM arc-frames per CPU-second (time.process_time, {max(args.repeat, 9)} calls), vs Kaldi's numerator "
+              f"loop: {KALDI_NUM_MAF_PER_CPU_S:.0f} M (published figure, Kaldi not run here); time ratio = Kaldi's "
+              f"rate / ours (target <= 0.80x)")
+        print(f"{'case':28s} {'min':>10s} {'median':>10s} {'max':>10s} {'time vs Kaldi':>11s}")
+        print("\n".join(kaldi), flush=True)
 
 
 if __name__ == "__main__":

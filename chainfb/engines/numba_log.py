@@ -501,7 +501,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             elif z != z or z == np.inf:  # NaN in: NaN out
                 for a in range(out_ptr[s0], out_ptr[s0 + W]):
                     pt[out_col[a]] = np.nan
-            else:  # a small total: the frame in the log domain
+            else:  # a small total: each state's share in the log domain
                 m = ninf
                 acc = 0.0
                 for i in range(tw):
@@ -513,11 +513,30 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         if ai == ninf:
                             continue
                         k = s0 + lo[t] + i
-                        for a in range(out_ptr[k], out_ptr[k + 1]):
-                            d = out_dst[a] - s0 - qlo
-                            if d < 0 or d >= qw:
+                        b = Bt[i]
+                        if b > 0.0:
+                            # B_t(i) is the scaled sum of its arcs' w E beta: each arc takes the
+                            # fraction w E beta / B_t(i) of the state's posterior alpha B / Z
+                            g = np.exp(ai + np.log(b)) / b
+                            if g == 0.0:
                                 continue
-                            pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift + _log1(Qn[d]))
+                            for a in range(out_ptr[k], out_ptr[k + 1]):
+                                d = out_dst[a] - s0 - qlo
+                                if d < 0 or d >= qw:
+                                    continue
+                                q = Qn[d]
+                                if q == 0.0:
+                                    continue
+                                if q < 0.0:
+                                    q = np.exp(q + _LOG_SAFE)
+                                c = out_col[a]
+                                pt[c] += g * out_w[a] * et[c] * q
+                        else:
+                            for a in range(out_ptr[k], out_ptr[k + 1]):
+                                d = out_dst[a] - s0 - qlo
+                                if d < 0 or d >= qw:
+                                    continue
+                                pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift + _log1(Qn[d]))
             for i in range(tw):
                 Q[i] = Bt[i]
             qw = tw
