@@ -70,6 +70,7 @@ on the NumPy engines; :func:`chainfb.engines.select` knows).
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -942,6 +943,20 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
     return E, M
 
 
+_pools: dict = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """A thread pool of ``n`` workers, started once per process and size
+    (not per call)."""
+    with _pools_lock:
+        ex = _pools.get(n)
+        if ex is None:
+            ex = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="chainfb-numba")
+        return ex
+
+
 def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
     """Forward-backward over a lattice (the engine protocol, see
     :mod:`chainfb.engines`), compiled.
@@ -984,6 +999,6 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
     else:
-        with ThreadPoolExecutor(len(ranges)) as ex:
-            list(ex.map(lambda r: run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike, post), ranges))
+        list(_pool(len(ranges)).map(lambda r: run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike,
+                                                  post), ranges))
     return loglike, (post if need_posteriors else None)
