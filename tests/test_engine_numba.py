@@ -132,6 +132,38 @@ def test_threads_match_one_thread(monkeypatch, spans):
     np.testing.assert_array_equal(one[1], three[1])
 
 
+def _fork_child(conn, lat, X, lengths):
+    conn.send(numba_log.forward_backward(lat, X, lengths)[0])
+
+
+def test_threads_work_in_a_forked_child(monkeypatch):
+    """The thread pools started by a call are not inherited by a forked
+    child (a DataLoader worker, say): the child's threaded call finishes and
+    gives the parent's numbers."""
+    import multiprocessing
+
+    lat, rng = _lattice(5, n=6)
+    X = _scores(lat, rng, 20)
+    lengths = rng.integers(1, 21, size=6)
+    monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
+    before = engines.get_num_threads()
+    engines.set_num_threads(2)
+    try:
+        here = numba_log.forward_backward(lat, X, lengths)[0]  # starts the pool in this process
+        ctx = multiprocessing.get_context("fork")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_fork_child, args=(child, lat, X, lengths))
+        proc.start()
+        got = parent.recv() if parent.poll(60) else None
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+    finally:
+        engines.set_num_threads(before)
+    assert got is not None, "the forked child's threaded call did not finish"
+    np.testing.assert_array_equal(got, here)
+
+
 def test_select_picks_numba_without_leaky_only(monkeypatch):
     lat, rng = _lattice(6)
     X = _scores(lat, rng, 5)

@@ -945,6 +945,8 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
 
 _pools: dict = {}
 _pools_lock = threading.Lock()
+# a forked child has none of the parent's threads: it starts its own pools
+os.register_at_fork(after_in_child=_pools.clear)
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
