@@ -139,6 +139,60 @@ def _penalty(delay_penalty):
     return checks.number(delay_penalty, "delay_penalty")
 
 
+class _AdditiveLogprobs(torch.autograd.Function):
+    """``(px [B, S, T], py [B, S + 1, T])`` of the additive joiner ``am[t] +
+    lm[s]`` (``am [B, T, C]``, ``lm [B, S + 1, C]``, one dtype): ``px = am[t,
+    y_s] + lm[s, y_s] - norm``, ``py = am[t, blank] + lm[s, blank] - norm``,
+    ``norm = log R + lm_max + am_max`` with ``R = exp(lm - lm_max) exp(am -
+    am_max)^T`` (one batched matrix product).
+
+    Backward, with ``g_n = -(g_x + g_y)`` the gradient of ``norm`` and ``W =
+    g_n / R``: ``d am = exp(am - am_max) * (W^T exp(lm - lm_max))`` and ``d
+    lm = exp(lm - lm_max) * (W exp(am - am_max))`` (two matrix products; the
+    maxima's terms cancel), plus ``g_x`` scattered to the symbols and the
+    sums of ``g_y`` to the blank."""
+
+    @staticmethod
+    def forward(ctx, am, lm, sy, blank):
+        B, T, C = am.shape
+        S = lm.shape[1] - 1
+        am_max = am.amax(dim=2, keepdim=True)
+        lm_max = lm.amax(dim=2, keepdim=True)
+        am_e = torch.sub(am, am_max).exp_()
+        lm_e = torch.sub(lm, lm_max).exp_()
+        R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
+        norm = torch.log(R).add_(lm_max).add_(am_max.transpose(1, 2))
+        py = norm.neg().add_(am[:, :, blank][:, None, :]).add_(lm[:, :, blank][:, :, None])
+        if S:
+            px = torch.gather(am, 2, sy[:, None, :].expand(B, T, S)).transpose(1, 2)
+            px = px + (torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S])
+        else:
+            px = am.new_zeros((B, 0, T))
+        ctx.save_for_backward(am_e, lm_e, R, sy)
+        ctx.blank = blank
+        return px, py
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gx, gy):
+        am_e, lm_e, R, sy = ctx.saved_tensors
+        B, T, C = am_e.shape
+        S = lm_e.shape[1] - 1
+        gx = R.new_zeros((B, S, T)) if gx is None else gx
+        gy = torch.zeros_like(R) if gy is None else gy
+        gn = gy.clone()
+        gn[:, :S] += gx
+        W = gn.div_(R).neg_()  # d loss / d R
+        g_am = torch.bmm(W.transpose(1, 2), lm_e).mul_(am_e)  # [B, T, C]
+        g_lm = torch.bmm(W, am_e).mul_(lm_e)  # [B, S + 1, C]
+        if S:
+            g_am.scatter_add_(2, sy[:, None, :].expand(B, T, S), gx.transpose(1, 2))
+            g_lm[:, :S].scatter_add_(2, sy[:, :, None], gx.sum(dim=2, keepdim=True))
+        g_am[:, :, ctx.blank] += gy.sum(dim=1)
+        g_lm[:, :, ctx.blank] += gy.sum(dim=2)
+        return g_am, g_lm, None, None
+
+
 def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0,
                   lm_only_scale=0.0, am_only_scale=0.0):
     """``(px, py)`` of the grid for the additive joiner ``am[t] + lm[s]``.
@@ -174,6 +228,9 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     blank = _blank(blank, C)
     _check_frames(rnnt_type, S, T)
     bd = check_boundary(boundary, B, S, T)
+    if not (lm_only_scale or am_only_scale):
+        px, py = _AdditiveLogprobs.apply(am, lm, sy, blank)
+        return _finish(px, py, bd, rnnt_type, delay_penalty, T)
     am_max = am.amax(dim=2, keepdim=True)
     lm_max = lm.amax(dim=2, keepdim=True)
     # log sum_c exp(am[t, c] + lm[s, c]) as a product of exponentials: [B, S + 1, T]
