@@ -22,7 +22,7 @@ as icefall calls them:
 
 Methods are interleaved, each part's time is the median over ``--repeat``
 runs (after one warm-up; ``--stat min`` for the least disturbed run on a
-busy machine), with ``--threads`` torch threads (default 2).
+busy machine), with ``--threads`` torch and engine threads (default 2).
 
     PYTHONPATH=$PWD python tools/bench_pruned.py [--repeat 7] [--threads 2] [--s-range 5] [--stat median|min]
 """
@@ -36,6 +36,7 @@ import warnings
 
 import torch
 
+from chainfb.engines import set_num_threads as set_engine_threads
 from bench_transducer import pruned_case  # noqa: E402 -- tools/ is the script's directory
 
 warnings.filterwarnings("ignore")
@@ -116,6 +117,7 @@ def main():
                     help="each part's time over the repeats (min: least disturbed by other load)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    set_engine_threads(args.threads)
     case = pruned_case(args.seed)
     _, _, _, T, U, _ = case
     ms = methods()
