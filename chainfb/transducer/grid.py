@@ -28,6 +28,12 @@ and the engine are shared with :mod:`.criterion`; only the gather differs
 the total log-probability ``[B]``; its gradient w.r.t. ``px`` and ``py`` is
 the engine's arc posteriors (the occupation probability of each grid arc),
 scattered back.  Memory: ``O(B * S * T)``.
+
+The pruned loss's scores are ``-inf`` outside a band of ``R`` consecutive
+symbol positions per frame.  :class:`BandGridCriterion` compiles the regular
+grid restricted to such a band into a graph of ``R`` states (the position in
+the band) that runs the same ``S_b + T_b`` steps, so the engine's work is
+``O(R)`` per step instead of ``O(S)``, with the same numbers.
 """
 
 from __future__ import annotations
@@ -236,31 +242,31 @@ class _BandPlan:
     def __init__(self, st, bd, R):
         B, T = st.shape
         P = _band_pdfs(R)
+        C = B * P
         S_b, T_b = bd[:, 2], bd[:, 3]
-        k = np.arange(R)[None, None, :]
-        t = np.arange(T)[None, :, None]
-        s = st[:, :, None] + k
-        n = s + t  # the step of cell (s, t)
-        inside = (t < T_b[:, None, None]) & (s <= S_b[:, None, None])
+        k = np.arange(R)
+        frames = np.arange(T)
+        live_t = frames[None, :] < T_b[:, None]  # [B, T]
         d = np.zeros((B, T), dtype=np.int64)  # the band's rise to the next frame (0 into the final cell)
         d[:, :-1] = np.diff(st, axis=1)
-        d[np.arange(T)[None, :] + 1 >= T_b[:, None]] = 0
-        d = d[:, :, None]
-        sym_ok = inside & (k < R - 1) & (s < S_b[:, None, None])
-        blank_ok = inside & (d <= k)
-        C = B * P
-        base = (np.arange(B) * P)[:, None, None]
-        sym_entry = n * C + base + k
-        blank_entry = n * C + base + (R - 1) + k * (k + 1) // 2 + np.minimum(d, k)
+        d[frames[None, :] + 1 >= T_b[:, None]] = 0
+        # per frame: its cells' common part of the entry (row s + t at start[t], sequence's columns)
+        row0 = ((st + frames) * C + (np.arange(B) * P)[:, None])[:, :, None]  # [B, T, 1]
+        s = st[:, :, None] + k  # [B, T, R]
+        room = S_b[:, None, None] - s  # symbols left after the cell
+        step = k * (C + 1)  # k more symbols: k rows down and k columns right
+        sym_ok = live_t[:, :, None] & (room > 0) & (k < R - 1)
+        blank_ok = live_t[:, :, None] & (room >= 0) & (d[:, :, None] <= k)
+        self.px = np.where(sym_ok, row0 + step, -1).reshape(-1)
+        blank_col = (R - 1) + k * (k + 1) // 2 - k  # the blank of rise d of state k: column blank_col + k + d
+        self.py = np.where(blank_ok, row0 + step + blank_col + np.minimum(d[:, :, None], k), -1).reshape(-1)
         self.lengths = (S_b + T_b).astype(np.int64)
         self.num_rows = int(self.lengths.max())
-        self.px = np.where(sym_ok, sym_entry, -1).reshape(-1)
-        self.py = np.where(blank_ok, blank_entry, -1).reshape(-1)
         m = B * T * R
         self.gather = np.full(self.num_rows * C, 2 * m, dtype=np.int64)
-        idx = np.arange(m)
-        self.gather[self.px[self.px >= 0]] = idx[self.px >= 0]
-        self.gather[self.py[self.py >= 0]] = m + idx[self.py >= 0]
+        sx, sy = np.flatnonzero(self.px >= 0), np.flatnonzero(self.py >= 0)
+        self.gather[self.px[sx]] = sx
+        self.gather[self.py[sy]] = m + sy
         self.lattice = _band_lattice(R, tuple((S_b - st[np.arange(B), T_b - 1]).tolist()))
 
 
