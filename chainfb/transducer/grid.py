@@ -227,9 +227,9 @@ def band_start(ranges, boundary):
     st = st[:, :, 0].cpu().numpy().astype(np.int64)
     S_b, T_b = boundary[:, 2], boundary[:, 3]
     frames = np.arange(T)
-    rising = (frames[None, 1:] < T_b[:, None]) & (np.diff(st, axis=1) < 0)
+    falls = (frames[None, 1:] < T_b[:, None]) & (np.diff(st, axis=1) < 0)
     last = S_b - st[np.arange(B), T_b - 1]
-    if (st[:, 0] != 0).any() or rising.any() or (last < 0).any() or (last >= R).any():
+    if (st[:, 0] != 0).any() or falls.any() or (last < 0).any() or (last >= R).any():
         return None
     return st
 
