@@ -172,8 +172,8 @@ def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol, boundary=None,
     grid, zero outside the band)."""
     rnnt_type, reduction = _type(rnnt_type, modified), checks.reduction(reduction)
     return_grad = checks.flag(return_grad, "return_grad")
-    px, py = get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol, boundary, rnnt_type)
-    return _loss(px, py, boundary, P._penalty(delay_penalty), reduction, return_grad, logits.dtype)
+    return P._pruned_loss(logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
+                          P._penalty(delay_penalty), reduction, return_grad)
 
 
 def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range):

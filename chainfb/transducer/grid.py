@@ -28,6 +28,12 @@ and the engine are shared with :mod:`.criterion`; only the gather differs
 the total log-probability ``[B]``; its gradient w.r.t. ``px`` and ``py`` is
 the engine's arc posteriors (the occupation probability of each grid arc),
 scattered back.  Memory: ``O(B * S * T)``.
+
+The pruned loss's scores are ``-inf`` outside a band of ``R`` consecutive
+symbol positions per frame.  :class:`BandGridCriterion` compiles the regular
+grid restricted to such a band into a graph of ``R`` states (the position in
+the band) that runs the same ``S_b + T_b`` steps, so the engine's work is
+``O(R)`` per step instead of ``O(S)``, with the same numbers.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from ..criterion import Criterion, apply
 from ..lattice import concat_ranges
 from .graphs import compile_layout
 
-__all__ = ["GridCriterion", "grid_loglike", "check_boundary"]
+__all__ = ["GridCriterion", "BandGridCriterion", "grid_loglike", "band_loglike", "band_start", "check_boundary"]
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -65,10 +71,17 @@ def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
 
 class _GridGatherPlan:
     """Where each grid arc goes in the engine's score map, for one (layout,
-    boundary, shape, topology): for the ``px`` and the ``py`` arcs, their
-    engine coordinates ``(row, col)`` and their flat index into ``px`` /
-    ``py``.  It holds its layout, so the layout's ``id`` in the cache key
-    stays its own while the plan is cached."""
+    boundary, shape, topology).
+
+    - ``gather`` ``[rows * C]``: for every entry of the engine's scores, its
+      index into ``px.flat ++ py.flat ++ [-inf]`` (the last: no arc), so the
+      scores are one gather;
+    - ``px``, ``py``: ``(element, entry)`` pairs, the flat index of each arc
+      in ``px`` / ``py`` and of its entry in the scores, so each gradient is
+      one gather from the posteriors and one scatter.
+
+    It holds its layout, so the layout's ``id`` in the cache key stays its
+    own while the plan is cached; index tensors are kept per device."""
 
     def __init__(self, lay, bd, S, T, modified):
         self.layout = lay
@@ -84,15 +97,64 @@ class _GridGatherPlan:
         gs, gt = s0[bw] + sw, t0[bw] + t  # grid coordinates
         Tx = T if modified else T + 1
         is_px = jw == 1
-        self.px = (rows[is_px], r[which][is_px], (bw[is_px] * S + gs[is_px]) * Tx + gt[is_px])
-        self.py = (rows[~is_px], r[which][~is_px], (bw[~is_px] * (S + 1) + gs[~is_px]) * T + gt[~is_px])
         S_b, T_b = s1 - s0, t1 - t0
         self.lengths = T_b if modified else S_b + T_b
         self.num_rows = int(self.lengths.max()) if len(self.lengths) else 0
+        C = lay.lat.num_columns
+        entry = rows * C + r[which]
+        n_px, n_py = len(bd) * S * Tx, len(bd) * (S + 1) * T
+        self.px = ((bw[is_px] * S + gs[is_px]) * Tx + gt[is_px], entry[is_px])
+        self.py = ((bw[~is_px] * (S + 1) + gs[~is_px]) * T + gt[~is_px], entry[~is_px])
+        self.gather = np.full(self.num_rows * C, n_px + n_py, dtype=np.int64)
+        self.gather[self.px[1]] = self.px[0]
+        self.gather[self.py[1]] = n_px + self.py[0]
+        self._on = {}
+
+    def on(self, dev):
+        """``(gather, px, py)`` as torch index tensors on ``dev``."""
+        got = self._on.get(dev)
+        if got is None:
+            def put(a):
+                return torch.from_numpy(a).to(dev)
+
+            got = self._on[dev] = (put(self.gather), tuple(map(put, self.px)), tuple(map(put, self.py)))
+        return got
 
 
 #: the gather plans of the most recent batches (thread-safe)
 _PLANS = checks.LRU(16)
+
+
+def _scores(sources, gather, shape):
+    """The engine's float64 scores ``[rows, C]``: ``gather`` into the
+    concatenation of the flattened ``sources`` and ``-inf``."""
+    first = sources[0]
+    sizes = [x.numel() for x in sources]
+    ext = torch.empty(sum(sizes) + 1, dtype=torch.float64, device=first.device)
+    o = 0
+    for x, n in zip(sources, sizes):
+        ext[o:o + n] = x.detach().reshape(-1)  # the float64 cast, once per element
+        o += n
+    ext[o] = -np.inf
+    return torch.index_select(ext, 0, gather).view(shape)
+
+
+def _posteriors(post, like):
+    """The engine's posteriors as a flat float64 torch tensor on ``like``'s device."""
+    P = wrap_like(post, like) if not isinstance(post, np.ndarray) else torch.from_numpy(post)
+    return P.reshape(-1).to(like.device)
+
+
+def _value(loglike, like):
+    ll = wrap_like(loglike, like) if not isinstance(loglike, np.ndarray) else torch.from_numpy(loglike)
+    return ll.to(device=like.device, dtype=like.dtype)
+
+
+def _scatter(P, src, element, entry):
+    """A gradient like ``src``: zero but at ``element``, which gets the posterior at ``entry``."""
+    g = torch.zeros(src.numel(), dtype=src.dtype, device=src.device)
+    g[element] = torch.index_select(P, 0, entry).to(src.dtype)
+    return g.view(src.shape)
 
 
 class GridCriterion(Criterion):
@@ -128,30 +190,178 @@ class GridCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         px, py = x
-        p = self.plan
-        dev = px.device
-        X = torch.full((p.num_rows, self.lattice.num_columns), -np.inf, dtype=torch.float64, device=dev)
-        for src, (rows, cols, idx) in ((px, p.px), (py, p.py)):
-            vals = src.detach().reshape(-1).index_select(0, torch.from_numpy(idx).to(dev)).to(torch.float64)
-            X[torch.from_numpy(rows).to(dev), torch.from_numpy(cols).to(dev)] = vals
+        gather = self.plan.on(px.device)[0]
+        X = _scores((px, py), gather, (self.plan.num_rows, self.lattice.num_columns))
         return as_array(X, "px")[0]
 
     def finish(self, x, loglike, post):
         px, py = x
-        ll = wrap_like(loglike, px) if not isinstance(loglike, np.ndarray) else torch.from_numpy(loglike)
-        value = ll.to(device=px.device, dtype=px.dtype)
+        value = _value(loglike, px)
         if post is None:
             return value, None
-        P = wrap_like(post, px) if not isinstance(post, np.ndarray) else torch.from_numpy(post)
-        P = P.to(px.device)
-        p = self.plan
+        P = _posteriors(post, px)
+        _, (px_el, px_en), (py_el, py_en) = self.plan.on(px.device)
+        self.last_grads = (_scatter(P, px, px_el, px_en), _scatter(P, py, py_el, py_en))
+        return value, self.last_grads
+
+
+def band_start(ranges, boundary):
+    """The band's first symbol position ``start [B, T]`` (int64 NumPy) when
+    the regular grid restricted to the band ``ranges`` can run as a
+    :class:`BandGridCriterion`, else None.
+
+    It can when every row of ``ranges [B, T, R]`` is ``start[b, t] + (0, 1,
+    ..., R - 1)``, every sequence (``boundary [B, 4]``, NumPy) starts at
+    ``(0, 0)`` and has a frame, ``start[b, 0] == 0``, ``start`` is
+    non-decreasing over the sequence's frames, and its last frame's band
+    holds ``s_end`` -- as :func:`~chainfb.transducer.prune_ranges` makes
+    them.  (Otherwise the full grid, with ``-inf`` outside the band, gives
+    the numbers.)"""
+    B, T, R = ranges.shape
+    if not B or not T or boundary[:, :2].any() or (boundary[:, 3] < 1).any():
+        return None
+    rg = ranges.detach()
+    st = rg[:, :, :1]
+    if not bool((rg - st == torch.arange(R, device=rg.device)).all()):
+        return None
+    st = st[:, :, 0].cpu().numpy().astype(np.int64)
+    S_b, T_b = boundary[:, 2], boundary[:, 3]
+    frames = np.arange(T)
+    falls = (frames[None, 1:] < T_b[:, None]) & (np.diff(st, axis=1) < 0)
+    last = S_b - st[np.arange(B), T_b - 1]
+    if (st[:, 0] != 0).any() or falls.any() or (last < 0).any() or (last >= R).any():
+        return None
+    return st
+
+
+class _BandPlan:
+    """The score map of a band: for every engine score entry, its index into
+    ``px_band.flat ++ py_band.flat ++ [-inf]``, and each band arc's entry
+    (``-1``: the arc is on no path)."""
+
+    def __init__(self, st, bd, R):
+        B, T = st.shape
+        P = _band_pdfs(R)
+        C = B * P
+        S_b, T_b = bd[:, 2], bd[:, 3]
+        k = np.arange(R)
+        frames = np.arange(T)
+        live_t = frames[None, :] < T_b[:, None]  # [B, T]
+        d = np.zeros((B, T), dtype=np.int64)  # the band's rise to the next frame (0 into the final cell)
+        d[:, :-1] = np.diff(st, axis=1)
+        d[frames[None, :] + 1 >= T_b[:, None]] = 0
+        # per frame: its cells' common part of the entry (row s + t at start[t], sequence's columns)
+        row0 = ((st + frames) * C + (np.arange(B) * P)[:, None])[:, :, None]  # [B, T, 1]
+        s = st[:, :, None] + k  # [B, T, R]
+        room = S_b[:, None, None] - s  # symbols left after the cell
+        step = k * (C + 1)  # k more symbols: k rows down and k columns right
+        sym_ok = live_t[:, :, None] & (room > 0) & (k < R - 1)
+        blank_ok = live_t[:, :, None] & (room >= 0) & (d[:, :, None] <= k)
+        self.px = np.where(sym_ok, row0 + step, -1).reshape(-1)
+        blank_col = (R - 1) + k * (k + 1) // 2 - k  # the blank of rise d of state k: column blank_col + k + d
+        self.py = np.where(blank_ok, row0 + step + blank_col + np.minimum(d[:, :, None], k), -1).reshape(-1)
+        self.lengths = (S_b + T_b).astype(np.int64)
+        self.num_rows = int(self.lengths.max())
+        m = B * T * R
+        self.gather = np.full(self.num_rows * C, 2 * m, dtype=np.int64)
+        sx, sy = np.flatnonzero(self.px >= 0), np.flatnonzero(self.py >= 0)
+        self.gather[self.px[sx]] = sx
+        self.gather[self.py[sy]] = m + sy
+        self.lattice = _band_lattice(R, tuple((S_b - st[np.arange(B), T_b - 1]).tolist()))
+
+
+def _band_pdfs(R: int) -> int:
+    """Pdfs (arc kinds) of the band graph of ``R`` states: ``R - 1`` symbol
+    arcs and ``R (R + 1) / 2`` blank arcs."""
+    return R - 1 + R * (R + 1) // 2
+
+
+def _band_graph(R: int, final: int):
+    """The band graph: states ``k = s - start[t]`` (``0 .. R - 1``); a symbol
+    arc ``k -> k + 1`` (pdf ``k``) and, for every rise ``d <= k`` of the
+    band, a blank arc ``k -> k - d`` (pdf ``R - 1 + k (k + 1) / 2 + d``);
+    start 0, final ``final``."""
+    from ..fst import Fst
+
+    ks = np.arange(R - 1)
+    bk = np.concatenate([np.full(k + 1, k) for k in range(R)])
+    bd = np.concatenate([np.arange(k + 1) for k in range(R)])
+    src = np.concatenate([ks, bk])
+    dst = np.concatenate([ks + 1, bk - bd])
+    pdf = np.concatenate([ks, R - 1 + bk * (bk + 1) // 2 + bd])
+    fin = np.full(R, -np.inf)
+    fin[final] = 0.0
+    return Fst(R, 0, src, dst, pdf, np.zeros(len(src)), fin)
+
+
+_BAND_LATTICES = checks.LRU(16)
+
+
+def _band_lattice(R: int, finals: tuple):
+    """The lattice of a batch of band graphs (final state per sequence), cached."""
+    from ..batch import FstBatch
+    from ..lattice import Lattice
+
+    def build():
+        distinct = sorted(set(finals))
+        index = {f: i for i, f in enumerate(distinct)}
+        batch = FstBatch([_band_graph(R, f) for f in distinct], np.array([index[f] for f in finals]))
+        return Lattice.of(batch)
+
+    return _BAND_LATTICES.get((R, finals), build)
+
+
+class BandGridCriterion(Criterion):
+    """The regular grid lattice (module docstring) restricted to a band of
+    ``R`` consecutive symbol positions per frame, as a criterion over the
+    band's arc scores ``(px_band, py_band)``; value: total log-probability
+    ``[B]`` in ``px_band``'s dtype, the same as :class:`GridCriterion` on
+    the full grid with ``-inf`` outside the band.
+
+    The band graph has ``R`` states, ``k = s - start[t]``: the engine runs
+    ``S_b + T_b`` steps of ``R`` states instead of ``S_b + 1``.  Cell ``(s,
+    t)`` sits at step ``s + t`` in state ``k`` (``t + start[t]`` grows with
+    ``t``, so a state at a step is at most one cell); its symbol arc goes to
+    ``k + 1``, its blank arc to ``k - (start[t + 1] - start[t])`` (the rise
+    is 0 into the final cell ``(s_end, t_end)``, state ``s_end - start[t_end
+    - 1]``).  Arcs that leave the band, and cells past ``s_end`` or
+    ``t_end``, are on no path of the full grid either and get no entry.
+
+    Parameters
+    ----------
+    px_band : ``[B, T, R]`` float tensor: ``px[b, start[b, t] + k, t]``.
+    py_band : ``[B, T, R]`` float tensor: ``py[b, start[b, t] + k, t]``.
+    start : int64 NumPy ``[B, T]`` from :func:`band_start`.
+    boundary : int64 NumPy ``[B, 4]`` (``[0, 0, S_b, T_b]`` rows).
+    """
+
+    def __init__(self, px_band, py_band, start, boundary):
+        B, T, R = px_band.shape
+        self.plan = _BandPlan(start, boundary, R)
+        self.lattice, self.lengths = self.plan.lattice, self.plan.lengths
+        self._idx = None
+
+    def _on(self, dev):
+        if self._idx is None:
+            p = self.plan
+            self._idx = tuple(torch.from_numpy(a).to(dev) for a in (p.gather, p.px, p.py))
+        return self._idx
+
+    def gather(self, x, need_grad=True):
+        px, py = x
+        X = _scores((px, py), self._on(px.device)[0], (self.plan.num_rows, self.lattice.num_columns))
+        return as_array(X, "px_band")[0]
+
+    def finish(self, x, loglike, post):
+        px, py = x
+        value = _value(loglike, px)
+        if post is None:
+            return value, None
+        P = _posteriors(post, px)
         grads = []
-        for src, (rows, cols, idx) in ((px, p.px), (py, p.py)):
-            g = torch.zeros(src.numel(), dtype=src.dtype, device=src.device)
-            dev = src.device
-            g[torch.from_numpy(idx).to(dev)] = P[torch.from_numpy(rows).to(dev),
-                                                  torch.from_numpy(cols).to(dev)].to(src.dtype)
-            grads.append(g.view(src.shape))
+        for src, entry in zip(x, self._on(px.device)[1:]):
+            g = torch.index_select(P, 0, entry.clamp(min=0)).masked_fill_(entry < 0, 0.0)
+            grads.append(g.to(src.dtype).view(src.shape))
         self.last_grads = tuple(grads)
         return value, self.last_grads
 
@@ -191,3 +401,21 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
         grads = tuple(g.detach().to(dtype, copy=True) for g in grads)
     total = total.to(dtype)
     return (total, grads) if return_grad else total
+
+
+def band_loglike(px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray, boundary: np.ndarray,
+                 return_grad: bool = False):
+    """Total log-probability of the regular grid restricted to a band
+    (:class:`BandGridCriterion`), differentiable w.r.t. ``px_band`` and
+    ``py_band`` (``[B, T, R]``, float32 or float64).  ``start`` and
+    ``boundary`` from :func:`band_start` (trusted).  With ``return_grad``,
+    also ``(px_band_grad, py_band_grad)``, the occupancy of every band arc."""
+    crit = BandGridCriterion(px_band, py_band, start, boundary)
+    crit.last_grads = None
+    total = apply((px_band, py_band), crit)
+    if not return_grad:
+        return total
+    grads = crit.last_grads
+    if grads is None:  # no input requires grad: the forward pass did not form them
+        _, grads = crit.run((px_band, py_band), True)
+    return total, tuple(g.detach().clone() for g in grads)

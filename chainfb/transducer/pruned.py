@@ -54,9 +54,10 @@ import warnings
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import checks
-from .grid import check_boundary, grid_loglike
+from .grid import band_loglike, band_start, check_boundary, grid_loglike
 
 __all__ = [
     "RNNT_TYPES",
@@ -138,6 +139,60 @@ def _penalty(delay_penalty):
     return checks.number(delay_penalty, "delay_penalty")
 
 
+class _AdditiveLogprobs(torch.autograd.Function):
+    """``(px [B, S, T], py [B, S + 1, T])`` of the additive joiner ``am[t] +
+    lm[s]`` (``am [B, T, C]``, ``lm [B, S + 1, C]``, one dtype): ``px = am[t,
+    y_s] + lm[s, y_s] - norm``, ``py = am[t, blank] + lm[s, blank] - norm``,
+    ``norm = log R + lm_max + am_max`` with ``R = exp(lm - lm_max) exp(am -
+    am_max)^T`` (one batched matrix product).
+
+    Backward, with ``g_n = -(g_x + g_y)`` the gradient of ``norm`` and ``W =
+    g_n / R``: ``d am = exp(am - am_max) * (W^T exp(lm - lm_max))`` and ``d
+    lm = exp(lm - lm_max) * (W exp(am - am_max))`` (two matrix products; the
+    maxima's terms cancel), plus ``g_x`` scattered to the symbols and the
+    sums of ``g_y`` to the blank."""
+
+    @staticmethod
+    def forward(ctx, am, lm, sy, blank):
+        B, T, C = am.shape
+        S = lm.shape[1] - 1
+        am_max = am.amax(dim=2, keepdim=True)
+        lm_max = lm.amax(dim=2, keepdim=True)
+        am_e = torch.sub(am, am_max).exp_()
+        lm_e = torch.sub(lm, lm_max).exp_()
+        R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
+        norm = torch.log(R).add_(lm_max).add_(am_max.transpose(1, 2))
+        py = norm.neg().add_(am[:, :, blank][:, None, :]).add_(lm[:, :, blank][:, :, None])
+        if S:
+            px = torch.gather(am, 2, sy[:, None, :].expand(B, T, S)).transpose(1, 2)
+            px = px + (torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S])
+        else:
+            px = am.new_zeros((B, 0, T))
+        ctx.save_for_backward(am_e, lm_e, R, sy)
+        ctx.blank = blank
+        return px, py
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gx, gy):
+        am_e, lm_e, R, sy = ctx.saved_tensors
+        B, T, C = am_e.shape
+        S = lm_e.shape[1] - 1
+        gx = R.new_zeros((B, S, T)) if gx is None else gx
+        gy = torch.zeros_like(R) if gy is None else gy
+        gn = gy.clone()
+        gn[:, :S] += gx
+        W = gn.div_(R).neg_()  # d loss / d R
+        g_am = torch.bmm(W.transpose(1, 2), lm_e).mul_(am_e)  # [B, T, C]
+        g_lm = torch.bmm(W, am_e).mul_(lm_e)  # [B, S + 1, C]
+        if S:
+            g_am.scatter_add_(2, sy[:, None, :].expand(B, T, S), gx.transpose(1, 2))
+            g_lm[:, :S].scatter_add_(2, sy[:, :, None], gx.sum(dim=2, keepdim=True))
+        g_am[:, :, ctx.blank] += gy.sum(dim=1)
+        g_lm[:, :, ctx.blank] += gy.sum(dim=2)
+        return g_am, g_lm, None, None
+
+
 def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0,
                   lm_only_scale=0.0, am_only_scale=0.0):
     """``(px, py)`` of the grid for the additive joiner ``am[t] + lm[s]``.
@@ -173,6 +228,9 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     blank = _blank(blank, C)
     _check_frames(rnnt_type, S, T)
     bd = check_boundary(boundary, B, S, T)
+    if not (lm_only_scale or am_only_scale):
+        px, py = _AdditiveLogprobs.apply(am, lm, sy, blank)
+        return _finish(px, py, bd, rnnt_type, delay_penalty, T)
     am_max = am.amax(dim=2, keepdim=True)
     lm_max = lm.amax(dim=2, keepdim=True)
     # log sum_c exp(am[t, c] + lm[s, c]) as a product of exponentials: [B, S + 1, T]
@@ -228,20 +286,10 @@ def _check_ranges(ranges, B, T, S):
     return ranges.to(torch.int64)
 
 
-def rnnt_logprobs_pruned(logits, symbols, ranges, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0):
-    """``(px, py)`` of the full grid from joiner logits on a band.
-
-    Parameters
-    ----------
-    logits : ``[B, T, s_range, C]``: ``logits[b, t, k]`` is the joiner at
-        ``(s = ranges[b, t, k], t)``.
-    ranges : ``[B, T, s_range]`` int (from :func:`prune_ranges`), values in ``[0, S]``.
-    symbols : ``[B, S]``; blank, boundary, rnnt_type, delay_penalty as :func:`rnnt_logprobs`.
-
-    Returns
-    -------
-    px, py as :func:`rnnt_logprobs`, ``-inf`` outside the band.
-    """
+def _pruned_inputs(logits, symbols, ranges, blank, boundary, rnnt_type, delay_penalty):
+    """The checked arguments of the band functions: ``(x [B, T, R, C] float,
+    symbols [B, S] int64, ranges [B, T, R] int64, blank, boundary [B, 4]
+    NumPy, delay_penalty)``."""
     _check_type(rnnt_type)
     delay_penalty = _penalty(delay_penalty)
     x = _float(logits, "logits", 4)
@@ -256,16 +304,102 @@ def rnnt_logprobs_pruned(logits, symbols, ranges, blank, boundary=None, rnnt_typ
         raise ValueError(f"ranges: expected s_range = logits.shape[2] = {R}, got {rg.shape[2]}")
     _check_frames(rnnt_type, S, T)
     bd = check_boundary(boundary, B, S, T)
-    norm = torch.logsumexp(x, dim=3)  # [B, T, R]
+    return x, sy, rg, blank, bd, delay_penalty
+
+
+class _BandLogprobs(torch.autograd.Function):
+    """``(px_band, py_band)`` from band logits ``x [B, T, R, C]`` and each
+    cell's symbol ``sym [B, T, R]``: ``log_softmax(x)`` at the symbol and at
+    the blank.  Backward: ``d x = onehot(sym) g_x + onehot(blank) g_y -
+    softmax(x) (g_x + g_y)``, formed in one tensor (no dense gradient per
+    gather)."""
+
+    @staticmethod
+    def forward(ctx, x, sym, blank):
+        lsm = torch.log_softmax(x, dim=3)
+        ctx.save_for_backward(lsm, sym)
+        ctx.blank = blank
+        return torch.gather(lsm, 3, sym[..., None])[..., 0], lsm[..., blank]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gx, gy):
+        lsm, sym = ctx.saved_tensors
+        gx = torch.zeros_like(gy) if gx is None else gx
+        gy = torch.zeros_like(gx) if gy is None else gy
+        out = torch.exp(lsm)
+        out.mul_(-(gx + gy)[..., None])
+        out.scatter_add_(3, sym[..., None], gx[..., None])
+        out[..., ctx.blank] += gy
+        return out, None, None
+
+
+def _band_logprobs(x, sy, rg, blank):
+    """``(px_band, py_band)`` ``[B, T, R]``: the symbol and blank
+    log-probabilities of the band's cells ``(ranges[b, t, k], t)``."""
+    B, T, R, C = x.shape
     with_blank = torch.cat([sy, sy.new_full((B, 1), blank)], dim=1)  # [B, S + 1]
     sym = torch.gather(with_blank, 1, rg.reshape(B, T * R)).reshape(B, T, R)
-    px_band = torch.gather(x, 3, sym[..., None])[..., 0] - norm
-    py_band = x[..., blank] - norm
-    # scatter the band into the full [B, S + 1, T] grids (position S of px is dropped)
+    return _BandLogprobs.apply(x, sym, blank)
+
+
+def _band_to_grid(px_band, py_band, rg, S, fill=-np.inf):
+    """Band values ``[B, T, R]`` into the full grids ``[B, S, T]`` and ``[B,
+    S + 1, T]`` (``fill`` elsewhere; position ``S`` of ``px`` is dropped)."""
+    B, T, R = px_band.shape
     idx = rg.transpose(1, 2)  # [B, R, T]
-    px = x.new_full((B, S + 1, T), -np.inf).scatter(1, idx, px_band.transpose(1, 2))[:, :S]
-    py = x.new_full((B, S + 1, T), -np.inf).scatter(1, idx, py_band.transpose(1, 2))
-    return _finish(px, py, bd, rnnt_type, delay_penalty, T)
+    px = px_band.new_full((B, S + 1, T), fill).scatter(1, idx, px_band.transpose(1, 2))[:, :S]
+    py = py_band.new_full((B, S + 1, T), fill).scatter(1, idx, py_band.transpose(1, 2))
+    return px, py
+
+
+def rnnt_logprobs_pruned(logits, symbols, ranges, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0):
+    """``(px, py)`` of the full grid from joiner logits on a band.
+
+    Parameters
+    ----------
+    logits : ``[B, T, s_range, C]``: ``logits[b, t, k]`` is the joiner at
+        ``(s = ranges[b, t, k], t)``.
+    ranges : ``[B, T, s_range]`` int (from :func:`prune_ranges`), values in ``[0, S]``.
+    symbols : ``[B, S]``; blank, boundary, rnnt_type, delay_penalty as :func:`rnnt_logprobs`.
+
+    Returns
+    -------
+    px, py as :func:`rnnt_logprobs`, ``-inf`` outside the band.
+    """
+    x, sy, rg, blank, bd, delay_penalty = _pruned_inputs(logits, symbols, ranges, blank, boundary, rnnt_type,
+                                                         delay_penalty)
+    px, py = _band_to_grid(*_band_logprobs(x, sy, rg, blank), rg, sy.shape[1])
+    return _finish(px, py, bd, rnnt_type, delay_penalty, x.shape[1])
+
+
+def _pruned_loss(logits, symbols, ranges, blank, boundary, rnnt_type, delay_penalty, reduction, return_grad):
+    """The pruned loss (:func:`pruned_rnnt_loss`, k2's ``rnnt_loss_pruned``)
+    from ``boundary`` (``[B, 4]`` or None).  A regular band as
+    :func:`prune_ranges` makes it runs on the band's own graph
+    (:class:`~chainfb.transducer.grid.BandGridCriterion`, ``s_range``
+    states); any other on the full grid with ``-inf`` outside the band."""
+    x, sy, rg, blank, bd, delay_penalty = _pruned_inputs(logits, symbols, ranges, blank, boundary, rnnt_type,
+                                                         delay_penalty)
+    start = band_start(rg, bd) if rnnt_type == "regular" else None
+    if start is None:
+        px, py = _band_to_grid(*_band_logprobs(x, sy, rg, blank), rg, sy.shape[1])
+        px, py = _finish(px, py, bd, rnnt_type, delay_penalty, x.shape[1])
+        return _loss(px, py, bd, reduction, return_grad, logits.dtype)
+    px_band, py_band = _band_logprobs(x, sy, rg, blank)
+    if delay_penalty > 0.0:
+        T = x.shape[1]
+        offset = torch.as_tensor((bd[:, 3] - 1) / 2.0, dtype=x.dtype, device=x.device)
+        t = torch.arange(T, dtype=x.dtype, device=x.device)
+        px_band = px_band + (delay_penalty * (offset[:, None] - t[None, :]))[:, :, None]
+    out = band_loglike(px_band, py_band, start, bd, return_grad=return_grad)
+    total, grads = out if return_grad else (out, None)
+    loss = checks.reduce(-total, reduction).to(logits.dtype)
+    if not return_grad:
+        return loss
+    px_grad, py_grad = _band_to_grid(*grads, rg, sy.shape[1], fill=0.0)
+    px_grad = torch.cat([px_grad, px_grad.new_zeros((px_grad.shape[0], px_grad.shape[1], 1))], dim=2)
+    return loss, (px_grad, py_grad)
 
 
 def _reverse_cummin(x, dim):
@@ -463,8 +597,7 @@ def pruned_rnnt_loss(logits, targets, ranges, logit_lengths, target_lengths, bla
     reduction = checks.reduction(reduction)
     return_grad = checks.flag(return_grad, "return_grad")
     bd = boundary_from_lengths(logit_lengths, target_lengths, _size(logits, 4, 1), _size(targets, 2, 1))
-    px, py = rnnt_logprobs_pruned(logits, targets, ranges, blank, bd, rnnt_type, delay_penalty)
-    return _loss(px, py, bd, reduction, return_grad, logits.dtype)
+    return _pruned_loss(logits, targets, ranges, blank, bd, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def grid_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, rnnt_type="regular", delay_penalty=0.0,
