@@ -446,6 +446,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
     off = np.empty(K + 1)
     fl = np.empty((K, K + 1))
     ef = np.empty((K, K + 1))
+    G = np.zeros((K, K + 1))
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
@@ -497,6 +498,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue
+        G[:, :] = 0.0
         Q = np.zeros((L + 1, W))  # normalised betas of every frame, tiny cells as logs
         LQ = np.full((L + 1, W), ninf)
         liveb = np.zeros(L + 1, np.bool_)
@@ -531,6 +533,22 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 else:
                     _span_out_slow(Q, LQ, t, L, out_ptr, out_dst, out_span, out_lp, out_col, xt, off, s0, s0 + i,
                                    BP, BL, i)
+            # G[s % K, k]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read
+            # at s that land at t + 1 (complete now that beta_{t+1} is), for the totals of frames s+1 .. t
+            for k in range(2, K + 1):
+                if t + 1 - k >= 0:
+                    G[(t + 1 - k) % K, k] = 0.0
+            Qn = Q[t + 1]
+            for i in range(W):
+                for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
+                    k = sp_span[a]
+                    s = t + 1 - k
+                    if s < 0:
+                        continue
+                    p = P[s, i]
+                    if p == 0.0:
+                        continue
+                    G[s % K, k] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
             if live[t]:
                 # the frame's total: paths through a state at t (alpha_t B_t), plus those on an arc read
                 # at s = t - dd < t that lands at s + k > t; in units of alpha_t's and B_t's scales
@@ -570,16 +588,10 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                     if not live[s]:
                         continue
                     for k in range(dd + 1, K + 1):
-                        ef[dd, k] = np.exp(ef[dd, k] - ref) if ef[dd, k] > -np.inf else 0.0
-                    for i in range(W):
-                        p = P[s, i]
-                        if p == 0.0:
-                            continue
-                        for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
-                            k = sp_span[a]
-                            if k <= dd or ef[dd, k] == 0.0 or s + k > L:
-                                continue
-                            zs += p * sp_w[a] * E[s, sp_col[a]] * Q[s + k, sp_dst[a] - s0] * ef[dd, k]
+                        if ef[dd, k] > -np.inf:
+                            e = np.exp(ef[dd, k] - ref)
+                            if e != 0.0:
+                                zs += G[s % K, k] * e
                 tot = z * np.exp(-ref) + zs
                 if tot >= _SAFE_TOTAL and tot < np.inf:
                     inv = np.exp(-ref) / tot

@@ -48,6 +48,7 @@ import torch
 
 from ..criterion import Criterion
 from ..cuda import kernels
+from . import cpu_maps
 from .graphs import TransducerLayout, compile_layout
 
 __all__ = ["TransducerCriterion", "symbol_table", "torch_compute_dtype", "layout_tables", "kernel_tables"]
@@ -172,6 +173,12 @@ class TransducerCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         kb = self._backend = kernels.backend_for(x)  # finish runs on the same backend
+        if kb is None and cpu_maps.available(x.dtype):
+            xn = x.detach().contiguous().numpy()
+            sym = self.sym.cpu().numpy()
+            X, norm = cpu_maps.rnnt_gather(xn, sym, self.layout, self.fused)
+            self._state = ("compiled", xn, sym, norm)
+            return X
         if kb is None:
             X, self._state = _torch_gather(x, self.sym, self.layout, self.fused, need_grad)
             return X
@@ -201,6 +208,12 @@ class TransducerCriterion(Criterion):
         state, self._state = self._state, None
         if post is None:
             return value, None
+        if kb is None and isinstance(state, tuple):  # the compiled score map
+            _, xn, sym, norm = state
+            grad = torch.empty(xn.shape, dtype=x.dtype)
+            cpu_maps.rnnt_gradient(xn, sym, self.layout, norm, post, self.kind_weight, ~np.isfinite(loglike),
+                                   self.clamp, self.fused, grad.numpy())
+            return value, grad
         if kb is None:
             bad = ~torch.isfinite(ll)
             grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad, out_dtype=x.dtype)

@@ -1,0 +1,410 @@
+"""Compiled CPU score maps of the transducer family (RNN-T, multi-blank
+RNN-T, TDT): the gather and the gradient of
+:mod:`~chainfb.transducer.criterion` and :mod:`~chainfb.transducer.tdt` as
+one pass each over the logits, compiled by Numba (the ``jit`` extra) and run
+on :func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
+``(b, t, u)``.
+
+Gather: per cell read by some arc, the log-normaliser of the row (the
+token logits' for TDT, plus the duration logits'), kept per cell, and the
+engine scores of the cell's arcs written straight into ``X [num_steps, C]``
+(column ``colidx[b, u, j]`` at step ``t + u`` for ``t < counts[b, u, j]``,
+:meth:`~chainfb.transducer.graphs.TransducerLayout.slot_counts`).  Nothing
+the size of the logits is written.
+
+Gradient: per cell, the arc posteriors of its slots, then the row of the
+gradient written once: ``exp(x - norm) * occupancy`` minus the posteriors at
+the symbols read (module docstrings of the criteria), clamped; cells no arc
+reads, and utterances whose cost is not finite, get zeros without reading
+the logits.
+
+float32 logits use an exponential evaluated in float32 lanes (range
+reduction by ``ln 2`` and a degree-7 polynomial, within a few units in the
+last place, vectorised by the compiler); float64 logits use ``np.exp``.
+Sums of exponentials accumulate in float64.  Other dtypes (float16,
+bfloat16) stay on the torch score maps.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..engines import numba_log
+from ..engines.threads import get_num_threads
+
+__all__ = ["available", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient"]
+
+numba = numba_log.numba
+
+# cells per thread below which one thread does the whole batch
+_MIN_PARALLEL_CELLS = 256
+
+
+def available(dtype=None) -> bool:
+    """Whether the compiled score maps can run (Numba present and not
+    disabled, see :mod:`chainfb.engines.numba_log`), for logits of torch
+    ``dtype`` when given (float32 and float64 only)."""
+    if numba is None or numba_log.numba is None:
+        return False
+    if dtype is None:
+        return True
+    import torch
+
+    return dtype in (torch.float32, torch.float64)
+
+
+def _compile(fn):
+    return numba.njit(nogil=True, cache=True)(fn) if numba is not None else fn
+
+
+def _compile_fast(fn):
+    """Compiled with reassociation allowed (vectorised sums), NaN and
+    infinities kept."""
+    if numba is None:
+        return fn
+    return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})(fn)
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693145751953125)  # ln 2 = _LN2_HI + _LN2_LO, _LN2_HI exact in 16 bits
+_LN2_LO = np.float32(1.4286068203094173e-06)
+_LO = np.float32(-87.0)  # exp below this is under float32's smallest normal: 0
+_HALF = np.float32(0.5)
+_C = tuple(np.float32(1.0 / f) for f in (1, 1, 2, 6, 24, 120, 720, 5040))
+
+
+@_compile_fast
+def _exp_into(row, lo, n, m, scale, out, ib, fast):
+    """``out[k] = exp(row[lo + k] - m) * scale`` for ``k < n``; returns the
+    float64 sum of ``exp(row[lo + k] - m)``.  ``fast``: the float32-lane
+    exponential (``ib`` an int32 scratch of at least ``n``); else
+    ``np.exp``.  NaN in gives NaN out."""
+    s = 0.0
+    if not fast:
+        for k in range(n):
+            e = np.exp(row[lo + k] - m)
+            s += e
+            out[k] = e * scale
+        return s
+    c0, c1, c2, c3, c4, c5, c6, c7 = _C
+    for k in range(n):
+        v = row[lo + k] - m
+        vc = v if v > _LO else _LO
+        nf = np.floor(vc * _LOG2E + _HALF)
+        r = (vc - nf * _LN2_HI) - nf * _LN2_LO
+        out[k] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
+        ib[k] = (np.int32(nf) + np.int32(127)) << np.int32(23)
+    pw = ib.view(np.float32)
+    for k in range(n):
+        v = row[lo + k] - m
+        e = out[k] * pw[k]
+        e = e if v >= _LO else (np.float32(0.0) if v < _LO else v)  # underflow to 0; NaN stays NaN
+        s += e
+        out[k] = e * scale
+    return s
+
+
+def _row_max(row, lo, n):
+    """The largest of ``row[lo:lo + n]``, NaN skipped (:func:`_log_norm`
+    finds a NaN either way); eight independent maxima, so the compiler
+    vectorises them."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[lo]
+    k = lo
+    end = lo + n
+    while k + 8 <= end:
+        v = row[k]
+        m0 = v if v > m0 else m0
+        v = row[k + 1]
+        m1 = v if v > m1 else m1
+        v = row[k + 2]
+        m2 = v if v > m2 else m2
+        v = row[k + 3]
+        m3 = v if v > m3 else m3
+        v = row[k + 4]
+        m4 = v if v > m4 else m4
+        v = row[k + 5]
+        m5 = v if v > m5 else m5
+        v = row[k + 6]
+        m6 = v if v > m6 else m6
+        v = row[k + 7]
+        m7 = v if v > m7 else m7
+        k += 8
+    for j in range(k, end):
+        v = row[j]
+        m0 = v if v > m0 else m0
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+if numba is not None:
+    _row_max = numba.njit(nogil=True, cache=True)(_row_max)
+
+
+@_compile
+def _log_norm(row, lo, n, buf, ib, fast):
+    """``log sum_k exp(row[lo + k])`` in float64 (the row maximum when it is
+    not finite; NaN when a NaN is in the row)."""
+    m = _row_max(row, lo, n)
+    if not np.isfinite(m):
+        for k in range(lo, lo + n):
+            if row[k] != row[k]:
+                return np.nan
+        return np.float64(m)
+    s = _exp_into(row, lo, n, m, 1.0, buf, ib, fast)  # NaN in the row: NaN
+    return np.float64(m) + np.log(s)
+
+
+def _cell_used(counts, b, u, t):
+    """Whether some arc kind of main state ``u`` is read at frame ``t``."""
+    for j in range(counts.shape[2]):
+        if t < counts[b, u, j]:
+            return True
+    return False
+
+
+if numba is not None:
+    _cell_used = numba.njit(nogil=True, cache=True, inline="always")(_cell_used)
+
+
+@_compile
+def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, c0, c1):
+    """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
+    batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
+    ``X[t + u, colidx[b, u, j]] = x[b, t, u, sym[b, u, j]] - norm`` for the
+    kinds ``j`` read at ``t``."""
+    B, T, U1, V = x.shape
+    J = sym.shape[2]
+    buf = np.empty(V, x.dtype)
+    ib = np.empty(V, np.int32)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        if not _cell_used(counts, b, u, t):
+            continue
+        row = x[b, t, u]
+        nm = _log_norm(row, 0, V, buf, ib, fast) if fused else 0.0
+        norm[cell] = nm
+        for j in range(J):
+            if t < counts[b, u, j]:
+                X[t + u, colidx[b, u, j]] = np.float64(row[sym[b, u, j]]) - nm
+
+
+@_compile
+def _rnnt_grad(x, sym, colidx, counts, norm, post, kind_weight, zero, clamp, fused, fast, g, c0, c1):
+    """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
+    ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
+    kind_weight[j] * post[t + u, colidx[b, u, j]]`` (no first term when
+    not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
+    zeros for cells no arc reads and for utterances with ``zero[b]``."""
+    B, T, U1, V = x.shape
+    J = sym.shape[2]
+    ib = np.empty(V, np.int32)
+    w = np.zeros(J)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        grow = g[b, t, u]
+        used = False
+        occ = 0.0
+        if not zero[b]:
+            for j in range(J):
+                if t < counts[b, u, j]:
+                    w[j] = kind_weight[j] * post[t + u, colidx[b, u, j]]
+                    occ += w[j]
+                    used = True
+                else:
+                    w[j] = 0.0
+        if not used:
+            grow[:] = 0.0
+            continue
+        nm = norm[cell]
+        if fused and occ != 0.0 and np.isfinite(nm):
+            _exp_into(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
+        else:
+            grow[:] = 0.0
+        for j in range(J):
+            if t < counts[b, u, j]:
+                k = sym[b, u, j]
+                grow[k] = grow[k] - w[j]
+        if clamp > 0.0:
+            for k in range(V):
+                if grow[k] > clamp:
+                    grow[k] = clamp
+                elif grow[k] < -clamp:
+                    grow[k] = -clamp
+
+
+@_compile
+def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnorm, c0, c1):
+    """Cells ``c0 <= cell < c1`` of a TDT batch (``x [B, T, U1, V + D]``):
+    the token and duration log-normalisers ``tnorm``, ``dnorm`` (float64)
+    and ``X[t + u, colidx[b, u, j]] = (x[sym] - tnorm - sigma) + (x[V + i]
+    - dnorm)`` for slot ``j = kind * D + i`` (kind 0 the blank, 1 the label
+    ``labels[b, u]``) read at ``t``."""
+    B, T, U1, VD = x.shape
+    D = VD - V
+    J = 2 * D
+    buf = np.empty(max(V, D), x.dtype)
+    ib = np.empty(max(V, D), np.int32)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        if not _cell_used(counts, b, u, t):
+            continue
+        row = x[b, t, u]
+        tn = _log_norm(row, 0, V, buf, ib, fast)
+        dn = _log_norm(row, V, D, buf, ib, False)
+        tnorm[cell] = tn
+        dnorm[cell] = dn
+        for j in range(J):
+            if t < counts[b, u, j]:
+                i = j % D
+                s = blank if j < D else labels[b, u]
+                X[t + u, colidx[b, u, j]] = (np.float64(row[s]) - (tn + sigma)) + (np.float64(row[V + i]) - dn)
+
+
+@_compile
+def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, label_weight, clamp, fast, g, c0, c1):
+    """The TDT gradient rows of cells ``c0 <= cell < c1`` (see
+    :mod:`chainfb.transducer.tdt`): with ``A_j`` the posterior of slot ``j``,
+    ``Pb``/``Pl`` the blank's/label's sums over durations, tokens
+    ``softmax * (Pb + lw Pl) - Pb [k == blank] - lw Pl [k == label]``
+    (clamped when ``clamp > 0``), durations ``softmax_i * (Pb + Pl) - A_i
+    - A_{D+i}``; zeros where no arc reads the cell or ``zero[b]``."""
+    B, T, U1, VD = x.shape
+    D = VD - V
+    J = 2 * D
+    ib = np.empty(V, np.int32)
+    A = np.zeros(J)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        grow = g[b, t, u]
+        used = False
+        if not zero[b]:
+            for j in range(J):
+                if t < counts[b, u, j]:
+                    A[j] = post[t + u, colidx[b, u, j]]
+                    used = True
+                else:
+                    A[j] = 0.0
+        if not used:
+            grow[:] = 0.0
+            continue
+        pb = 0.0
+        pl = 0.0
+        for i in range(D):
+            pb += A[i]
+            pl += A[D + i]
+        occ = pb + pl
+        wt = pb + label_weight * pl
+        row = x[b, t, u]
+        tn = tnorm[cell]
+        if wt != 0.0 and np.isfinite(tn):
+            _exp_into(row, 0, V, tn, wt, grow, ib, fast)
+        else:
+            grow[:V] = 0.0
+        grow[blank] = grow[blank] - pb
+        k = labels[b, u]
+        grow[k] = grow[k] - label_weight * pl
+        if clamp > 0.0:
+            for k in range(V):
+                if grow[k] > clamp:
+                    grow[k] = clamp
+                elif grow[k] < -clamp:
+                    grow[k] = -clamp
+        dn = dnorm[cell]
+        ok = np.isfinite(dn)
+        for i in range(D):
+            sm = np.exp(np.float64(row[V + i]) - dn) if ok else 0.0
+            grow[V + i] = sm * occ - (A[i] + A[D + i])
+
+
+def _cells(fn, ncells: int, *args) -> None:
+    """``fn(*args, c0, c1)`` over ``[0, ncells)``, split into contiguous
+    ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
+    compiled kernels release the GIL)."""
+    n = max(1, get_num_threads())
+    if n == 1 or ncells < n * _MIN_PARALLEL_CELLS:
+        fn(*args, 0, ncells)
+        return
+    edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
+    with ThreadPoolExecutor(n) as ex:
+        list(ex.map(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:])))
+
+
+def _grid(layout, T: int, x: np.ndarray) -> tuple:
+    """``(colidx, counts)`` of ``layout`` as int64 NumPy and the scores
+    matrix ``X [num_steps, C]`` of ``-inf`` for logits with ``T`` frames."""
+    X = np.full((layout.num_steps, layout.lat.num_columns), -np.inf)
+    counts = layout.slot_counts()  # at most T_b <= T
+    if counts.shape[1] != x.shape[2]:
+        raise ValueError(f"logits: {x.shape[2]} label positions, the layout has {counts.shape[1]}")
+    return layout.colidx, counts, X
+
+
+def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool) -> tuple:
+    """Engine scores of an RNN-T / multi-blank batch.
+
+    x : ``[B, T, U1, V]`` float32/float64 C-contiguous NumPy logits;
+    sym : int ``[B, U1, J]`` (:func:`~chainfb.transducer.criterion.symbol_table`);
+    layout : the batch's :class:`~chainfb.transducer.graphs.TransducerLayout`.
+
+    Returns ``X`` float64 ``[num_steps, C]`` and ``norm`` float64 ``[B * T * U1]``
+    (the cells' log-normalisers, for :func:`rnnt_gradient`)."""
+    B, T, U1, V = x.shape
+    colidx, counts, X = _grid(layout, T, x)
+    norm = np.zeros(B * T * U1)
+    sym = np.ascontiguousarray(sym, dtype=np.int64)
+    _cells(_rnnt_gather, B * T * U1, x, sym, colidx, counts, bool(fused), x.dtype == np.float32, X, norm)
+    return X, norm
+
+
+def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, post: np.ndarray, kind_weight,
+                  zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray) -> np.ndarray:
+    """The RNN-T / multi-blank gradient ``[B, T, U1, V]`` written into ``out``
+    (same shape and dtype as ``x``): see :func:`_rnnt_grad`; ``post``
+    float64 ``[num_steps, C]``, ``kind_weight`` ``[J]``, ``zero`` bool ``[B]``."""
+    B, T, U1, V = x.shape
+    colidx, counts = layout.colidx, layout.slot_counts()
+    sym = np.ascontiguousarray(sym, dtype=np.int64)
+    kw = np.ascontiguousarray(kind_weight, dtype=np.float64)
+    post = np.ascontiguousarray(post, dtype=np.float64)
+    _cells(_rnnt_grad, B * T * U1, x, sym, colidx, counts, norm, post, kw, np.ascontiguousarray(zero, dtype=np.bool_),
+           float(clamp), bool(fused), x.dtype == np.float32, out)
+    return out
+
+
+def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, sigma: float) -> tuple:
+    """Engine scores of a TDT batch: ``x [B, T, U1, V + D]`` float32/float64
+    C-contiguous NumPy, ``labels`` int ``[B, U1]`` (the label read at
+    ``(b, u)``; the blank where there is none).  Returns ``X`` float64
+    ``[num_steps, C]`` and the token and duration log-normalisers
+    ``[B * T * U1]`` (for :func:`tdt_gradient`)."""
+    B, T, U1, _ = x.shape
+    colidx, counts, X = _grid(layout, T, x)
+    tnorm, dnorm = np.zeros(B * T * U1), np.zeros(B * T * U1)
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    _cells(_tdt_gather, B * T * U1, x, int(V), int(blank), labels, colidx, counts, float(sigma),
+           x.dtype == np.float32, X, tnorm, dnorm)
+    return X, tnorm, dnorm
+
+
+def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, tnorm, dnorm, post, zero,
+                 fastemit_lambda: float, clamp: float, out: np.ndarray) -> np.ndarray:
+    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out`` (see
+    :func:`_tdt_grad`; FastEmit scales the label's token terms by ``1 +
+    fastemit_lambda``)."""
+    B, T, U1, _ = x.shape
+    counts = layout.slot_counts()
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    post = np.ascontiguousarray(post, dtype=np.float64)
+    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, layout.colidx, counts, tnorm, dnorm, post,
+           np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp),
+           x.dtype == np.float32, out)
+    return out
