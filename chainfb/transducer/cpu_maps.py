@@ -34,7 +34,7 @@ import numpy as np
 from ..engines import numba_log
 from ..engines.threads import get_num_threads
 
-__all__ = ["available", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient"]
+__all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient"]
 
 numba = numba_log.numba
 
@@ -53,6 +53,18 @@ def available(dtype=None) -> bool:
     import torch
 
     return dtype in (torch.float32, torch.float64)
+
+
+def new_gradient(shape, dtype) -> tuple:
+    """An uninitialised CPU tensor of ``shape`` and torch ``dtype`` for a
+    gradient the kernels write whole, and the NumPy array it views.  Its memory comes from NumPy, which
+    asks Linux for transparent huge pages on large arrays: the first write
+    into a fresh gradient then takes a few hundred page faults instead of
+    one per 4 KiB (several times faster on a large tensor)."""
+    import torch
+
+    a = np.empty(shape, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    return torch.from_numpy(a), a
 
 
 def _compile(fn):
@@ -326,7 +338,7 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, lab
 
 
 def _cells(fn, ncells: int, *args) -> None:
-    """``fn(*args, c0, c1)`` over ``[0, ncells)``, split into contiguous
+    """``fn(*args, c0, c1)`` over ``[0, ncells)`` split into contiguous
     ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
     compiled kernels release the GIL)."""
     n = max(1, get_num_threads())
@@ -336,6 +348,22 @@ def _cells(fn, ncells: int, *args) -> None:
     edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
     with ThreadPoolExecutor(n) as ex:
         list(ex.map(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:])))
+
+
+def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
+    """:func:`~chainfb.transducer.criterion.symbol_table` from host
+    (NumPy) targets ``[B, >= max(U_b)]`` and ``U_b`` ``[B]``: int64 ``[B, U1, 2 + M]``."""
+    B = targets.shape[0]
+    sym = np.empty((B, U1, 2 + len(big_blanks)), dtype=np.int64)
+    sym[:, :, 0] = int(blank)
+    lab = np.full((B, U1), -1, dtype=np.int64)
+    k = min(U1, targets.shape[1])
+    lab[:, :k] = targets[:, :k]
+    lab[np.arange(U1)[None, :] >= np.asarray(target_lengths)[:, None]] = -1
+    sym[:, :, 1] = lab
+    for i, s in enumerate(big_blanks):
+        sym[:, :, 2 + i] = int(s)
+    return sym
 
 
 def _grid(layout, T: int, x: np.ndarray) -> tuple:

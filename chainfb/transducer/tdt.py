@@ -170,9 +170,9 @@ class TDTCriterion(Criterion):
             return value, None
         if work[0] == "compiled":
             _, xn, labels, tnorm, dnorm = work
-            grad = torch.empty(xn.shape, dtype=x.dtype)
+            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype)
             cpu_maps.tdt_gradient(xn, self.V, self.blank, labels, self.layout, tnorm, dnorm, post,
-                                  ~np.isfinite(np.asarray(loglike)), self.fastemit_lambda, self.clamp, grad.numpy())
+                                  ~np.isfinite(np.asarray(loglike)), self.fastemit_lambda, self.clamp, out)
             return value, grad
         g, tok_total, dur, dur_norm = work
         B, T, U1, VD = x.shape
