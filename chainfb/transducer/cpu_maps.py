@@ -14,9 +14,9 @@ the size of the logits is written.
 
 Gradient: per cell, the arc posteriors of its slots, then the row of the
 gradient written once: ``exp(x - norm) * occupancy`` minus the posteriors at
-the symbols read (module docstrings of the criteria), clamped; cells no arc
-reads, and utterances whose cost is not finite, get zeros without reading
-the logits.
+the symbols read (module docstrings of the criteria), clamped.  The gradient
+starts as fresh zero memory (:func:`new_gradient`); cells no arc reads, and
+utterances whose cost is not finite, are neither read nor written.
 
 float32 logits use an exponential evaluated in float32 lanes (range
 reduction by ``ln 2`` and a degree-7 polynomial, within a few units in the
@@ -56,14 +56,16 @@ def available(dtype=None) -> bool:
 
 
 def new_gradient(shape, dtype) -> tuple:
-    """An uninitialised CPU tensor of ``shape`` and torch ``dtype`` for a
-    gradient the kernels write whole, and the NumPy array it views.  Its memory comes from NumPy, which
-    asks Linux for transparent huge pages on large arrays: the first write
-    into a fresh gradient then takes a few hundred page faults instead of
-    one per 4 KiB (several times faster on a large tensor)."""
+    """A zero CPU tensor of ``shape`` and torch ``dtype`` for a gradient the
+    kernels write, and the NumPy array it views.  The memory comes from
+    ``np.zeros``: a large block is fresh zero pages from the OS, which the
+    kernels leave untouched where the gradient is 0 (cells no arc reads:
+    the padding of a batch), so those pages are never faulted in or
+    written; NumPy also asks Linux for transparent huge pages, so the pages
+    written take a few hundred faults instead of one per 4 KiB."""
     import torch
 
-    a = np.empty(shape, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    a = np.zeros(shape, dtype=np.float32 if dtype == torch.float32 else np.float64)
     return torch.from_numpy(a), a
 
 
@@ -209,7 +211,8 @@ def _rnnt_grad(x, sym, colidx, counts, norm, post, kind_weight, zero, clamp, fus
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
     kind_weight[j] * post[t + u, colidx[b, u, j]]`` (no first term when
     not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
-    zeros for cells no arc reads and for utterances with ``zero[b]``."""
+    ``g`` is zero on entry and left so for cells no arc reads and for
+    utterances with ``zero[b]``."""
     B, T, U1, V = x.shape
     J = sym.shape[2]
     ib = np.empty(V, np.int32)
@@ -229,14 +232,11 @@ def _rnnt_grad(x, sym, colidx, counts, norm, post, kind_weight, zero, clamp, fus
                     used = True
                 else:
                     w[j] = 0.0
-        if not used:
-            grow[:] = 0.0
+        if not used:  # out is zero on entry: nothing to write
             continue
         nm = norm[cell]
         if fused and occ != 0.0 and np.isfinite(nm):
             _exp_into(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
-        else:
-            grow[:] = 0.0
         for j in range(J):
             if t < counts[b, u, j]:
                 k = sym[b, u, j]
@@ -286,7 +286,8 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, lab
     ``Pb``/``Pl`` the blank's/label's sums over durations, tokens
     ``softmax * (Pb + lw Pl) - Pb [k == blank] - lw Pl [k == label]``
     (clamped when ``clamp > 0``), durations ``softmax_i * (Pb + Pl) - A_i
-    - A_{D+i}``; zeros where no arc reads the cell or ``zero[b]``."""
+    - A_{D+i}``; ``g`` is zero on entry and left so where no arc reads the
+    cell or ``zero[b]``."""
     B, T, U1, VD = x.shape
     D = VD - V
     J = 2 * D
@@ -305,8 +306,7 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, lab
                     used = True
                 else:
                     A[j] = 0.0
-        if not used:
-            grow[:] = 0.0
+        if not used:  # out is zero on entry: nothing to write
             continue
         pb = 0.0
         pl = 0.0
@@ -319,8 +319,6 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, lab
         tn = tnorm[cell]
         if wt != 0.0 and np.isfinite(tn):
             _exp_into(row, 0, V, tn, wt, grow, ib, fast)
-        else:
-            grow[:V] = 0.0
         grow[blank] = grow[blank] - pb
         k = labels[b, u]
         grow[k] = grow[k] - label_weight * pl
@@ -396,7 +394,7 @@ def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool) -> tuple:
 def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, post: np.ndarray, kind_weight,
                   zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray) -> np.ndarray:
     """The RNN-T / multi-blank gradient ``[B, T, U1, V]`` written into ``out``
-    (same shape and dtype as ``x``): see :func:`_rnnt_grad`; ``post``
+    (same shape and dtype as ``x``, zero on entry: :func:`new_gradient`): see :func:`_rnnt_grad`; ``post``
     float64 ``[num_steps, C]``, ``kind_weight`` ``[J]``, ``zero`` bool ``[B]``."""
     B, T, U1, V = x.shape
     colidx, counts = layout.colidx, layout.slot_counts()
@@ -425,7 +423,8 @@ def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, si
 
 def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, tnorm, dnorm, post, zero,
                  fastemit_lambda: float, clamp: float, out: np.ndarray) -> np.ndarray:
-    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out`` (see
+    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out`` (zero on
+    entry: :func:`new_gradient`; see
     :func:`_tdt_grad`; FastEmit scales the label's token terms by ``1 +
     fastemit_lambda``)."""
     B, T, U1, _ = x.shape
