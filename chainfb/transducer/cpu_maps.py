@@ -157,16 +157,18 @@ if numba is not None:
 
 @_compile
 def _log_norm(row, lo, n, buf, ib, fast):
-    """``log sum_k exp(row[lo + k])`` in float64 (the row maximum when it is
-    not finite; NaN when a NaN is in the row)."""
+    """``(log sum_k exp(row[lo + k]), 1 / sum_k exp(row[lo + k] - max))``,
+    the first in float64 (the row maximum when it is not finite; NaN when a
+    NaN is in the row; then the second is 0), with ``buf[k] = exp(row[lo +
+    k] - max)`` written when the maximum is finite."""
     m = _row_max(row, lo, n)
     if not np.isfinite(m):
         for k in range(lo, lo + n):
             if row[k] != row[k]:
-                return np.nan
-        return np.float64(m)
+                return np.nan, 0.0
+        return np.float64(m), 0.0
     s = _exp_into(row, lo, n, m, 1.0, buf, ib, fast)  # NaN in the row: NaN
-    return np.float64(m) + np.log(s)
+    return np.float64(m) + np.log(s), 1.0 / s
 
 
 def _cell_used(counts, b, u, t):
@@ -182,11 +184,13 @@ if numba is not None:
 
 
 @_compile
-def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, c0, c1):
+def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, inv, g, keep, c0, c1):
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
     batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
     ``X[t + u, colidx[b, u, j]] = x[b, t, u, sym[b, u, j]] - norm`` for the
-    kinds ``j`` read at ``t``."""
+    kinds ``j`` read at ``t``.  With ``keep`` (and ``fused``) the row
+    ``exp(x - max)`` is left in ``g[b, t, u]`` and ``inv[cell]`` holds the
+    factor that makes it the softmax (for :func:`_rnnt_grad`)."""
     B, T, U1, V = x.shape
     J = sym.shape[2]
     buf = np.empty(V, x.dtype)
@@ -198,7 +202,10 @@ def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, c0, c1):
         if not _cell_used(counts, b, u, t):
             continue
         row = x[b, t, u]
-        nm = _log_norm(row, 0, V, buf, ib, fast) if fused else 0.0
+        nm = 0.0
+        if fused:
+            nm, iv = _log_norm(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
+            inv[cell] = iv
         norm[cell] = nm
         for j in range(J):
             if t < counts[b, u, j]:
@@ -206,13 +213,14 @@ def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, c0, c1):
 
 
 @_compile
-def _rnnt_grad(x, sym, colidx, counts, norm, post, kind_weight, zero, clamp, fused, fast, g, c0, c1):
+def _rnnt_grad(x, sym, colidx, counts, norm, inv, post, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
     """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
     kind_weight[j] * post[t + u, colidx[b, u, j]]`` (no first term when
     not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
     ``g`` is zero on entry and left so for cells no arc reads and for
-    utterances with ``zero[b]``."""
+    utterances with ``zero[b]``, or (``kept``) holds what
+    :func:`_rnnt_gather` left there."""
     B, T, U1, V = x.shape
     J = sym.shape[2]
     ib = np.empty(V, np.int32)
@@ -232,11 +240,20 @@ def _rnnt_grad(x, sym, colidx, counts, norm, post, kind_weight, zero, clamp, fus
                     used = True
                 else:
                     w[j] = 0.0
-        if not used:  # out is zero on entry: nothing to write
+        if not used:  # out is zero on entry (or only the gather wrote there): nothing to write
+            if kept and _cell_used(counts, b, u, t):
+                grow[:] = 0.0
             continue
         nm = norm[cell]
         if fused and occ != 0.0 and np.isfinite(nm):
-            _exp_into(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
+            if kept:  # exp(x - max) from the gather: times occ / sum
+                f = occ * inv[cell]
+                for k in range(V):
+                    grow[k] = grow[k] * f
+            else:
+                _exp_into(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
+        elif kept:
+            grow[:] = 0.0
         for j in range(J):
             if t < counts[b, u, j]:
                 k = sym[b, u, j]
@@ -250,12 +267,14 @@ def _rnnt_grad(x, sym, colidx, counts, norm, post, kind_weight, zero, clamp, fus
 
 
 @_compile
-def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnorm, c0, c1):
+def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnorm, inv, g, keep, c0, c1):
     """Cells ``c0 <= cell < c1`` of a TDT batch (``x [B, T, U1, V + D]``):
     the token and duration log-normalisers ``tnorm``, ``dnorm`` (float64)
     and ``X[t + u, colidx[b, u, j]] = (x[sym] - tnorm - sigma) + (x[V + i]
     - dnorm)`` for slot ``j = kind * D + i`` (kind 0 the blank, 1 the label
-    ``labels[b, u]``) read at ``t``."""
+    ``labels[b, u]``) read at ``t``.  With ``keep`` the token row ``exp(x -
+    max)`` is left in ``g[b, t, u, :V]`` and ``inv[cell]`` holds the factor
+    that makes it the softmax."""
     B, T, U1, VD = x.shape
     D = VD - V
     J = 2 * D
@@ -268,8 +287,9 @@ def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnor
         if not _cell_used(counts, b, u, t):
             continue
         row = x[b, t, u]
-        tn = _log_norm(row, 0, V, buf, ib, fast)
-        dn = _log_norm(row, V, D, buf, ib, False)
+        tn, iv = _log_norm(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
+        inv[cell] = iv
+        dn = _log_norm(row, V, D, buf, ib, False)[0]
         tnorm[cell] = tn
         dnorm[cell] = dn
         for j in range(J):
@@ -280,14 +300,15 @@ def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnor
 
 
 @_compile
-def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, label_weight, clamp, fast, g, c0, c1):
+def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, inv, post, zero, label_weight, clamp, fast, kept, g,
+              c0, c1):
     """The TDT gradient rows of cells ``c0 <= cell < c1`` (see
     :mod:`chainfb.transducer.tdt`): with ``A_j`` the posterior of slot ``j``,
     ``Pb``/``Pl`` the blank's/label's sums over durations, tokens
     ``softmax * (Pb + lw Pl) - Pb [k == blank] - lw Pl [k == label]``
     (clamped when ``clamp > 0``), durations ``softmax_i * (Pb + Pl) - A_i
     - A_{D+i}``; ``g`` is zero on entry and left so where no arc reads the
-    cell or ``zero[b]``."""
+    cell or ``zero[b]``, or (``kept``) holds what :func:`_tdt_gather` left there."""
     B, T, U1, VD = x.shape
     D = VD - V
     J = 2 * D
@@ -306,7 +327,9 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, lab
                     used = True
                 else:
                     A[j] = 0.0
-        if not used:  # out is zero on entry: nothing to write
+        if not used:  # out is zero on entry (or only the gather wrote there): nothing to write
+            if kept and _cell_used(counts, b, u, t):
+                grow[:] = 0.0
             continue
         pb = 0.0
         pl = 0.0
@@ -318,7 +341,14 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, post, zero, lab
         row = x[b, t, u]
         tn = tnorm[cell]
         if wt != 0.0 and np.isfinite(tn):
-            _exp_into(row, 0, V, tn, wt, grow, ib, fast)
+            if kept:  # exp(x - max) from the gather: times wt / sum
+                f = wt * inv[cell]
+                for k in range(V):
+                    grow[k] = grow[k] * f
+            else:
+                _exp_into(row, 0, V, tn, wt, grow, ib, fast)
+        elif kept:
+            grow[:V] = 0.0
         grow[blank] = grow[blank] - pb
         k = labels[b, u]
         grow[k] = grow[k] - label_weight * pl
@@ -374,64 +404,82 @@ def _grid(layout, T: int, x: np.ndarray) -> tuple:
     return layout.colidx, counts, X
 
 
-def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool) -> tuple:
+def _no_rows(x: np.ndarray) -> np.ndarray:
+    """A stand-in for the gradient when the gather keeps no rows."""
+    return np.zeros((1, 1, 1, 1), dtype=x.dtype)
+
+
+def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.ndarray | None = None) -> tuple:
     """Engine scores of an RNN-T / multi-blank batch.
 
     x : ``[B, T, U1, V]`` float32/float64 C-contiguous NumPy logits;
     sym : int ``[B, U1, J]`` (:func:`~chainfb.transducer.criterion.symbol_table`);
-    layout : the batch's :class:`~chainfb.transducer.graphs.TransducerLayout`.
+    layout : the batch's :class:`~chainfb.transducer.graphs.TransducerLayout`;
+    out : the gradient-to-be (:func:`new_gradient`, zero) or None: when
+        given (and ``fused``), the rows' exponentials are left there and
+        :func:`rnnt_gradient` scales them instead of recomputing them.
 
-    Returns ``X`` float64 ``[num_steps, C]`` and ``norm`` float64 ``[B * T * U1]``
-    (the cells' log-normalisers, for :func:`rnnt_gradient`)."""
+    Returns ``X`` float64 ``[num_steps, C]`` and the cells' log-normalisers
+    and softmax factors, float64 ``[B * T * U1]`` each (for :func:`rnnt_gradient`)."""
     B, T, U1, V = x.shape
     colidx, counts, X = _grid(layout, T, x)
-    norm = np.zeros(B * T * U1)
+    norm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1)
     sym = np.ascontiguousarray(sym, dtype=np.int64)
-    _cells(_rnnt_gather, B * T * U1, x, sym, colidx, counts, bool(fused), x.dtype == np.float32, X, norm)
-    return X, norm
+    keep = out is not None and bool(fused)
+    _cells(_rnnt_gather, B * T * U1, x, sym, colidx, counts, bool(fused), x.dtype == np.float32, X, norm, inv,
+           out if keep else _no_rows(x), keep)
+    return X, norm, inv
 
 
-def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, post: np.ndarray, kind_weight,
-                  zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray) -> np.ndarray:
+def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv: np.ndarray, post: np.ndarray,
+                  kind_weight, zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray,
+                  kept: bool = False) -> np.ndarray:
     """The RNN-T / multi-blank gradient ``[B, T, U1, V]`` written into ``out``
-    (same shape and dtype as ``x``, zero on entry: :func:`new_gradient`): see :func:`_rnnt_grad`; ``post``
-    float64 ``[num_steps, C]``, ``kind_weight`` ``[J]``, ``zero`` bool ``[B]``."""
+    (same shape and dtype as ``x``: zero on entry, :func:`new_gradient`, or
+    with ``kept`` as :func:`rnnt_gather` left it): see :func:`_rnnt_grad`;
+    ``post`` float64 ``[num_steps, C]``, ``kind_weight`` ``[J]``, ``zero``
+    bool ``[B]``."""
     B, T, U1, V = x.shape
     colidx, counts = layout.colidx, layout.slot_counts()
     sym = np.ascontiguousarray(sym, dtype=np.int64)
     kw = np.ascontiguousarray(kind_weight, dtype=np.float64)
     post = np.ascontiguousarray(post, dtype=np.float64)
-    _cells(_rnnt_grad, B * T * U1, x, sym, colidx, counts, norm, post, kw, np.ascontiguousarray(zero, dtype=np.bool_),
-           float(clamp), bool(fused), x.dtype == np.float32, out)
+    _cells(_rnnt_grad, B * T * U1, x, sym, colidx, counts, norm, inv, post, kw,
+           np.ascontiguousarray(zero, dtype=np.bool_), float(clamp), bool(fused), x.dtype == np.float32,
+           bool(kept and fused), out)
     return out
 
 
-def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, sigma: float) -> tuple:
+def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, sigma: float,
+               out: np.ndarray | None = None) -> tuple:
     """Engine scores of a TDT batch: ``x [B, T, U1, V + D]`` float32/float64
     C-contiguous NumPy, ``labels`` int ``[B, U1]`` (the label read at
-    ``(b, u)``; the blank where there is none).  Returns ``X`` float64
-    ``[num_steps, C]`` and the token and duration log-normalisers
-    ``[B * T * U1]`` (for :func:`tdt_gradient`)."""
+    ``(b, u)``; the blank where there is none); ``out`` as in
+    :func:`rnnt_gather` (the token rows' exponentials are left there).
+    Returns ``X`` float64 ``[num_steps, C]``, the token and duration
+    log-normalisers and the token softmax factors ``[B * T * U1]`` (for
+    :func:`tdt_gradient`)."""
     B, T, U1, _ = x.shape
     colidx, counts, X = _grid(layout, T, x)
-    tnorm, dnorm = np.zeros(B * T * U1), np.zeros(B * T * U1)
+    tnorm, dnorm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1), np.zeros(B * T * U1)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
+    keep = out is not None
     _cells(_tdt_gather, B * T * U1, x, int(V), int(blank), labels, colidx, counts, float(sigma),
-           x.dtype == np.float32, X, tnorm, dnorm)
-    return X, tnorm, dnorm
+           x.dtype == np.float32, X, tnorm, dnorm, inv, out if keep else _no_rows(x), keep)
+    return X, tnorm, dnorm, inv
 
 
-def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, tnorm, dnorm, post, zero,
-                 fastemit_lambda: float, clamp: float, out: np.ndarray) -> np.ndarray:
+def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, tnorm, dnorm, inv, post, zero,
+                 fastemit_lambda: float, clamp: float, out: np.ndarray, kept: bool = False) -> np.ndarray:
     """The TDT gradient ``[B, T, U1, V + D]`` written into ``out`` (zero on
-    entry: :func:`new_gradient`; see
-    :func:`_tdt_grad`; FastEmit scales the label's token terms by ``1 +
-    fastemit_lambda``)."""
+    entry, :func:`new_gradient`, or with ``kept`` as :func:`tdt_gather`
+    left it; see :func:`_tdt_grad`; FastEmit scales the label's token terms
+    by ``1 + fastemit_lambda``)."""
     B, T, U1, _ = x.shape
     counts = layout.slot_counts()
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     post = np.ascontiguousarray(post, dtype=np.float64)
-    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, layout.colidx, counts, tnorm, dnorm, post,
+    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, layout.colidx, counts, tnorm, dnorm, inv, post,
            np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp),
-           x.dtype == np.float32, out)
+           x.dtype == np.float32, bool(kept), out)
     return out

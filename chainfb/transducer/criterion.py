@@ -181,8 +181,9 @@ class TransducerCriterion(Criterion):
         if kb is None and cpu_maps.available(x.dtype):
             xn = x.detach().contiguous().numpy()
             sym = self._host_sym if self._host_sym is not None else self.sym.cpu().numpy()
-            X, norm = cpu_maps.rnnt_gather(xn, sym, self.layout, self.fused)
-            self._state = ("compiled", xn, sym, norm)
+            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype) if need_grad else (None, None)
+            X, norm, inv = cpu_maps.rnnt_gather(xn, sym, self.layout, self.fused, out)
+            self._state = ("compiled", xn, sym, norm, inv, grad, out)
             return X
         if kb is None:
             X, self._state = _torch_gather(x, self.sym, self.layout, self.fused, need_grad)
@@ -214,10 +215,9 @@ class TransducerCriterion(Criterion):
         if post is None:
             return value, None
         if kb is None and isinstance(state, tuple):  # the compiled score map
-            _, xn, sym, norm = state
-            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype)
-            cpu_maps.rnnt_gradient(xn, sym, self.layout, norm, post, self.kind_weight, ~np.isfinite(loglike),
-                                   self.clamp, self.fused, out)
+            _, xn, sym, norm, inv, grad, out = state
+            cpu_maps.rnnt_gradient(xn, sym, self.layout, norm, inv, post, self.kind_weight, ~np.isfinite(loglike),
+                                   self.clamp, self.fused, out, kept=True)
             return value, grad
         if kb is None:
             bad = ~torch.isfinite(ll)

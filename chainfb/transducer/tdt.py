@@ -133,8 +133,9 @@ class TDTCriterion(Criterion):
         if dev.type == "cpu" and cpu_maps.available(x.dtype):  # the compiled score map: one pass
             xn = xd.numpy()
             labels = self.labels.cpu().numpy()
-            X, tnorm, dnorm = cpu_maps.tdt_gather(xn, V, self.blank, labels, self.layout, self.sigma)
-            self._work = ("compiled", xn, labels, tnorm, dnorm)
+            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype) if need_grad else (None, None)
+            X, tnorm, dnorm, inv = cpu_maps.tdt_gather(xn, V, self.blank, labels, self.layout, self.sigma, out)
+            self._work = ("compiled", xn, labels, tnorm, dnorm, inv, grad, out)
             return X
         ct = torch_compute_dtype(x.dtype)
         if need_grad:
@@ -169,10 +170,9 @@ class TDTCriterion(Criterion):
         if post is None:
             return value, None
         if work[0] == "compiled":
-            _, xn, labels, tnorm, dnorm = work
-            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype)
-            cpu_maps.tdt_gradient(xn, self.V, self.blank, labels, self.layout, tnorm, dnorm, post,
-                                  ~np.isfinite(np.asarray(loglike)), self.fastemit_lambda, self.clamp, out)
+            _, xn, labels, tnorm, dnorm, inv, grad, out = work
+            cpu_maps.tdt_gradient(xn, self.V, self.blank, labels, self.layout, tnorm, dnorm, inv, post,
+                                  ~np.isfinite(np.asarray(loglike)), self.fastemit_lambda, self.clamp, out, kept=True)
             return value, grad
         g, tok_total, dur, dur_norm = work
         B, T, U1, VD = x.shape
