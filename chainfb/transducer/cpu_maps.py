@@ -9,14 +9,18 @@ Gather: per cell read by some arc, the log-normaliser of the row (the
 token logits' for TDT, plus the duration logits'), kept per cell, and the
 engine scores of the cell's arcs written straight into ``X [num_steps, C]``
 (column ``colidx[b, u, j]`` at step ``t + u`` for ``t < counts[b, u, j]``,
-:meth:`~chainfb.transducer.graphs.TransducerLayout.slot_counts`).  Nothing
-the size of the logits is written.
+:meth:`~chainfb.transducer.graphs.TransducerLayout.slot_counts`).  When a
+gradient will be asked for, the row's exponentials ``exp(x - max)`` are
+left in the gradient-to-be (:func:`new_gradient`), so each logit is read
+once and exponentiated once.
 
 Gradient: per cell, the arc posteriors of its slots, then the row of the
-gradient written once: ``exp(x - norm) * occupancy`` minus the posteriors at
-the symbols read (module docstrings of the criteria), clamped.  The gradient
-starts as fresh zero memory (:func:`new_gradient`); cells no arc reads, and
-utterances whose cost is not finite, are neither read nor written.
+gradient written once: the kept exponentials times ``occupancy / sum``
+(the softmax times the occupancy; recomputed from the logits when nothing
+was kept) minus the posteriors at the symbols read (module docstrings of the
+criteria), clamped.  The gradient starts as fresh zero memory; cells no arc
+reads are never written, and the rows of utterances whose cost is not
+finite are zeroed.
 
 float32 logits use an exponential evaluated in float32 lanes (range
 reduction by ``ln 2`` and a degree-7 polynomial, within a few units in the
@@ -184,11 +188,11 @@ if numba is not None:
 
 
 @_compile
-def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, inv, g, keep, c0, c1):
+def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
     batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
-    ``X[t + u, colidx[b, u, j]] = x[b, t, u, sym[b, u, j]] - norm`` for the
-    kinds ``j`` read at ``t``.  With ``keep`` (and ``fused``) the row
+    ``S[cell, j] = x[b, t, u, sym[b, u, j]] - norm`` for the kinds ``j``
+    read at ``t`` (:func:`_to_steps` moves them into the engine's matrix).  With ``keep`` (and ``fused``) the row
     ``exp(x - max)`` is left in ``g[b, t, u]`` and ``inv[cell]`` holds the
     factor that makes it the softmax (for :func:`_rnnt_grad`)."""
     B, T, U1, V = x.shape
@@ -209,14 +213,14 @@ def _rnnt_gather(x, sym, colidx, counts, fused, fast, X, norm, inv, g, keep, c0,
         norm[cell] = nm
         for j in range(J):
             if t < counts[b, u, j]:
-                X[t + u, colidx[b, u, j]] = np.float64(row[sym[b, u, j]]) - nm
+                S[cell, j] = np.float64(row[sym[b, u, j]]) - nm
 
 
 @_compile
-def _rnnt_grad(x, sym, colidx, counts, norm, inv, post, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
+def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
     """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
-    kind_weight[j] * post[t + u, colidx[b, u, j]]`` (no first term when
+    kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`_to_cells`; no first term when
     not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
     ``g`` is zero on entry and left so for cells no arc reads and for
     utterances with ``zero[b]``, or (``kept``) holds what
@@ -235,7 +239,7 @@ def _rnnt_grad(x, sym, colidx, counts, norm, inv, post, kind_weight, zero, clamp
         if not zero[b]:
             for j in range(J):
                 if t < counts[b, u, j]:
-                    w[j] = kind_weight[j] * post[t + u, colidx[b, u, j]]
+                    w[j] = kind_weight[j] * P[cell, j]
                     occ += w[j]
                     used = True
                 else:
@@ -267,14 +271,13 @@ def _rnnt_grad(x, sym, colidx, counts, norm, inv, post, kind_weight, zero, clamp
 
 
 @_compile
-def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnorm, inv, g, keep, c0, c1):
+def _tdt_gather(x, V, blank, labels, counts, sigma, fast, S, tnorm, dnorm, inv, g, keep, c0, c1):
     """Cells ``c0 <= cell < c1`` of a TDT batch (``x [B, T, U1, V + D]``):
     the token and duration log-normalisers ``tnorm``, ``dnorm`` (float64)
-    and ``X[t + u, colidx[b, u, j]] = (x[sym] - tnorm - sigma) + (x[V + i]
-    - dnorm)`` for slot ``j = kind * D + i`` (kind 0 the blank, 1 the label
+    and ``S[cell, j] = (x[sym] - tnorm - sigma) + (x[V + i] - dnorm)`` for slot ``j = kind * D + i`` (kind 0 the blank, 1 the label
     ``labels[b, u]``) read at ``t``.  With ``keep`` the token row ``exp(x -
-    max)`` is left in ``g[b, t, u, :V]`` and ``inv[cell]`` holds the factor
-    that makes it the softmax."""
+    max)`` is left in ``g[b, t, u, :V]`` (``inv[cell]`` the factor that
+    makes it the softmax) and the duration softmax in ``g[b, t, u, V:]``."""
     B, T, U1, VD = x.shape
     D = VD - V
     J = 2 * D
@@ -292,16 +295,19 @@ def _tdt_gather(x, V, blank, labels, colidx, counts, sigma, fast, X, tnorm, dnor
         dn = _log_norm(row, V, D, buf, ib, False)[0]
         tnorm[cell] = tn
         dnorm[cell] = dn
+        if keep and np.isfinite(dn):  # the duration softmax, where the gradient wants it
+            grow = g[b, t, u]
+            for i in range(D):
+                grow[V + i] = np.exp(np.float64(row[V + i]) - dn)
         for j in range(J):
             if t < counts[b, u, j]:
                 i = j % D
                 s = blank if j < D else labels[b, u]
-                X[t + u, colidx[b, u, j]] = (np.float64(row[s]) - (tn + sigma)) + (np.float64(row[V + i]) - dn)
+                S[cell, j] = (np.float64(row[s]) - (tn + sigma)) + (np.float64(row[V + i]) - dn)
 
 
 @_compile
-def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, inv, post, zero, label_weight, clamp, fast, kept, g,
-              c0, c1):
+def _tdt_grad(x, V, blank, labels, counts, tnorm, dnorm, inv, P, zero, label_weight, clamp, fast, kept, g, c0, c1):
     """The TDT gradient rows of cells ``c0 <= cell < c1`` (see
     :mod:`chainfb.transducer.tdt`): with ``A_j`` the posterior of slot ``j``,
     ``Pb``/``Pl`` the blank's/label's sums over durations, tokens
@@ -323,7 +329,7 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, inv, post, zero
         if not zero[b]:
             for j in range(J):
                 if t < counts[b, u, j]:
-                    A[j] = post[t + u, colidx[b, u, j]]
+                    A[j] = P[cell, j]
                     used = True
                 else:
                     A[j] = 0.0
@@ -361,8 +367,59 @@ def _tdt_grad(x, V, blank, labels, colidx, counts, tnorm, dnorm, inv, post, zero
         dn = dnorm[cell]
         ok = np.isfinite(dn)
         for i in range(D):
-            sm = np.exp(np.float64(row[V + i]) - dn) if ok else 0.0
+            if kept:
+                sm = grow[V + i]  # from the gather (0 where the normaliser is not finite)
+            else:
+                sm = np.exp(np.float64(row[V + i]) - dn) if ok else 0.0
             grow[V + i] = sm * occ - (A[i] + A[D + i])
+
+
+# frames per block of the moves between the engine's matrix and the cell order
+_TB = 16
+
+
+@_compile
+def _to_steps(S, colidx, counts, T, X, c0, c1):
+    """``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]`` for the
+    kinds read at ``t``, over blocks ``c0 <= blk < c1`` of ``_TB`` frames
+    of an utterance, diagonal by diagonal: consecutive cells write one row
+    of ``X``, and the block's cells stay in the cache."""
+    B, U1, J = colidx.shape
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        for n in range(ta, tz + U1 - 1):
+            for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
+                u = n - t
+                cell = (b * T + t) * U1 + u
+                for j in range(J):
+                    if t < counts[b, u, j]:
+                        X[n, colidx[b, u, j]] = S[cell, j]
+
+
+@_compile
+def _to_cells(post, colidx, counts, T, P, c0, c1):
+    """``P[(b * T + t) * U1 + u, j] = post[t + u, colidx[b, u, j]]`` for
+    the kinds read at ``t``, 0 for the others (blocks as :func:`_to_steps`)."""
+    B, U1, J = colidx.shape
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        for n in range(ta, tz + U1 - 1):
+            for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
+                u = n - t
+                cell = (b * T + t) * U1 + u
+                for j in range(J):
+                    P[cell, j] = post[n, colidx[b, u, j]] if t < counts[b, u, j] else 0.0
+
+
+def _blocks(B: int, T: int) -> int:
+    """How many blocks of :func:`_to_steps` and :func:`_to_cells` a batch has."""
+    return B * ((T + _TB - 1) // _TB)
 
 
 def _cells(fn, ncells: int, *args) -> None:
@@ -370,7 +427,8 @@ def _cells(fn, ncells: int, *args) -> None:
     ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
     compiled kernels release the GIL)."""
     n = max(1, get_num_threads())
-    if n == 1 or ncells < n * _MIN_PARALLEL_CELLS:
+    grain = 2 if fn is _to_steps or fn is _to_cells else _MIN_PARALLEL_CELLS  # blocks of cells, or cells
+    if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
         return
     edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
@@ -426,8 +484,10 @@ def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.nda
     norm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1)
     sym = np.ascontiguousarray(sym, dtype=np.int64)
     keep = out is not None and bool(fused)
-    _cells(_rnnt_gather, B * T * U1, x, sym, colidx, counts, bool(fused), x.dtype == np.float32, X, norm, inv,
+    S = np.empty((B * T * U1, colidx.shape[2]))
+    _cells(_rnnt_gather, B * T * U1, x, sym, counts, bool(fused), x.dtype == np.float32, S, norm, inv,
            out if keep else _no_rows(x), keep)
+    _cells(_to_steps, _blocks(B, T), S, colidx, counts, T, X)
     return X, norm, inv
 
 
@@ -444,7 +504,9 @@ def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv:
     sym = np.ascontiguousarray(sym, dtype=np.int64)
     kw = np.ascontiguousarray(kind_weight, dtype=np.float64)
     post = np.ascontiguousarray(post, dtype=np.float64)
-    _cells(_rnnt_grad, B * T * U1, x, sym, colidx, counts, norm, inv, post, kw,
+    P = np.empty((B * T * U1, colidx.shape[2]))
+    _cells(_to_cells, _blocks(B, T), post, colidx, counts, T, P)
+    _cells(_rnnt_grad, B * T * U1, x, sym, counts, norm, inv, P, kw,
            np.ascontiguousarray(zero, dtype=np.bool_), float(clamp), bool(fused), x.dtype == np.float32,
            bool(kept and fused), out)
     return out
@@ -464,8 +526,10 @@ def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, si
     tnorm, dnorm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1), np.zeros(B * T * U1)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     keep = out is not None
-    _cells(_tdt_gather, B * T * U1, x, int(V), int(blank), labels, colidx, counts, float(sigma),
-           x.dtype == np.float32, X, tnorm, dnorm, inv, out if keep else _no_rows(x), keep)
+    S = np.empty((B * T * U1, colidx.shape[2]))
+    _cells(_tdt_gather, B * T * U1, x, int(V), int(blank), labels, counts, float(sigma),
+           x.dtype == np.float32, S, tnorm, dnorm, inv, out if keep else _no_rows(x), keep)
+    _cells(_to_steps, _blocks(B, T), S, colidx, counts, T, X)
     return X, tnorm, dnorm, inv
 
 
@@ -479,7 +543,9 @@ def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, 
     counts = layout.slot_counts()
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     post = np.ascontiguousarray(post, dtype=np.float64)
-    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, layout.colidx, counts, tnorm, dnorm, inv, post,
+    P = np.empty((B * T * U1, layout.colidx.shape[2]))
+    _cells(_to_cells, _blocks(B, T), post, layout.colidx, counts, T, P)
+    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, counts, tnorm, dnorm, inv, P,
            np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp),
            x.dtype == np.float32, bool(kept), out)
     return out
