@@ -292,13 +292,13 @@ def _tdt_gather(x, V, blank, labels, counts, sigma, fast, S, tnorm, dnorm, inv, 
         row = x[b, t, u]
         tn, iv = _log_norm(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
         inv[cell] = iv
-        dn = _log_norm(row, V, D, buf, ib, False)[0]
+        dn, ivd = _log_norm(row, V, D, buf, ib, False)  # buf: the durations' exp(x - max)
         tnorm[cell] = tn
         dnorm[cell] = dn
         if keep and np.isfinite(dn):  # the duration softmax, where the gradient wants it
             grow = g[b, t, u]
             for i in range(D):
-                grow[V + i] = np.exp(np.float64(row[V + i]) - dn)
+                grow[V + i] = buf[i] * ivd
         for j in range(J):
             if t < counts[b, u, j]:
                 i = j % D
