@@ -461,7 +461,13 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
     off = np.empty(K + 1)
     fl = np.empty((K, K + 1))
     ef = np.empty((K, K + 1))
-    G = np.zeros((K, K + 1))
+    rank = np.full(K + 1, -1, np.int64)  # spans > 1 in use, numbered: G's columns
+    nsp = 0
+    for k in range(2, K + 1):
+        if has_span[k]:
+            rank[k] = nsp
+            nsp += 1
+    G = np.zeros((K, max(nsp, 1)))
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
@@ -549,11 +555,11 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 else:
                     _span_out_slow(Q, LQ, t, L, out_ptr, out_dst, out_span, out_lp, out_col, xt, off, s0, s0 + i,
                                    BP, BL, i)
-            # G[s % K, k]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read
+            # G[s % K, rank[k]]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read
             # at s that land at t + 1 (complete now that beta_{t+1} is), for the totals of frames s+1 .. t
             for k in range(2, K + 1):
-                if t + 1 - k >= 0:
-                    G[(t + 1 - k) % K, k] = 0.0
+                if t + 1 - k >= 0 and rank[k] >= 0:
+                    G[(t + 1 - k) % K, rank[k]] = 0.0
             Qn = Q[t + 1]
             for i in range(W):
                 for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
@@ -564,7 +570,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                     p = P[s, i]
                     if p == 0.0:
                         continue
-                    G[s % K, k] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
+                    G[s % K, rank[k]] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
             if live[t]:
                 # the frame's total: paths through a state at t (alpha_t B_t), plus those on an arc read
                 # at s = t - dd < t that lands at s + k > t; in units of alpha_t's and B_t's scales
@@ -607,7 +613,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                         if ef[dd, k] > -np.inf:
                             e = np.exp(ef[dd, k] - ref)
                             if e != 0.0:
-                                zs += G[s % K, k] * e
+                                zs += G[s % K, rank[k]] * e
                 tot = z * np.exp(-ref) + zs
                 if tot >= _SAFE_TOTAL and tot < np.inf:
                     inv = np.exp(-ref) / tot
