@@ -21,6 +21,12 @@ floor for any implementation is ~1x the logits.  CUDA (``--device cuda``):
     python tools/bench_transducer.py [--batch 8] [--repeat 3] [--device cpu|cuda]
     python tools/bench_transducer.py --pruned [--repeat 3] [--s-range 5]
 
+Floor: the same run also times two passes over the logits tensor
+(``torch.mul(logits, c, out=grad)`` into preallocated memory: read the
+logits, write a same-size gradient -- the least a loss + backward does --
+and a plain read, ``logits.sum()``), and prints every method's time as a
+multiple of the read + write pass (column ``x floor``).
+
 ``--pruned`` times the loss part of a training step with a joiner
 ``Linear(H, V)(tanh(enc + dec))`` (H = 256, V = 500, B = 8, T <= 250,
 U <= 71): torchaudio's full loss, chainfb's full loss (both on the 4-D
@@ -90,6 +96,29 @@ def methods():
     return out
 
 
+
+
+def bandwidth_floor(logits, repeat):
+    """Median seconds of two passes over the logits on this machine, now:
+    ``torch.mul(logits, c, out=grad)`` into preallocated (already touched)
+    memory with torch's threads -- read the logits, write a gradient of the
+    same size, the least any loss + backward must do -- and a plain read
+    ``logits.sum()``."""
+    grad = torch.empty_like(logits)
+    grad.fill_(0.0)
+    sync = torch.cuda.synchronize if logits.is_cuda else (lambda: None)
+    out = {}
+    for name, fn in (("read + write", lambda: torch.mul(logits, 0.5, out=grad)), ("read", lambda: logits.sum())):
+        fn()
+        times = []
+        for _ in range(max(repeat, 5)):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+    return out
 
 
 def step(fn, inputs, device):
@@ -240,13 +269,20 @@ def main():
         rows.append((name, statistics.median(times), max(peaks), val))
     if not rows:
         return
+    floor = bandwidth_floor(inputs[0].detach(), args.repeat)
+    print(f"# memory-bandwidth floor of the logits (median, same run): read + write a same-size gradient "
+          f"{floor['read + write']:.3f} s ({2 * nbytes / floor['read + write'] / 1e9:.1f} GB/s), "
+          f"read only {floor['read']:.3f} s ({nbytes / floor['read'] / 1e9:.1f} GB/s)")
     ref = rows[0]
-    print(f"{'method':28s} {'time s':>8s} {'peak MiB':>9s} {'x logits':>8s} {'cost':>14s}  chainfb speed-up / memory ratio")
+    print(f"{'method':28s} {'time s':>8s} {'x floor':>7s} {'peak MiB':>9s} {'x logits':>8s} {'cost':>14s}  "
+          f"chainfb speed-up / memory ratio")
     for name, t, p, v in rows:
         print(
-            f"{name:28s} {t:8.3f} {p / 2**20:9.0f} {p / nbytes:8.2f} {v:14.4f}  "
+            f"{name:28s} {t:8.3f} {t / floor['read + write']:7.2f} {p / 2**20:9.0f} {p / nbytes:8.2f} {v:14.4f}  "
             f"{t / ref[1]:6.2f}x faster / {ref[2] / max(p, 1):5.2f}x memory"
         )
+    for name, t, _, _ in rows[1:]:
+        print(f"# chainfb / {name}: {ref[1] / t:.3f}x the time")
 
 
 if __name__ == "__main__":

@@ -559,25 +559,33 @@ def _live(P, LV):
 
 
 @_inline
-def _span_in_sum(P, LV, t1, ptr, other, span, w, col, E, r, base, k):
+def _span_in_sum(P, LV, t1, ptr, other, span, w, col, E, X, r, base, k):
     """Forward cell ``k`` at frame ``t1`` as the scaled sum over its in-arcs,
-    each read at frame ``t1 - span`` and rescaled by ``r[span]``."""
+    each read at frame ``t1 - span`` and rescaled by ``r[span]``; and
+    whether the log domain must decide a sum of 0: an arc whose scaled
+    product is 0 with a live far end and a score above ``-inf``, or a NaN
+    score (which the log domain propagates)."""
     s = 0.0
+    maybe = False
     for a in range(ptr[k], ptr[k + 1]):
         f = t1 - span[a]
         if f < 0:
-            continue
-        rk = r[span[a]]
-        if rk == 0.0:
             continue
         i = other[a] - base
         p = P[f, i]
         if p == 0.0:
             if LV[f, i] == -np.inf:
+                if X[f, col[a]] != X[f, col[a]]:
+                    maybe = True  # NaN in: the log domain makes the cell NaN
                 continue
             p = np.exp(LV[f, i])
-        s += p * w[a] * E[f, col[a]] * rk
-    return s
+        v = p * w[a] * E[f, col[a]] * r[span[a]]
+        if v == 0.0:
+            if not X[f, col[a]] == -np.inf:
+                maybe = True
+        else:
+            s += v
+    return s, maybe
 
 
 @_compile
@@ -601,25 +609,32 @@ def _span_in_slow(P, LV, t1, ptr, other, span, lp, col, X, off, base, k, out_P, 
 
 
 @_inline
-def _span_out_sum(Q, LQ, t, L, ptr, other, span, w, col, Et, r, base, k):
+def _span_out_sum(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k):
     """Backward cell ``k`` at frame ``t`` as the scaled sum over its
-    out-arcs, each landing at frame ``t + span <= L`` rescaled by ``r[span]``."""
+    out-arcs, each landing at frame ``t + span <= L`` rescaled by
+    ``r[span]``; and whether an arc whose scaled product is 0 may still
+    carry a path (see :func:`_span_in_sum`)."""
     s = 0.0
+    maybe = False
     for a in range(ptr[k], ptr[k + 1]):
         f = t + span[a]
         if f > L:
-            continue
-        rk = r[span[a]]
-        if rk == 0.0:
             continue
         j = other[a] - base
         q = Q[f, j]
         if q == 0.0:
             if LQ[f, j] == -np.inf:
+                if xt[col[a]] != xt[col[a]]:
+                    maybe = True  # NaN in: the log domain makes the cell NaN
                 continue
             q = np.exp(LQ[f, j])
-        s += q * w[a] * Et[col[a]] * rk
-    return s
+        v = q * w[a] * Et[col[a]] * r[span[a]]
+        if v == 0.0:
+            if not xt[col[a]] == -np.inf:
+                maybe = True
+        else:
+            s += v
+    return s, maybe
 
 
 @_compile
@@ -681,6 +696,13 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
     off = np.empty(K + 1)
     fl = np.empty((K, K + 1))
     ef = np.empty((K, K + 1))
+    rank = np.full(K + 1, -1, np.int64)  # spans > 1 in use, numbered: G's columns
+    nsp = 0
+    for k in range(2, K + 1):
+        if has_span[k]:
+            rank[k] = nsp
+            nsp += 1
+    G = np.zeros((K, max(nsp, 1)))
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
@@ -709,8 +731,8 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             _scales(g, r, off, R, K)
             Pn, LVn = P[t1], LV[t1]
             for j in range(W):
-                v = _span_in_sum(P, LV, t1, in_ptr, in_src, in_span, in_w, in_col, E, r, s0, s0 + j)
-                if v >= _SAFE or v != v:
+                v, maybe = _span_in_sum(P, LV, t1, in_ptr, in_src, in_span, in_w, in_col, E, X, r, s0, s0 + j)
+                if v >= _SAFE or v != v or (v == 0.0 and not maybe):
                     Pn[j] = v
                     LVn[j] = ninf
                 else:
@@ -732,6 +754,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue
+        G[:, :] = 0.0
         Q = np.zeros((L + 1, W))  # normalised betas of every frame, tiny cells as logs
         LQ = np.full((L + 1, W), ninf)
         liveb = np.zeros(L + 1, np.bool_)
@@ -759,13 +782,30 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             R = _max_ref(g, K)
             _scales(g, r, off, R, K)
             for i in range(W):
-                v = _span_out_sum(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, r, s0, s0 + i)
-                if v >= _SAFE or v != v:
+                v, maybe = _span_out_sum(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, xt, r, s0,
+                                         s0 + i)
+                if v >= _SAFE or v != v or (v == 0.0 and not maybe):
                     BP[i] = v
                     BL[i] = ninf
                 else:
                     _span_out_slow(Q, LQ, t, L, out_ptr, out_dst, out_span, out_lp, out_col, xt, off, s0, s0 + i,
                                    BP, BL, i)
+            # G[s % K, rank[k]]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read
+            # at s that land at t + 1 (complete now that beta_{t+1} is), for the totals of frames s+1 .. t
+            for k in range(2, K + 1):
+                if t + 1 - k >= 0 and rank[k] >= 0:
+                    G[(t + 1 - k) % K, rank[k]] = 0.0
+            Qn = Q[t + 1]
+            for i in range(W):
+                for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
+                    k = sp_span[a]
+                    s = t + 1 - k
+                    if s < 0:
+                        continue
+                    p = P[s, i]
+                    if p == 0.0:
+                        continue
+                    G[s % K, rank[k]] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
             if live[t]:
                 # the frame's total: paths through a state at t (alpha_t B_t), plus those on an arc read
                 # at s = t - dd < t that lands at s + k > t; in units of alpha_t's and B_t's scales
@@ -805,16 +845,10 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                     if not live[s]:
                         continue
                     for k in range(dd + 1, K + 1):
-                        ef[dd, k] = np.exp(ef[dd, k] - ref) if ef[dd, k] > -np.inf else 0.0
-                    for i in range(W):
-                        p = P[s, i]
-                        if p == 0.0:
-                            continue
-                        for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
-                            k = sp_span[a]
-                            if k <= dd or ef[dd, k] == 0.0 or s + k > L:
-                                continue
-                            zs += p * sp_w[a] * E[s, sp_col[a]] * Q[s + k, sp_dst[a] - s0] * ef[dd, k]
+                        if ef[dd, k] > -np.inf:
+                            e = np.exp(ef[dd, k] - ref)
+                            if e != 0.0:
+                                zs += G[s % K, rank[k]] * e
                 tot = z * np.exp(-ref) + zs
                 if tot >= _SAFE_TOTAL and tot < np.inf:
                     inv = np.exp(-ref) / tot
@@ -927,19 +961,54 @@ def _span_arrays(lat: Lattice) -> tuple:
     return arrs
 
 
+@_compile
+def _emit(X, col_off, M, E, t0, t1):
+    """Frames ``t0 <= t < t1`` of :func:`_emissions`: ``M[t, n]`` the largest
+    of sequence ``n``'s scores (NaN if one is NaN; 0 if all are ``-inf`` or
+    it has no column) and ``E[t, c] = X[t, c] - M[t, n]``."""
+    N = col_off.shape[0] - 1
+    for t in range(t0, t1):
+        xt, et = X[t], E[t]
+        for n in range(N):
+            c0, c1 = col_off[n], col_off[n + 1]
+            m = -np.inf
+            for c in range(c0, c1):
+                v = xt[c]
+                if v > m:
+                    m = v
+                elif v != v:
+                    m = v
+                    break
+            if m == -np.inf:
+                m = 0.0
+            M[t, n] = m
+            for c in range(c0, c1):
+                et[c] = xt[c] - m
+
+
+# score entries below which one thread computes the emissions
+_MIN_PARALLEL_EMISSIONS = 100_000
+
+
 def _emissions(lat: Lattice, X: np.ndarray, T: int):
     """``E = exp(X - M[t, seq])`` ``[T, C]`` and ``M [T, N]``, each frame's
     largest score per sequence (0 where all are ``-inf``; NaN or ``+inf``
-    where a score is, so that they propagate)."""
+    where a score is, so that they propagate): the maxima and differences
+    compiled, frames split over :func:`~chainfb.engines.get_num_threads`
+    threads, then one in-place exponential."""
     N = lat.num_sequences
     M = np.zeros((T, N))
-    col_off = lat.col_offsets
-    used = np.flatnonzero(np.diff(col_off) > 0)
-    if used.size and T:
-        M[:, used] = np.maximum.reduceat(X, col_off[used], axis=1)
-    M[np.isneginf(M)] = 0.0
+    E = np.zeros(X.shape)  # a column of no sequence (none in practice) is never read
+    col_off = np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
+    nt = max(1, get_num_threads())
+    if nt == 1 or X.size < _MIN_PARALLEL_EMISSIONS or T < 2 * nt:
+        _emit(X, col_off, M, E, 0, T)
+    else:
+        edges = np.linspace(0, T, nt + 1).astype(np.int64).tolist()
+        with ThreadPoolExecutor(nt) as ex:
+            list(ex.map(lambda r: _emit(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:])))
     with np.errstate(invalid="ignore", over="ignore"):
-        E = np.exp(X - M[:, lat.col_seq])
+        np.exp(E, out=E)  # NumPy's vectorised exp
     return E, M
 
 

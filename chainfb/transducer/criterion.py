@@ -48,6 +48,7 @@ import torch
 
 from ..criterion import Criterion
 from ..cuda import kernels
+from . import cpu_maps
 from .graphs import TransducerLayout, compile_layout
 
 __all__ = ["TransducerCriterion", "symbol_table", "torch_compute_dtype", "layout_tables", "kernel_tables"]
@@ -148,6 +149,8 @@ class TransducerCriterion(Criterion):
     blank : vocabulary index of the blank; durations : big-blank durations
         (big blank ``i`` at ``blank - 1 - i``); sigma : subtracted on real arcs.
     fused_log_softmax, fastemit_lambda, clamp : see :func:`chainfb.rnnt_loss`.
+    host_targets : optional int NumPy copy of ``targets`` (the compiled CPU
+        score map builds its symbol table from it without reading ``targets``).
 
     The score map runs on the kernel backend of the logits
     (:func:`chainfb.cuda.kernels.backend_for`: CUDA kernels for CUDA
@@ -155,11 +158,14 @@ class TransducerCriterion(Criterion):
     """
 
     def __init__(self, shape, targets, logit_lengths, target_lengths, blank, durations=(), sigma=0.0,
-                 fused_log_softmax=True, fastemit_lambda=0.0, clamp=-1.0):
+                 fused_log_softmax=True, fastemit_lambda=0.0, clamp=-1.0, host_targets=None):
         B, T, U1, V = shape
         self.layout = lay = compile_layout(target_lengths, logit_lengths, durations, sigma, umax=U1 - 1)
         self.lattice, self.lengths = lay.lat, lay.steps
         big = [blank - 1 - i for i in range(len(durations))]
+        # the compiled CPU score map reads the symbol table from host targets when given (no crossing)
+        self._host_sym = (None if host_targets is None
+                          else cpu_maps.host_symbols(np.asarray(host_targets), lay.target_lengths, U1, blank, big))
         if isinstance(targets, torch.Tensor):
             ul = layout_tables(lay, targets.device)["target_lengths"]
         else:
@@ -172,6 +178,13 @@ class TransducerCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         kb = self._backend = kernels.backend_for(x)  # finish runs on the same backend
+        if kb is None and cpu_maps.available(x.dtype):
+            xn = x.detach().contiguous().numpy()
+            sym = self._host_sym if self._host_sym is not None else self.sym.cpu().numpy()
+            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype) if need_grad else (None, None)
+            X, norm, inv = cpu_maps.rnnt_gather(xn, sym, self.layout, self.fused, out)
+            self._state = ("compiled", xn, sym, norm, inv, grad, out)
+            return X
         if kb is None:
             X, self._state = _torch_gather(x, self.sym, self.layout, self.fused, need_grad)
             return X
@@ -201,6 +214,11 @@ class TransducerCriterion(Criterion):
         state, self._state = self._state, None
         if post is None:
             return value, None
+        if kb is None and isinstance(state, tuple):  # the compiled score map
+            _, xn, sym, norm, inv, grad, out = state
+            cpu_maps.rnnt_gradient(xn, sym, self.layout, norm, inv, post, self.kind_weight, ~np.isfinite(loglike),
+                                   self.clamp, self.fused, out, kept=True)
+            return value, grad
         if kb is None:
             bad = ~torch.isfinite(ll)
             grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad, out_dtype=x.dtype)

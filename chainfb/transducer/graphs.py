@@ -286,6 +286,26 @@ class TransducerLayout:
         """The :class:`ScoreEntries` for logits with ``T`` frames (cached)."""
         return self.memo(("entries", int(T)), lambda: ScoreEntries(self, T))
 
+    def slot_counts(self) -> np.ndarray:
+        """int64 ``[B, umax + 1, width]``: how many frames ``t = 0, 1, ..``
+        arc kind ``j`` of main state ``u`` is read at (the same rule as
+        :class:`ScoreEntries`; 0 for an unused slot), cached."""
+
+        def build():
+            r = self.real
+            b, u, j = self.col_b[r], self.col_u[r], self.col_j[r]
+            count = self.logit_lengths[b]
+            if self.family == "tdt":
+                D = self.width // 2
+                d = np.asarray(self.durations, dtype=np.int64)[j % D]
+                last_blank = (j // D == 0) & (u == self.target_lengths[b])
+                count = np.maximum(count - d + last_blank, 0)
+            out = np.zeros(self.colidx.shape, dtype=np.int64)
+            out[b, u, j] = count
+            return out
+
+        return self.memo(("slot_counts",), build)
+
 
 _LAYOUTS = checks.LRU(16)
 

@@ -57,6 +57,11 @@ def check_inputs(
     ``U == max(U_b) + 1`` are required; otherwise ``>=``.  The three integer
     tensors are read to the host together, in one copy.
     """
+    return _checked(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks, exact_shapes)[:3]
+
+
+def _checked(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks=0, exact_shapes=False):
+    """:func:`check_inputs`, also returning the targets read to the host (int64 NumPy)."""
     checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U, V]")
     if logits.device.type not in ("cpu", "cuda"):
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got a tensor on {logits.device}")
@@ -103,7 +108,7 @@ def check_inputs(
         if hit.any():
             what = "the blank" if num_big_blanks == 0 else "a blank or big blank"
             raise ValueError(f"targets: label {used[hit][0]} is {what} (index {used[hit][0]})")
-    return b, Tb, Ub
+    return b, Tb, Ub, tg
 
 
 def check_options(clamp, fastemit_lambda) -> tuple:
@@ -163,9 +168,9 @@ def rnnt_loss(
     reduction = checks.reduction(reduction)
     clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
     fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
-    blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank)
+    blank, Tb, Ub, host = _checked(logits, targets, logit_lengths, target_lengths, blank)
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, fused_log_softmax=fused_log_softmax,
-                               fastemit_lambda=fastemit_lambda, clamp=clamp)
+                               fastemit_lambda=fastemit_lambda, clamp=clamp, host_targets=host)
     return checks.reduce(apply(logits, crit), reduction)
 
 
@@ -220,7 +225,7 @@ def multiblank_rnnt_loss(
     checks.tensor(logits, "logits")
     V = logits.shape[-1] if logits.dim() == 4 else 0
     durations = check_durations(big_blank_durations, max(V, 1))
-    blank, Tb, Ub = check_inputs(logits, targets, logit_lengths, target_lengths, blank, len(durations))
+    blank, Tb, Ub, host = _checked(logits, targets, logit_lengths, target_lengths, blank, len(durations))
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, tuple(durations), sigma,
-                               fastemit_lambda=fastemit_lambda, clamp=clamp)
+                               fastemit_lambda=fastemit_lambda, clamp=clamp, host_targets=host)
     return checks.reduce(apply(logits, crit), reduction)

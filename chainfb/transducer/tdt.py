@@ -57,6 +57,7 @@ import torch
 from .. import checks
 from .._arrays import as_array
 from ..criterion import Criterion, apply
+from . import cpu_maps
 from .criterion import TransducerCriterion, torch_compute_dtype, layout_tables, symbol_table
 from .graphs import MAX_DURATION, compile_layout
 from .loss import check_inputs, check_options
@@ -129,6 +130,13 @@ class TDTCriterion(Criterion):
         xd = x.detach()
         if not xd.is_contiguous():
             xd = xd.contiguous()
+        if dev.type == "cpu" and cpu_maps.available(x.dtype):  # the compiled score map: one pass
+            xn = xd.numpy()
+            labels = self.labels.cpu().numpy()
+            grad, out = cpu_maps.new_gradient(xn.shape, x.dtype) if need_grad else (None, None)
+            X, tnorm, dnorm, inv = cpu_maps.tdt_gather(xn, V, self.blank, labels, self.layout, self.sigma, out)
+            self._work = ("compiled", xn, labels, tnorm, dnorm, inv, grad, out)
+            return X
         ct = torch_compute_dtype(x.dtype)
         if need_grad:
             work = torch.empty((B, T, U1, VD), dtype=ct, device=dev)  # becomes the gradient
@@ -161,6 +169,11 @@ class TDTCriterion(Criterion):
         work, self._work = self._work, None
         if post is None:
             return value, None
+        if work[0] == "compiled":
+            _, xn, labels, tnorm, dnorm, inv, grad, out = work
+            cpu_maps.tdt_gradient(xn, self.V, self.blank, labels, self.layout, tnorm, dnorm, inv, post,
+                                  ~np.isfinite(np.asarray(loglike)), self.fastemit_lambda, self.clamp, out, kept=True)
+            return value, grad
         g, tok_total, dur, dur_norm = work
         B, T, U1, VD = x.shape
         V, D = self.V, len(self.durations)

@@ -1,0 +1,551 @@
+"""Compiled CPU score maps of the transducer family (RNN-T, multi-blank
+RNN-T, TDT): the gather and the gradient of
+:mod:`~chainfb.transducer.criterion` and :mod:`~chainfb.transducer.tdt` as
+one pass each over the logits, compiled by Numba (the ``jit`` extra) and run
+on :func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
+``(b, t, u)``.
+
+Gather: per cell read by some arc, the log-normaliser of the row (the
+token logits' for TDT, plus the duration logits'), kept per cell, and the
+engine scores of the cell's arcs written straight into ``X [num_steps, C]``
+(column ``colidx[b, u, j]`` at step ``t + u`` for ``t < counts[b, u, j]``,
+:meth:`~chainfb.transducer.graphs.TransducerLayout.slot_counts`).  When a
+gradient will be asked for, the row's exponentials ``exp(x - max)`` are
+left in the gradient-to-be (:func:`new_gradient`), so each logit is read
+once and exponentiated once.
+
+Gradient: per cell, the arc posteriors of its slots, then the row of the
+gradient written once: the kept exponentials times ``occupancy / sum``
+(the softmax times the occupancy; recomputed from the logits when nothing
+was kept) minus the posteriors at the symbols read (module docstrings of the
+criteria), clamped.  The gradient starts as fresh zero memory; cells no arc
+reads are never written, and the rows of utterances whose cost is not
+finite are zeroed.
+
+float32 logits use an exponential evaluated in float32 lanes (range
+reduction by ``ln 2`` and a degree-7 polynomial, within a few units in the
+last place, vectorised by the compiler); float64 logits use ``np.exp``.
+Sums of exponentials accumulate in float64.  Other dtypes (float16,
+bfloat16) stay on the torch score maps.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..engines import numba_log
+from ..engines.threads import get_num_threads
+
+__all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient"]
+
+numba = numba_log.numba
+
+# cells per thread below which one thread does the whole batch
+_MIN_PARALLEL_CELLS = 256
+
+
+def available(dtype=None) -> bool:
+    """Whether the compiled score maps can run (Numba present and not
+    disabled, see :mod:`chainfb.engines.numba_log`), for logits of torch
+    ``dtype`` when given (float32 and float64 only)."""
+    if numba is None or numba_log.numba is None:
+        return False
+    if dtype is None:
+        return True
+    import torch
+
+    return dtype in (torch.float32, torch.float64)
+
+
+def new_gradient(shape, dtype) -> tuple:
+    """A zero CPU tensor of ``shape`` and torch ``dtype`` for a gradient the
+    kernels write, and the NumPy array it views.  The memory comes from
+    ``np.zeros``: a large block is fresh zero pages from the OS, which the
+    kernels leave untouched where the gradient is 0 (cells no arc reads:
+    the padding of a batch), so those pages are never faulted in or
+    written; NumPy also asks Linux for transparent huge pages, so the pages
+    written take a few hundred faults instead of one per 4 KiB."""
+    import torch
+
+    a = np.zeros(shape, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    return torch.from_numpy(a), a
+
+
+def _compile(fn):
+    return numba.njit(nogil=True, cache=True)(fn) if numba is not None else fn
+
+
+def _compile_fast(fn):
+    """Compiled with reassociation allowed (vectorised sums), NaN and
+    infinities kept."""
+    if numba is None:
+        return fn
+    return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})(fn)
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693145751953125)  # ln 2 = _LN2_HI + _LN2_LO, _LN2_HI exact in 16 bits
+_LN2_LO = np.float32(1.4286068203094173e-06)
+_LO = np.float32(-87.0)  # exp below this is under float32's smallest normal: 0
+_HALF = np.float32(0.5)
+_C = tuple(np.float32(1.0 / f) for f in (1, 1, 2, 6, 24, 120, 720, 5040))
+
+
+@_compile_fast
+def _exp_into(row, lo, n, m, scale, out, ib, fast):
+    """``out[k] = exp(row[lo + k] - m) * scale`` for ``k < n``; returns the
+    float64 sum of ``exp(row[lo + k] - m)``.  ``fast``: the float32-lane
+    exponential (``ib`` an int32 scratch of at least ``n``); else
+    ``np.exp``.  NaN in gives NaN out."""
+    s = 0.0
+    if not fast:
+        for k in range(n):
+            e = np.exp(row[lo + k] - m)
+            s += e
+            out[k] = e * scale
+        return s
+    c0, c1, c2, c3, c4, c5, c6, c7 = _C
+    for k in range(n):
+        v = row[lo + k] - m
+        vc = v if v > _LO else _LO
+        nf = np.floor(vc * _LOG2E + _HALF)
+        r = (vc - nf * _LN2_HI) - nf * _LN2_LO
+        out[k] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
+        ib[k] = (np.int32(nf) + np.int32(127)) << np.int32(23)
+    pw = ib.view(np.float32)
+    for k in range(n):
+        v = row[lo + k] - m
+        e = out[k] * pw[k]
+        e = e if v >= _LO else (np.float32(0.0) if v < _LO else v)  # underflow to 0; NaN stays NaN
+        s += e
+        out[k] = e * scale
+    return s
+
+
+def _row_max(row, lo, n):
+    """The largest of ``row[lo:lo + n]``, NaN skipped (:func:`_log_norm`
+    finds a NaN either way); eight independent maxima, so the compiler
+    vectorises them."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[lo]
+    k = lo
+    end = lo + n
+    while k + 8 <= end:
+        v = row[k]
+        m0 = v if v > m0 else m0
+        v = row[k + 1]
+        m1 = v if v > m1 else m1
+        v = row[k + 2]
+        m2 = v if v > m2 else m2
+        v = row[k + 3]
+        m3 = v if v > m3 else m3
+        v = row[k + 4]
+        m4 = v if v > m4 else m4
+        v = row[k + 5]
+        m5 = v if v > m5 else m5
+        v = row[k + 6]
+        m6 = v if v > m6 else m6
+        v = row[k + 7]
+        m7 = v if v > m7 else m7
+        k += 8
+    for j in range(k, end):
+        v = row[j]
+        m0 = v if v > m0 else m0
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+if numba is not None:
+    _row_max = numba.njit(nogil=True, cache=True)(_row_max)
+
+
+@_compile
+def _log_norm(row, lo, n, buf, ib, fast):
+    """``(log sum_k exp(row[lo + k]), 1 / sum_k exp(row[lo + k] - max))``,
+    the first in float64 (the row maximum when it is not finite; NaN when a
+    NaN is in the row; then the second is 0), with ``buf[k] = exp(row[lo +
+    k] - max)`` written when the maximum is finite."""
+    m = _row_max(row, lo, n)
+    if not np.isfinite(m):
+        for k in range(lo, lo + n):
+            if row[k] != row[k]:
+                return np.nan, 0.0
+        return np.float64(m), 0.0
+    s = _exp_into(row, lo, n, m, 1.0, buf, ib, fast)  # NaN in the row: NaN
+    return np.float64(m) + np.log(s), 1.0 / s
+
+
+def _cell_used(counts, b, u, t):
+    """Whether some arc kind of main state ``u`` is read at frame ``t``."""
+    for j in range(counts.shape[2]):
+        if t < counts[b, u, j]:
+            return True
+    return False
+
+
+if numba is not None:
+    _cell_used = numba.njit(nogil=True, cache=True, inline="always")(_cell_used)
+
+
+@_compile
+def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
+    """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
+    batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
+    ``S[cell, j] = x[b, t, u, sym[b, u, j]] - norm`` for the kinds ``j``
+    read at ``t`` (:func:`_to_steps` moves them into the engine's matrix).  With ``keep`` (and ``fused``) the row
+    ``exp(x - max)`` is left in ``g[b, t, u]`` and ``inv[cell]`` holds the
+    factor that makes it the softmax (for :func:`_rnnt_grad`)."""
+    B, T, U1, V = x.shape
+    J = sym.shape[2]
+    buf = np.empty(V, x.dtype)
+    ib = np.empty(V, np.int32)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        if not _cell_used(counts, b, u, t):
+            continue
+        row = x[b, t, u]
+        nm = 0.0
+        if fused:
+            nm, iv = _log_norm(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
+            inv[cell] = iv
+        norm[cell] = nm
+        for j in range(J):
+            if t < counts[b, u, j]:
+                S[cell, j] = np.float64(row[sym[b, u, j]]) - nm
+
+
+@_compile
+def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
+    """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
+    ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
+    kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`_to_cells`; no first term when
+    not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
+    ``g`` is zero on entry and left so for cells no arc reads and for
+    utterances with ``zero[b]``, or (``kept``) holds what
+    :func:`_rnnt_gather` left there."""
+    B, T, U1, V = x.shape
+    J = sym.shape[2]
+    ib = np.empty(V, np.int32)
+    w = np.zeros(J)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        grow = g[b, t, u]
+        used = False
+        occ = 0.0
+        if not zero[b]:
+            for j in range(J):
+                if t < counts[b, u, j]:
+                    w[j] = kind_weight[j] * P[cell, j]
+                    occ += w[j]
+                    used = True
+                else:
+                    w[j] = 0.0
+        if not used:  # out is zero on entry (or only the gather wrote there): nothing to write
+            if kept and _cell_used(counts, b, u, t):
+                grow[:] = 0.0
+            continue
+        nm = norm[cell]
+        if fused and occ != 0.0 and np.isfinite(nm):
+            if kept:  # exp(x - max) from the gather: times occ / sum
+                f = occ * inv[cell]
+                for k in range(V):
+                    grow[k] = grow[k] * f
+            else:
+                _exp_into(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
+        elif kept:
+            grow[:] = 0.0
+        for j in range(J):
+            if t < counts[b, u, j]:
+                k = sym[b, u, j]
+                grow[k] = grow[k] - w[j]
+        if clamp > 0.0:
+            for k in range(V):
+                if grow[k] > clamp:
+                    grow[k] = clamp
+                elif grow[k] < -clamp:
+                    grow[k] = -clamp
+
+
+@_compile
+def _tdt_gather(x, V, blank, labels, counts, sigma, fast, S, tnorm, dnorm, inv, g, keep, c0, c1):
+    """Cells ``c0 <= cell < c1`` of a TDT batch (``x [B, T, U1, V + D]``):
+    the token and duration log-normalisers ``tnorm``, ``dnorm`` (float64)
+    and ``S[cell, j] = (x[sym] - tnorm - sigma) + (x[V + i] - dnorm)`` for slot ``j = kind * D + i`` (kind 0 the blank, 1 the label
+    ``labels[b, u]``) read at ``t``.  With ``keep`` the token row ``exp(x -
+    max)`` is left in ``g[b, t, u, :V]`` (``inv[cell]`` the factor that
+    makes it the softmax) and the duration softmax in ``g[b, t, u, V:]``."""
+    B, T, U1, VD = x.shape
+    D = VD - V
+    J = 2 * D
+    buf = np.empty(max(V, D), x.dtype)
+    ib = np.empty(max(V, D), np.int32)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        if not _cell_used(counts, b, u, t):
+            continue
+        row = x[b, t, u]
+        tn, iv = _log_norm(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
+        inv[cell] = iv
+        dn, ivd = _log_norm(row, V, D, buf, ib, False)  # buf: the durations' exp(x - max)
+        tnorm[cell] = tn
+        dnorm[cell] = dn
+        if keep and np.isfinite(dn):  # the duration softmax, where the gradient wants it
+            grow = g[b, t, u]
+            for i in range(D):
+                grow[V + i] = buf[i] * ivd
+        for j in range(J):
+            if t < counts[b, u, j]:
+                i = j % D
+                s = blank if j < D else labels[b, u]
+                S[cell, j] = (np.float64(row[s]) - (tn + sigma)) + (np.float64(row[V + i]) - dn)
+
+
+@_compile
+def _tdt_grad(x, V, blank, labels, counts, tnorm, dnorm, inv, P, zero, label_weight, clamp, fast, kept, g, c0, c1):
+    """The TDT gradient rows of cells ``c0 <= cell < c1`` (see
+    :mod:`chainfb.transducer.tdt`): with ``A_j`` the posterior of slot ``j``,
+    ``Pb``/``Pl`` the blank's/label's sums over durations, tokens
+    ``softmax * (Pb + lw Pl) - Pb [k == blank] - lw Pl [k == label]``
+    (clamped when ``clamp > 0``), durations ``softmax_i * (Pb + Pl) - A_i
+    - A_{D+i}``; ``g`` is zero on entry and left so where no arc reads the
+    cell or ``zero[b]``, or (``kept``) holds what :func:`_tdt_gather` left there."""
+    B, T, U1, VD = x.shape
+    D = VD - V
+    J = 2 * D
+    ib = np.empty(V, np.int32)
+    A = np.zeros(J)
+    for cell in range(c0, c1):
+        u = cell % U1
+        t = (cell // U1) % T
+        b = cell // (U1 * T)
+        grow = g[b, t, u]
+        used = False
+        if not zero[b]:
+            for j in range(J):
+                if t < counts[b, u, j]:
+                    A[j] = P[cell, j]
+                    used = True
+                else:
+                    A[j] = 0.0
+        if not used:  # out is zero on entry (or only the gather wrote there): nothing to write
+            if kept and _cell_used(counts, b, u, t):
+                grow[:] = 0.0
+            continue
+        pb = 0.0
+        pl = 0.0
+        for i in range(D):
+            pb += A[i]
+            pl += A[D + i]
+        occ = pb + pl
+        wt = pb + label_weight * pl
+        row = x[b, t, u]
+        tn = tnorm[cell]
+        if wt != 0.0 and np.isfinite(tn):
+            if kept:  # exp(x - max) from the gather: times wt / sum
+                f = wt * inv[cell]
+                for k in range(V):
+                    grow[k] = grow[k] * f
+            else:
+                _exp_into(row, 0, V, tn, wt, grow, ib, fast)
+        elif kept:
+            grow[:V] = 0.0
+        grow[blank] = grow[blank] - pb
+        k = labels[b, u]
+        grow[k] = grow[k] - label_weight * pl
+        if clamp > 0.0:
+            for k in range(V):
+                if grow[k] > clamp:
+                    grow[k] = clamp
+                elif grow[k] < -clamp:
+                    grow[k] = -clamp
+        dn = dnorm[cell]
+        ok = np.isfinite(dn)
+        for i in range(D):
+            if kept:
+                sm = grow[V + i]  # from the gather (0 where the normaliser is not finite)
+            else:
+                sm = np.exp(np.float64(row[V + i]) - dn) if ok else 0.0
+            grow[V + i] = sm * occ - (A[i] + A[D + i])
+
+
+# frames per block of the moves between the engine's matrix and the cell order
+_TB = 16
+
+
+@_compile
+def _to_steps(S, colidx, counts, T, X, c0, c1):
+    """``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]`` for the
+    kinds read at ``t``, over blocks ``c0 <= blk < c1`` of ``_TB`` frames
+    of an utterance, diagonal by diagonal: consecutive cells write one row
+    of ``X``, and the block's cells stay in the cache."""
+    B, U1, J = colidx.shape
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        for n in range(ta, tz + U1 - 1):
+            for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
+                u = n - t
+                cell = (b * T + t) * U1 + u
+                for j in range(J):
+                    if t < counts[b, u, j]:
+                        X[n, colidx[b, u, j]] = S[cell, j]
+
+
+@_compile
+def _to_cells(post, colidx, counts, T, P, c0, c1):
+    """``P[(b * T + t) * U1 + u, j] = post[t + u, colidx[b, u, j]]`` for
+    the kinds read at ``t``, 0 for the others (blocks as :func:`_to_steps`)."""
+    B, U1, J = colidx.shape
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        for n in range(ta, tz + U1 - 1):
+            for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
+                u = n - t
+                cell = (b * T + t) * U1 + u
+                for j in range(J):
+                    P[cell, j] = post[n, colidx[b, u, j]] if t < counts[b, u, j] else 0.0
+
+
+def _blocks(B: int, T: int) -> int:
+    """How many blocks of :func:`_to_steps` and :func:`_to_cells` a batch has."""
+    return B * ((T + _TB - 1) // _TB)
+
+
+def _cells(fn, ncells: int, *args) -> None:
+    """``fn(*args, c0, c1)`` over ``[0, ncells)`` split into contiguous
+    ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
+    compiled kernels release the GIL)."""
+    n = max(1, get_num_threads())
+    grain = 2 if fn is _to_steps or fn is _to_cells else _MIN_PARALLEL_CELLS  # blocks of cells, or cells
+    if n == 1 or ncells < n * grain:
+        fn(*args, 0, ncells)
+        return
+    edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
+    with ThreadPoolExecutor(n) as ex:
+        list(ex.map(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:])))
+
+
+def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
+    """:func:`~chainfb.transducer.criterion.symbol_table` from host
+    (NumPy) targets ``[B, >= max(U_b)]`` and ``U_b`` ``[B]``: int64 ``[B, U1, 2 + M]``."""
+    B = targets.shape[0]
+    sym = np.empty((B, U1, 2 + len(big_blanks)), dtype=np.int64)
+    sym[:, :, 0] = int(blank)
+    lab = np.full((B, U1), -1, dtype=np.int64)
+    k = min(U1, targets.shape[1])
+    lab[:, :k] = targets[:, :k]
+    lab[np.arange(U1)[None, :] >= np.asarray(target_lengths)[:, None]] = -1
+    sym[:, :, 1] = lab
+    for i, s in enumerate(big_blanks):
+        sym[:, :, 2 + i] = int(s)
+    return sym
+
+
+def _grid(layout, T: int, x: np.ndarray) -> tuple:
+    """``(colidx, counts)`` of ``layout`` as int64 NumPy and the scores
+    matrix ``X [num_steps, C]`` of ``-inf`` for logits with ``T`` frames."""
+    X = np.full((layout.num_steps, layout.lat.num_columns), -np.inf)
+    counts = layout.slot_counts()  # at most T_b <= T
+    if counts.shape[1] != x.shape[2]:
+        raise ValueError(f"logits: {x.shape[2]} label positions, the layout has {counts.shape[1]}")
+    return layout.colidx, counts, X
+
+
+def _no_rows(x: np.ndarray) -> np.ndarray:
+    """A stand-in for the gradient when the gather keeps no rows."""
+    return np.zeros((1, 1, 1, 1), dtype=x.dtype)
+
+
+def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.ndarray | None = None) -> tuple:
+    """Engine scores of an RNN-T / multi-blank batch.
+
+    x : ``[B, T, U1, V]`` float32/float64 C-contiguous NumPy logits;
+    sym : int ``[B, U1, J]`` (:func:`~chainfb.transducer.criterion.symbol_table`);
+    layout : the batch's :class:`~chainfb.transducer.graphs.TransducerLayout`;
+    out : the gradient-to-be (:func:`new_gradient`, zero) or None: when
+        given (and ``fused``), the rows' exponentials are left there and
+        :func:`rnnt_gradient` scales them instead of recomputing them.
+
+    Returns ``X`` float64 ``[num_steps, C]`` and the cells' log-normalisers
+    and softmax factors, float64 ``[B * T * U1]`` each (for :func:`rnnt_gradient`)."""
+    B, T, U1, V = x.shape
+    colidx, counts, X = _grid(layout, T, x)
+    norm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1)
+    sym = np.ascontiguousarray(sym, dtype=np.int64)
+    keep = out is not None and bool(fused)
+    S = np.empty((B * T * U1, colidx.shape[2]))
+    _cells(_rnnt_gather, B * T * U1, x, sym, counts, bool(fused), x.dtype == np.float32, S, norm, inv,
+           out if keep else _no_rows(x), keep)
+    _cells(_to_steps, _blocks(B, T), S, colidx, counts, T, X)
+    return X, norm, inv
+
+
+def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv: np.ndarray, post: np.ndarray,
+                  kind_weight, zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray,
+                  kept: bool = False) -> np.ndarray:
+    """The RNN-T / multi-blank gradient ``[B, T, U1, V]`` written into ``out``
+    (same shape and dtype as ``x``: zero on entry, :func:`new_gradient`, or
+    with ``kept`` as :func:`rnnt_gather` left it): see :func:`_rnnt_grad`;
+    ``post`` float64 ``[num_steps, C]``, ``kind_weight`` ``[J]``, ``zero``
+    bool ``[B]``."""
+    B, T, U1, V = x.shape
+    colidx, counts = layout.colidx, layout.slot_counts()
+    sym = np.ascontiguousarray(sym, dtype=np.int64)
+    kw = np.ascontiguousarray(kind_weight, dtype=np.float64)
+    post = np.ascontiguousarray(post, dtype=np.float64)
+    P = np.empty((B * T * U1, colidx.shape[2]))
+    _cells(_to_cells, _blocks(B, T), post, colidx, counts, T, P)
+    _cells(_rnnt_grad, B * T * U1, x, sym, counts, norm, inv, P, kw,
+           np.ascontiguousarray(zero, dtype=np.bool_), float(clamp), bool(fused), x.dtype == np.float32,
+           bool(kept and fused), out)
+    return out
+
+
+def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, sigma: float,
+               out: np.ndarray | None = None) -> tuple:
+    """Engine scores of a TDT batch: ``x [B, T, U1, V + D]`` float32/float64
+    C-contiguous NumPy, ``labels`` int ``[B, U1]`` (the label read at
+    ``(b, u)``; the blank where there is none); ``out`` as in
+    :func:`rnnt_gather` (the token rows' exponentials are left there).
+    Returns ``X`` float64 ``[num_steps, C]``, the token and duration
+    log-normalisers and the token softmax factors ``[B * T * U1]`` (for
+    :func:`tdt_gradient`)."""
+    B, T, U1, _ = x.shape
+    colidx, counts, X = _grid(layout, T, x)
+    tnorm, dnorm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1), np.zeros(B * T * U1)
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    keep = out is not None
+    S = np.empty((B * T * U1, colidx.shape[2]))
+    _cells(_tdt_gather, B * T * U1, x, int(V), int(blank), labels, counts, float(sigma),
+           x.dtype == np.float32, S, tnorm, dnorm, inv, out if keep else _no_rows(x), keep)
+    _cells(_to_steps, _blocks(B, T), S, colidx, counts, T, X)
+    return X, tnorm, dnorm, inv
+
+
+def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, tnorm, dnorm, inv, post, zero,
+                 fastemit_lambda: float, clamp: float, out: np.ndarray, kept: bool = False) -> np.ndarray:
+    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out`` (zero on
+    entry, :func:`new_gradient`, or with ``kept`` as :func:`tdt_gather`
+    left it; see :func:`_tdt_grad`; FastEmit scales the label's token terms
+    by ``1 + fastemit_lambda``)."""
+    B, T, U1, _ = x.shape
+    counts = layout.slot_counts()
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    post = np.ascontiguousarray(post, dtype=np.float64)
+    P = np.empty((B * T * U1, layout.colidx.shape[2]))
+    _cells(_to_cells, _blocks(B, T), post, layout.colidx, counts, T, P)
+    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, counts, tnorm, dnorm, inv, P,
+           np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp),
+           x.dtype == np.float32, bool(kept), out)
+    return out
