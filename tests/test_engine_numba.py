@@ -204,8 +204,8 @@ def test_tight_alignments_with_peaky_scores(scale):
 def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
     # run the engine's Python source (not the compiled code) with thresholds
     # that send every cell and every frame down the exact log-domain paths
-    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_slow1", "_band_frame", "_find", "_bands",
-                 "_run"):
+    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_slow1", "_block_norm", "_renorm", "_band_frame",
+                 "_find", "_bands", "_frame_max", "_emit", "_run"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
     monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))

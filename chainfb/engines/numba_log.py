@@ -118,6 +118,8 @@ _SAFE = 1e-290
 _LOG_SAFE = float(np.log(_SAFE))
 # frame totals (alpha * beta) above this: posteriors from the scaled values
 _SAFE_TOTAL = 1e-200
+# the span-1 pass keeps a log reference per block of 2**_BLOCK_SHIFT states
+_BLOCK_SHIFT = 5
 
 
 @_inline
@@ -242,19 +244,23 @@ def _normalise1(A):
 
 
 @_compile
-def _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j):
+def _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j):
     """Cell ``j`` of ``Pn`` in the log domain (its scaled sum was below the
-    safe range): the log-sum-exp of ``log(far end) + log_prob + score -
-    shift`` over the arcs of state ``k``; far ends outside ``Pp``'s band
-    (local index ``plo + i``) are zero."""
+    safe range): the log-sum-exp of ``log(far end) + its block's reference -
+    ref + log_prob + score - shift`` over the arcs of state ``k``; far ends
+    outside ``Pp``'s band (local index ``plo + i``) are zero."""
     m = -np.inf
     acc = 0.0
     pw = Pp.shape[0]
+    pb0 = plo >> sh
     for a in range(ptr[k], ptr[k + 1]):
         i = other[a] - base - plo
         if i < 0 or i >= pw:
             continue
-        m, acc = _lse_push(m, acc, _log1(Pp[i]) + lp[a] + xt[col[a]] - shift)
+        v = Pp[i]
+        if v == 0.0:
+            continue
+        m, acc = _lse_push(m, acc, _log1(v) + Rp[((i + plo) >> sh) - pb0] - ref + lp[a] + xt[col[a]] - shift)
     if acc != acc:
         Pn[j] = acc
     elif acc == 0.0:
@@ -264,33 +270,96 @@ def _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j):
 
 
 @_inline
-def _band_frame(Pp, plo, Pn, nlo, ptr, other, w, lp, col, xt, E, base, shift):
-    """One frame of either direction over bands: cell ``j`` of ``Pn`` (state
-    ``base + nlo + j``) from the far ends in ``Pp`` (state ``base + plo + i``;
-    those outside the band are zero) -- the scaled sum when it is safe (or
-    NaN), else the exact log-domain value."""
+def _block_norm(A):
+    """:func:`_normalise1` on one block's cells; ``-inf`` when they are all 0."""
+    lc = _normalise1(A)
+    if lc == 0.0:
+        for j in range(A.shape[0]):
+            if A[j] != 0.0:
+                return 0.0
+        return -np.inf
+    return lc
+
+
+@_inline
+def _renorm(R):
+    """Subtract a frame's largest block reference from its references; return it (0 if none)."""
+    r = -np.inf
+    for q in range(R.shape[0]):
+        if R[q] > r:
+            r = R[q]
+    if r == -np.inf:
+        return 0.0
+    for q in range(R.shape[0]):
+        R[q] -= r
+    return r
+
+
+@_compile
+def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, shift, sh, fac, stamp, lst):
+    """One frame of either direction over bands of blocks: cell ``j`` of
+    ``Pn`` (state ``base + nlo + j``) from the far ends in ``Pp`` (state
+    ``base + plo + i``; those outside the band are zero).  A block of ``2**sh``
+    states is computed relative to the largest reference ``ref`` of the
+    blocks it reads, each far end's product taken ``exp(Rp[its block] -
+    ref) <= 1`` times: the scaled sum when it is safe (or NaN), else the
+    exact log-domain value; then the block is divided by its largest cell and
+    ``Rn[block]`` set to ``ref`` plus its log (``-inf``: all zero).  ``fac``,
+    ``stamp``, ``lst``: work arrays of ``Pp``'s block count."""
     pw = Pp.shape[0]
-    for j in range(Pn.shape[0]):
-        k = base + nlo + j
-        s = 0.0
-        hit = False
-        for a in range(ptr[k], ptr[k + 1]):
-            i = other[a] - base - plo
-            if i < 0 or i >= pw:
-                continue
-            p = Pp[i]
-            if p == 0.0:
-                continue
-            hit = True
-            if p < 0.0:
-                p = np.exp(p + _LOG_SAFE)
-            s += p * w[a] * E[col[a]]
-        if s >= _SAFE or s != s:
-            Pn[j] = s
-        elif not hit:
-            Pn[j] = 0.0
-        else:
-            _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j)
+    nw = Pn.shape[0]
+    pb0 = plo >> sh
+    nb0 = nlo >> sh
+    for q in range(Rp.shape[0]):
+        stamp[q] = -1
+    for kb in range(nb0, nb0 + Rn.shape[0]):
+        j0 = max(nlo, kb << sh) - nlo
+        j1 = min(nlo + nw, (kb + 1) << sh) - nlo
+        ref = -np.inf
+        nl = 0
+        for j in range(j0, j1):  # the blocks read, and their largest reference
+            k = base + nlo + j
+            for a in range(ptr[k], ptr[k + 1]):
+                i = other[a] - base - plo
+                if i < 0 or i >= pw:
+                    continue
+                q = ((i + plo) >> sh) - pb0
+                if stamp[q] != kb:
+                    stamp[q] = kb
+                    lst[nl] = q
+                    nl += 1
+                    if Rp[q] > ref:
+                        ref = Rp[q]
+        Pb = Pn[j0:j1]
+        if ref == -np.inf:  # every block read is all zero
+            for j in range(Pb.shape[0]):
+                Pb[j] = 0.0
+            Rn[kb - nb0] = -np.inf
+            continue
+        for x in range(nl):
+            fac[lst[x]] = np.exp(Rp[lst[x]] - ref)
+        for j in range(j0, j1):
+            k = base + nlo + j
+            s = 0.0
+            hit = False
+            for a in range(ptr[k], ptr[k + 1]):
+                i = other[a] - base - plo
+                if i < 0 or i >= pw:
+                    continue
+                p = Pp[i]
+                if p == 0.0:
+                    continue
+                hit = True
+                if p < 0.0:
+                    p = np.exp(p + _LOG_SAFE)
+                s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
+            if s >= _SAFE or s != s:
+                Pn[j] = s
+            elif not hit:
+                Pn[j] = 0.0
+            else:
+                _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
+        Rn[kb - nb0] = ref + _block_norm(Pb)
 
 
 @_inline
@@ -372,17 +441,40 @@ def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
     return dist[0], dist[1]
 
 
+@_inline
+def _frame_max(xt, c0, c1):
+    """A sequence's largest score in one frame (its columns ``c0 .. c1``):
+    0 when all are ``-inf``; NaN or ``+inf`` when a score is."""
+    m = -np.inf
+    for c in range(c0, c1):
+        x = xt[c]
+        if x != x:
+            return x
+        if x > m:
+            m = x
+    return m if m > -np.inf else 0.0
+
+
+@_inline
+def _emit(xt, c0, c1, m, et):
+    """The emissions ``et[c] = exp(xt[c] - m)`` of the columns ``c0 .. c1``."""
+    for c in range(c0, c1):
+        et[c] = np.exp(xt[c] - m)
+
+
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
-         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, X, E, M, lengths, need_post,
+         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, X, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
-    their columns of ``post [T, C]`` (zero on entry), from the scores ``X``,
-    the emissions ``E = exp(X - M[t, n])`` and the frame maxima ``M [T, N]``.
+    their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
+    (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``; each
+    frame's emissions ``exp(X - max)`` are formed here, one row at a time).
     Only the cells of each frame's live band (:func:`_bands`) are computed
-    and stored (ragged, one float64 each); the work arrays are allocated
-    once for all the sequences.  See the module docstring for the
-    representation and why it is exact."""
+    and stored (ragged, one float64 each), in blocks of ``2**sh`` states
+    with a log reference each; the work arrays are allocated once for all
+    the sequences.  See the module docstring for the representation and
+    why it is exact."""
     ninf = -np.inf
     # the bands of every sequence, and the largest work arrays they need
     nf = 0
@@ -393,8 +485,10 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     blo = np.empty(nf, np.int64)
     bhi = np.empty(nf, np.int64)
     boff = np.empty(nf + (n1 - n0), np.int64)
+    roff = np.empty(nf + (n1 - n0), np.int64)
     nxt = np.empty(maxL + 2, np.int64)
     cells = 0
+    refs = 0
     width = 0
     f0 = 0
     for n in range(n0, n1):
@@ -402,28 +496,46 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         s0 = state_off[n]
         lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
         off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
+        rof = roff[f0 + n - n0:f0 + n - n0 + L + 2]
         _bands(dstart, dfinal, s0, state_off[n + 1] - s0, L, lo, hi, nxt)
         off[0] = 0
+        rof[0] = 0
         for t in range(L + 1):
             wt = max(hi[t] - lo[t] + 1, 0)
             off[t + 1] = off[t] + wt
+            rof[t + 1] = rof[t] + (((hi[t] >> sh) - (lo[t] >> sh) + 1) if wt > 0 else 0)
             width = max(width, wt)
         cells = max(cells, off[L + 1])
+        refs = max(refs, rof[L + 1])
         f0 += L + 1
     A = np.empty(cells)
+    RA = np.empty(refs)  # each block's log reference, relative to the frame's
+    nb = (width >> sh) + 2
     Q = np.empty(width)  # beta_{t+1}, one-array cells
-    BP = np.empty(width)  # B_t before normalisation
+    RQ = np.empty(nb)
+    BP = np.empty(width)  # B_t
+    RB = np.empty(nb)
+    fac = np.empty(nb)
+    stamp = np.empty(nb, np.int64)
+    lst = np.empty(nb, np.int64)
+    gexp = np.empty(nb)
+    gstamp = np.empty(nb, np.int64)
+    et = np.empty(X.shape[1])  # one frame's emissions
+    Mrow = np.empty(maxL)
     f0 = 0
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
+        c0, c1 = col_off[n], col_off[n + 1]
         lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
         off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
+        rof = roff[f0 + n - n0:f0 + n - n0 + L + 2]
         f0 += L + 1
         bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
         for t in range(L):
-            if M[t, n] != M[t, n] or M[t, n] == np.inf:
+            Mrow[t] = _frame_max(X[t], c0, c1)
+            if Mrow[t] != Mrow[t] or Mrow[t] == np.inf:
                 bad = True
         if bad:
             loglike[n] = np.nan
@@ -442,14 +554,19 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         P0 = A[0:off[1]]
         for j in range(P0.shape[0]):
             P0[j] = 0.0
+        R0 = RA[0:rof[1]]
+        for q in range(R0.shape[0]):
+            R0[q] = ninf
         P0[start[n] - s0 - lo[0]] = 1.0  # the start is live at frame 0 (dstart = 0)
+        R0[((start[n] - s0) >> sh) - (lo[0] >> sh)] = 0.0
         offset = 0.0
         for t in range(L):
-            shift = M[t, n] + wshift
-            Pn = A[off[t + 1]:off[t + 2]]
-            _band_frame(A[off[t]:off[t + 1]], lo[t], Pn, lo[t + 1], in_ptr, in_src, in_w, in_lp, in_col, X[t], E[t],
-                        s0, shift)
-            offset += shift + _normalise1(Pn)
+            shift = Mrow[t] + wshift
+            _emit(X[t], c0, c1, Mrow[t], et)
+            Rn = RA[rof[t + 1]:rof[t + 2]]
+            _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
+                        in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, fac, stamp, lst)
+            offset += shift + _renorm(Rn)
         fmax = ninf
         for j in range(W):
             if final[s0 + j] > fmax:
@@ -459,89 +576,102 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         m = ninf
         acc = 0.0
         PL = A[off[L]:off[L + 1]]
+        RL = RA[rof[L]:rof[L + 1]]
+        lb = lo[L] >> sh
         for j in range(PL.shape[0]):  # loglike: the log-sum-exp of alpha_L + final
-            m, acc = _lse_push(m, acc, _log1(PL[j]) + final[s0 + lo[L] + j] - fmax)
+            m, acc = _lse_push(m, acc, _log1(PL[j]) + RL[((lo[L] + j) >> sh) - lb] + final[s0 + lo[L] + j] - fmax)
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue  # no complete path: zero posteriors
         qw = PL.shape[0]
+        qlo = lo[L]
+        nqb = RL.shape[0]
         for j in range(qw):
-            _store1(final[s0 + lo[L] + j] - fmax, Q, j)
+            _store1(final[s0 + qlo + j] - fmax, Q, j)
+        for q in range(nqb):
+            j0 = max(qlo, (lb + q) << sh) - qlo
+            j1 = min(qlo + qw, (lb + q + 1) << sh) - qlo
+            RQ[q] = _block_norm(Q[j0:j1])
         for t in range(L - 1, -1, -1):
-            xt, et, pt = X[t], E[t], post[t]
-            shift = M[t, n] + wshift
+            xt, pt = X[t], post[t]
+            shift = Mrow[t] + wshift
+            _emit(xt, c0, c1, Mrow[t], et)
             Qn = Q[:qw]
-            qlo = lo[t + 1]
+            Rq = RQ[:nqb]
+            qb0 = qlo >> sh
             Pt = A[off[t]:off[t + 1]]
+            Ra = RA[rof[t]:rof[t + 1]]
             tw = Pt.shape[0]
+            ntb = Ra.shape[0]
+            tlo = lo[t]
+            tb0 = tlo >> sh
             Bt = BP[:tw]
-            _band_frame(Qn, qlo, Bt, lo[t], out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift)
-            z = 0.0
-            for i in range(tw):
-                p = Pt[i]
-                b = Bt[i]
-                if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
-                    z += p * b
-            if z >= _SAFE_TOTAL and z < np.inf:
-                # every term left out (a cell kept as a log) is below 1e-88 of z
+            Rb = RB[:ntb]
+            _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift, sh,
+                        fac, stamp, lst)
+            # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
+            m = ninf
+            acc = 0.0
+            for q in range(ntb):
+                if Ra[q] == ninf or Rb[q] == ninf:
+                    continue
+                j0 = max(tlo, (tb0 + q) << sh) - tlo
+                j1 = min(tlo + tw, (tb0 + q + 1) << sh) - tlo
+                z = 0.0
+                for i in range(j0, j1):
+                    p = Pt[i]
+                    b = Bt[i]
+                    if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
+                        z += p * b
+                if z >= _SAFE_TOTAL and z < np.inf:
+                    # every term left out (a cell kept as a log) is below 1e-88 of z
+                    m, acc = _lse_push(m, acc, Ra[q] + Rb[q] + np.log(z))
+                elif z != z or z == np.inf:
+                    m, acc = _lse_push(m, acc, z)
+                else:  # a small total: the block in the log domain
+                    for i in range(j0, j1):
+                        m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]) + Ra[q] + Rb[q])
+            lz = m + np.log(acc) if acc != 0.0 else ninf
+            if lz != lz or lz == np.inf:  # NaN in: NaN out
+                for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                    pt[out_col[a]] = np.nan
+            elif lz > ninf:
+                for q in range(nqb):
+                    gstamp[q] = -1
                 for i in range(tw):
                     p = Pt[i]
-                    if p == 0.0 or p < 0.0:
+                    if p == 0.0:
                         continue
-                    ai = p / z
-                    k = s0 + lo[t] + i
+                    qa = ((tlo + i) >> sh) - tb0
+                    ra = Ra[qa] - lz
+                    k = s0 + tlo + i
                     for a in range(out_ptr[k], out_ptr[k + 1]):
                         d = out_dst[a] - s0 - qlo
                         if d < 0 or d >= qw:
                             continue
-                        q = Qn[d]
-                        if q == 0.0 or q < 0.0:
+                        qv = Qn[d]
+                        if qv == 0.0:
                             continue
+                        qb = ((d + qlo) >> sh) - qb0
+                        lg = ra + Rq[qb]  # arc posterior: alpha w E beta exp(lg)
                         c = out_col[a]
-                        pt[c] += ai * out_w[a] * et[c] * q
-            elif z != z or z == np.inf:  # NaN in: NaN out
-                for a in range(out_ptr[s0], out_ptr[s0 + W]):
-                    pt[out_col[a]] = np.nan
-            else:  # a small total: each state's share in the log domain
-                m = ninf
-                acc = 0.0
-                for i in range(tw):
-                    m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]))
-                if acc != 0.0:
-                    lz = m + np.log(acc)
-                    for i in range(tw):
-                        ai = _log1(Pt[i]) - lz
-                        if ai == ninf:
-                            continue
-                        k = s0 + lo[t] + i
-                        b = Bt[i]
-                        if b > 0.0:
-                            # B_t(i) is the scaled sum of its arcs' w E beta: each arc takes the
-                            # fraction w E beta / B_t(i) of the state's posterior alpha B / Z
-                            g = np.exp(ai + np.log(b)) / b
-                            if g == 0.0:
+                        if p > 0.0 and qv > 0.0 and lg <= 700.0:
+                            v = p * out_w[a] * et[c] * qv
+                            if v >= _SAFE:
+                                if gstamp[qb] != qa:
+                                    gstamp[qb] = qa
+                                    gexp[qb] = np.exp(lg)
+                                pt[c] += v * gexp[qb]
                                 continue
-                            for a in range(out_ptr[k], out_ptr[k + 1]):
-                                d = out_dst[a] - s0 - qlo
-                                if d < 0 or d >= qw:
-                                    continue
-                                q = Qn[d]
-                                if q == 0.0:
-                                    continue
-                                if q < 0.0:
-                                    q = np.exp(q + _LOG_SAFE)
-                                c = out_col[a]
-                                pt[c] += g * out_w[a] * et[c] * q
-                        else:
-                            for a in range(out_ptr[k], out_ptr[k + 1]):
-                                d = out_dst[a] - s0 - qlo
-                                if d < 0 or d >= qw:
-                                    continue
-                                pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift + _log1(Qn[d]))
+                        pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + lg)
             for i in range(tw):
                 Q[i] = Bt[i]
+            for q in range(ntb):
+                RQ[q] = Rb[q]
+            _renorm(RQ[:ntb])
             qw = tw
-            _normalise1(Q[:qw])
+            qlo = tlo
+            nqb = ntb
 
 
 # ---------------------------------------------------------------------------
@@ -986,21 +1116,21 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     loglike = np.empty(N)
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
-    E, M = _emissions(lat, X, T)
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
-    if lat.max_span == 1:
+    if lat.max_span == 1:  # emissions formed inside the pass, one frame at a time
         run = _run
-        arrs = arrs + _distance_arrays(lat)
+        args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64), _BLOCK_SHIFT, X)
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
-        arrs = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws)
         run = _run_spans
+        args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws,
+                X, *_emissions(lat, X, T))
         work = work * lat.max_span
     ranges = balanced_ranges(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
-        run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
+        run(0, N, *args, lengths, need_posteriors, loglike, post)
     else:
-        list(_pool(len(ranges)).map(lambda r: run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike,
-                                                  post), ranges))
+        list(_pool(len(ranges)).map(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post),
+                                    ranges))
     return loglike, (post if need_posteriors else None)
