@@ -120,6 +120,8 @@ _LOG_SAFE = float(np.log(_SAFE))
 _SAFE_TOTAL = 1e-200
 # the span-1 pass keeps a log reference per block of 2**_BLOCK_SHIFT states
 _BLOCK_SHIFT = 5
+# ... unless its blocks' arcs reach more blocks than this on average (then one block per sequence)
+_MAX_BLOCK_SPREAD = 4.0
 
 
 @_inline
@@ -296,48 +298,39 @@ def _renorm(R):
 
 
 @_compile
-def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, shift, sh, fac, stamp, lst):
+def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, shift, sh, bmin, bmax, fac):
     """One frame of either direction over bands of blocks: cell ``j`` of
     ``Pn`` (state ``base + nlo + j``) from the far ends in ``Pp`` (state
-    ``base + plo + i``; those outside the band are zero).  A block of ``2**sh``
-    states is computed relative to the largest reference ``ref`` of the
-    blocks it reads, each far end's product taken ``exp(Rp[its block] -
-    ref) <= 1`` times: the scaled sum when it is safe (or NaN), else the
-    exact log-domain value; then the block is divided by its largest cell and
-    ``Rn[block]`` set to ``ref`` plus its log (``-inf``: all zero).  ``fac``,
-    ``stamp``, ``lst``: work arrays of ``Pp``'s block count."""
+    ``base + plo + i``; those outside the band are zero).  Block ``kb`` (of
+    ``2**sh`` states) reads blocks ``bmin[kb] .. bmax[kb]`` of ``Pp`` and is
+    computed relative to their largest reference ``ref``, each far end's
+    product taken ``exp(Rp[its block] - ref) <= 1`` times: the scaled sum
+    when it is safe (or NaN), else the exact log-domain value; then the
+    block is divided by its largest cell and ``Rn[block]`` set to ``ref``
+    plus its log (``-inf``: all zero).  ``fac``: a work array of ``Pp``'s
+    block count."""
     pw = Pp.shape[0]
     nw = Pn.shape[0]
     pb0 = plo >> sh
+    npb = Rp.shape[0]
     nb0 = nlo >> sh
-    for q in range(Rp.shape[0]):
-        stamp[q] = -1
     for kb in range(nb0, nb0 + Rn.shape[0]):
         j0 = max(nlo, kb << sh) - nlo
         j1 = min(nlo + nw, (kb + 1) << sh) - nlo
+        q0 = max(bmin[kb], pb0) - pb0
+        q1 = min(bmax[kb], pb0 + npb - 1) - pb0
         ref = -np.inf
-        nl = 0
-        for j in range(j0, j1):  # the blocks read, and their largest reference
-            k = base + nlo + j
-            for a in range(ptr[k], ptr[k + 1]):
-                i = other[a] - base - plo
-                if i < 0 or i >= pw:
-                    continue
-                q = ((i + plo) >> sh) - pb0
-                if stamp[q] != kb:
-                    stamp[q] = kb
-                    lst[nl] = q
-                    nl += 1
-                    if Rp[q] > ref:
-                        ref = Rp[q]
+        for q in range(q0, q1 + 1):  # the blocks read, and their largest reference
+            if Rp[q] > ref:
+                ref = Rp[q]
         Pb = Pn[j0:j1]
         if ref == -np.inf:  # every block read is all zero
             for j in range(Pb.shape[0]):
                 Pb[j] = 0.0
             Rn[kb - nb0] = -np.inf
             continue
-        for x in range(nl):
-            fac[lst[x]] = np.exp(Rp[lst[x]] - ref)
+        for q in range(q0, q1 + 1):
+            fac[q] = np.exp(Rp[q] - ref)
         for j in range(j0, j1):
             k = base + nlo + j
             s = 0.0
@@ -403,6 +396,30 @@ def _bands(dstart, dfinal, s0, W, L, lo, hi, nxt):
 
 
 @_compile
+def _block_ranges(state_off, ptr, other, sh):
+    """``(blk_off [N+1], bmin, bmax)``: sequence ``n``'s blocks of ``2**sh``
+    states are ``blk_off[n] .. blk_off[n + 1]``; the arcs of the states of
+    block ``kb`` (CSR ``ptr``, far ends ``other``) reach local blocks
+    ``bmin[kb] .. bmax[kb]`` (``bmin > bmax``: no arcs)."""
+    N = state_off.shape[0] - 1
+    blk_off = np.zeros(N + 1, np.int64)
+    for n in range(N):
+        W = state_off[n + 1] - state_off[n]
+        blk_off[n + 1] = blk_off[n] + (((W - 1) >> sh) + 1 if W > 0 else 0)
+    bmin = np.full(blk_off[N], np.int64(2) ** 62)
+    bmax = np.full(blk_off[N], np.int64(-1))
+    for n in range(N):
+        s0 = state_off[n]
+        for k in range(s0, state_off[n + 1]):
+            kb = blk_off[n] + ((k - s0) >> sh)
+            for a in range(ptr[k], ptr[k + 1]):
+                q = (other[a] - s0) >> sh
+                bmin[kb] = min(bmin[kb], q)
+                bmax[kb] = max(bmax[kb], q)
+    return blk_off, bmin, bmax
+
+
+@_compile
 def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
     """``(dstart, dfinal)`` ``[S]``: the fewest arcs from the start state of
     each state's sequence, and to a state with a final weight (``2**62``
@@ -464,7 +481,8 @@ def _emit(xt, c0, c1, m, et):
 
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
-         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, X, lengths, need_post,
+         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, blk_off, in_bmin, in_bmax,
+         out_bmin, out_bmax, X, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
     their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
@@ -472,7 +490,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     frame's emissions ``exp(X - max)`` are formed here, one row at a time).
     Only the cells of each frame's live band (:func:`_bands`) are computed
     and stored (ragged, one float64 each), in blocks of ``2**sh`` states
-    with a log reference each; the work arrays are allocated once for all
+    with a log reference each (sequence ``n``'s blocks ``blk_off[n] ..
+    blk_off[n + 1]``; block ``kb``'s in-arcs come from blocks ``in_bmin[kb]
+    .. in_bmax[kb]``, its out-arcs go to ``out_bmin[kb] .. out_bmax[kb]``); the work arrays are allocated once for all
     the sequences.  See the module docstring for the representation and
     why it is exact."""
     ninf = -np.inf
@@ -516,8 +536,6 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     BP = np.empty(width)  # B_t
     RB = np.empty(nb)
     fac = np.empty(nb)
-    stamp = np.empty(nb, np.int64)
-    lst = np.empty(nb, np.int64)
     gexp = np.empty(nb)
     gstamp = np.empty(nb, np.int64)
     et = np.empty(X.shape[1])  # one frame's emissions
@@ -528,6 +546,8 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         W = state_off[n + 1] - s0
         L = lengths[n]
         c0, c1 = col_off[n], col_off[n + 1]
+        ib0, ib1 = in_bmin[blk_off[n]:blk_off[n + 1]], in_bmax[blk_off[n]:blk_off[n + 1]]
+        ob0, ob1 = out_bmin[blk_off[n]:blk_off[n + 1]], out_bmax[blk_off[n]:blk_off[n + 1]]
         lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
         off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
         rof = roff[f0 + n - n0:f0 + n - n0 + L + 2]
@@ -565,7 +585,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             _emit(X[t], c0, c1, Mrow[t], et)
             Rn = RA[rof[t + 1]:rof[t + 2]]
             _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
-                        in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, fac, stamp, lst)
+                        in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, ib0, ib1, fac)
             offset += shift + _renorm(Rn)
         fmax = ninf
         for j in range(W):
@@ -608,7 +628,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             Bt = BP[:tw]
             Rb = RB[:ntb]
             _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift, sh,
-                        fac, stamp, lst)
+                        ob0, ob1, fac)
             # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
             m = ninf
             acc = 0.0
@@ -636,14 +656,19 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                 for a in range(out_ptr[s0], out_ptr[s0 + W]):
                     pt[out_col[a]] = np.nan
             elif lz > ninf:
+                # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
+                # formed once per pair of blocks (gstamp[qb]: the source block it was formed for)
                 for q in range(nqb):
                     gstamp[q] = -1
+                qa = -1
+                ra = 0.0
                 for i in range(tw):
                     p = Pt[i]
                     if p == 0.0:
                         continue
-                    qa = ((tlo + i) >> sh) - tb0
-                    ra = Ra[qa] - lz
+                    if ((tlo + i) >> sh) - tb0 != qa:
+                        qa = ((tlo + i) >> sh) - tb0
+                        ra = Ra[qa] - lz
                     k = s0 + tlo + i
                     for a in range(out_ptr[k], out_ptr[k + 1]):
                         d = out_dst[a] - s0 - qlo
@@ -653,17 +678,17 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         if qv == 0.0:
                             continue
                         qb = ((d + qlo) >> sh) - qb0
-                        lg = ra + Rq[qb]  # arc posterior: alpha w E beta exp(lg)
+                        if gstamp[qb] != qa:
+                            gstamp[qb] = qa
+                            gexp[qb] = np.exp(ra + Rq[qb])
+                        g = gexp[qb]
                         c = out_col[a]
-                        if p > 0.0 and qv > 0.0 and lg <= 700.0:
-                            v = p * out_w[a] * et[c] * qv
-                            if v >= _SAFE:
-                                if gstamp[qb] != qa:
-                                    gstamp[qb] = qa
-                                    gexp[qb] = np.exp(lg)
-                                pt[c] += v * gexp[qb]
-                                continue
-                        pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + lg)
+                        if p > 0.0 and qv > 0.0 and g < np.inf:
+                            # g * p is finite and the other factors are <= 1: the product is exact
+                            # unless it underflows, and then it is below DBL_MIN
+                            pt[c] += g * p * out_w[a] * et[c] * qv
+                        else:  # a cell kept as a log, or NaN
+                            pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
             for i in range(tw):
                 Q[i] = Bt[i]
             for q in range(ntb):
@@ -1034,6 +1059,29 @@ def _distance_arrays(lat: Lattice) -> tuple:
     return d
 
 
+def _block_arrays(lat: Lattice, sh: int) -> tuple:
+    """``(sh, blk_off, in_bmin, in_bmax, out_bmin, out_bmax)`` of
+    :func:`_block_ranges` for both directions, cached on the lattice.  Where
+    the arcs are not local in the state numbering (a block reads more than
+    ``_MAX_BLOCK_SPREAD`` blocks on average) each sequence is one block."""
+    cache = lat.__dict__.setdefault("_numba_blocks", {})
+    b = cache.get(sh)
+    if b is None:
+        so, _, _, ip, isrc, _, _, _, op, od, *_ = _arrays(lat)
+        s = sh
+        while True:
+            off, imin, imax = _block_ranges(so, ip, isrc, s)
+            _, omin, omax = _block_ranges(so, op, od, s)
+            has = (imax >= imin) & (omax >= omin)
+            spread = max(float(np.mean((imax - imin + 1)[has])), float(np.mean((omax - omin + 1)[has]))) \
+                if has.any() else 1.0
+            if spread <= _MAX_BLOCK_SPREAD or s >= 62:
+                break
+            s = 62
+        b = cache[sh] = (s, off, imin, imax, omin, omax)
+    return b
+
+
 def _span_arrays(lat: Lattice) -> tuple:
     """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
     spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
@@ -1119,7 +1167,8 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
     if lat.max_span == 1:  # emissions formed inside the pass, one frame at a time
         run = _run
-        args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64), _BLOCK_SHIFT, X)
+        args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
+                                               *_block_arrays(lat, _BLOCK_SHIFT), X)
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
