@@ -1065,7 +1065,7 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
     the arcs are not local in the state numbering (a block reads more than
     ``_MAX_BLOCK_SPREAD`` blocks on average) each sequence is one block."""
     cache = lat.__dict__.setdefault("_numba_blocks", {})
-    b = cache.get(sh)
+    b = cache.get((sh, _MAX_BLOCK_SPREAD))
     if b is None:
         so, _, _, ip, isrc, _, _, _, op, od, *_ = _arrays(lat)
         s = sh
@@ -1078,7 +1078,7 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
             if spread <= _MAX_BLOCK_SPREAD or s >= 62:
                 break
             s = 62
-        b = cache[sh] = (s, off, imin, imax, omin, omax)
+        b = cache[sh, _MAX_BLOCK_SPREAD] = (s, off, imin, imax, omin, omax)
     return b
 
 
