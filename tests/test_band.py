@@ -25,6 +25,7 @@ def block_size(request, monkeypatch):
     kept however far their arcs reach (each arc between blocks rescaled)."""
     monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", request.param[0])
     monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", request.param[1])
+    monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0 if request.param[0] < 5 else 512)
 
 
 def _permuted(fst: Fst, rng) -> Fst:

@@ -122,6 +122,9 @@ _SAFE_TOTAL = 1e-200
 _BLOCK_SHIFT = 5
 # ... unless its blocks' arcs reach more blocks than this on average (then one block per sequence)
 _MAX_BLOCK_SPREAD = 4.0
+# ... and only in lattices with a sequence of more states than this (below it, the frame's one
+# scale leaves few cells to the log-domain escape, and blocks would cost more than they save)
+_MIN_BLOCKED_STATES = 512
 
 
 @_inline
@@ -331,6 +334,7 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
             continue
         for q in range(q0, q1 + 1):
             fac[q] = np.exp(Rp[q] - ref)
+        single = q0 == q1  # one block read: its factor is 1
         for j in range(j0, j1):
             k = base + nlo + j
             s = 0.0
@@ -345,7 +349,10 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
                 hit = True
                 if p < 0.0:
                     p = np.exp(p + _LOG_SAFE)
-                s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
+                if single:
+                    s += p * w[a] * E[col[a]]
+                else:
+                    s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
             if s >= _SAFE or s != s:
                 Pn[j] = s
             elif not hit:
@@ -1063,12 +1070,13 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
     """``(sh, blk_off, in_bmin, in_bmax, out_bmin, out_bmax)`` of
     :func:`_block_ranges` for both directions, cached on the lattice.  Where
     the arcs are not local in the state numbering (a block reads more than
-    ``_MAX_BLOCK_SPREAD`` blocks on average) each sequence is one block."""
+    ``_MAX_BLOCK_SPREAD`` blocks on average), or where no sequence has more
+    than ``_MIN_BLOCKED_STATES`` states, each sequence is one block."""
     cache = lat.__dict__.setdefault("_numba_blocks", {})
-    b = cache.get((sh, _MAX_BLOCK_SPREAD))
+    b = cache.get((sh, _MAX_BLOCK_SPREAD, _MIN_BLOCKED_STATES))
     if b is None:
         so, _, _, ip, isrc, _, _, _, op, od, *_ = _arrays(lat)
-        s = sh
+        s = sh if np.diff(so).max(initial=0) > _MIN_BLOCKED_STATES else 62
         while True:
             off, imin, imax = _block_ranges(so, ip, isrc, s)
             _, omin, omax = _block_ranges(so, op, od, s)
@@ -1078,7 +1086,7 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
             if spread <= _MAX_BLOCK_SPREAD or s >= 62:
                 break
             s = 62
-        b = cache[sh, _MAX_BLOCK_SPREAD] = (s, off, imin, imax, omin, omax)
+        b = cache[sh, _MAX_BLOCK_SPREAD, _MIN_BLOCKED_STATES] = (s, off, imin, imax, omin, omax)
     return b
 
 
