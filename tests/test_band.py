@@ -22,10 +22,13 @@ pytestmark = pytest.mark.skipif(not numba_log.available(), reason="needs Numba (
 @pytest.fixture(autouse=True, params=[(5, 4.0), (1, np.inf), (0, np.inf)], ids=["blocks32", "blocks2", "blocks1"])
 def block_size(request, monkeypatch):
     """Every test with the default blocks, and with blocks of 2 and 1 states
-    kept however far their arcs reach (each arc between blocks rescaled)."""
+    kept however far their arcs reach (each arc between blocks rescaled),
+    each frame's emissions formed inside the pass."""
     monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", request.param[0])
     monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", request.param[1])
     monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0 if request.param[0] < 5 else 512)
+    if request.param[0] < 5:  # and the emissions formed inside the pass
+        monkeypatch.setattr(numba_log, "_EMISSIONS_BYTES", -1)
 
 
 def _permuted(fst: Fst, rng) -> Fst:

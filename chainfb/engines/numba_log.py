@@ -125,6 +125,9 @@ _MAX_BLOCK_SPREAD = 4.0
 # ... and only in lattices with a sequence of more states than this (below it, the frame's one
 # scale leaves few cells to the log-domain escape, and blocks would cost more than they save)
 _MIN_BLOCKED_STATES = 512
+# scores [T, C] up to this size: the span-1 pass reads emissions computed beforehand (one
+# vectorised exp); larger ones, it forms each frame's row itself (no second [T, C] array)
+_EMISSIONS_BYTES = 8 << 20
 
 
 @_inline
@@ -489,12 +492,14 @@ def _emit(xt, c0, c1, m, et):
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
          out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, blk_off, in_bmin, in_bmax,
-         out_bmin, out_bmax, X, lengths, need_post,
+         out_bmin, out_bmax, X, E, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
     their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
-    (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``; each
-    frame's emissions ``exp(X - max)`` are formed here, one row at a time).
+    (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``) and the
+    emissions ``E = exp(X - the frame's largest score of the sequence)``
+    ``[T, C]`` -- or, where ``E`` is empty (``[0, 0]``), formed here a frame
+    at a time.
     Only the cells of each frame's live band (:func:`_bands`) are computed
     and stored (ragged, one float64 each), in blocks of ``2**sh`` states
     with a log reference each (sequence ``n``'s blocks ``blk_off[n] ..
@@ -545,7 +550,8 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     fac = np.empty(nb)
     gexp = np.empty(nb)
     gstamp = np.empty(nb, np.int64)
-    et = np.empty(X.shape[1])  # one frame's emissions
+    own = E.shape[0] == 0  # no emissions given: each frame's row formed in ``ew``
+    ew = np.empty(X.shape[1] if own else 0)
     Mrow = np.empty(maxL)
     f0 = 0
     for n in range(n0, n1):
@@ -589,7 +595,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         offset = 0.0
         for t in range(L):
             shift = Mrow[t] + wshift
-            _emit(X[t], c0, c1, Mrow[t], et)
+            et = ew
+            if own:
+                _emit(X[t], c0, c1, Mrow[t], ew)
+            else:
+                et = E[t]
             Rn = RA[rof[t + 1]:rof[t + 2]]
             _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
                         in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, ib0, ib1, fac)
@@ -622,7 +632,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         for t in range(L - 1, -1, -1):
             xt, pt = X[t], post[t]
             shift = Mrow[t] + wshift
-            _emit(xt, c0, c1, Mrow[t], et)
+            et = ew
+            if own:
+                _emit(xt, c0, c1, Mrow[t], ew)
+            else:
+                et = E[t]
             Qn = Q[:qw]
             Rq = RQ[:nqb]
             qb0 = qlo >> sh
@@ -1173,10 +1187,12 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
-    if lat.max_span == 1:  # emissions formed inside the pass, one frame at a time
+    if lat.max_span == 1:  # large inputs: emissions formed inside the pass, one frame at a time
         run = _run
         args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
-                                               *_block_arrays(lat, _BLOCK_SHIFT), X)
+                                               *_block_arrays(lat, _BLOCK_SHIFT), X,
+                                               _emissions(lat, X, T)[0] if X.nbytes <= _EMISSIONS_BYTES else
+                                               np.zeros((0, 0)))
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
