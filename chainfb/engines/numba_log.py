@@ -709,6 +709,13 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                             # unless it underflows, and then it is below DBL_MIN
                             pt[c] += g * p * out_w[a] * et[c] * qv
                         else:  # a cell kept as a log, or NaN
+                            lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
+                            if p < 0.0:
+                                lb += p + _LOG_SAFE
+                            if qv < 0.0:
+                                lb += qv + _LOG_SAFE
+                            if lb < -746.0:  # its exp would be 0
+                                continue
                             pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
             for i in range(tw):
                 Q[i] = Bt[i]
