@@ -33,6 +33,25 @@ exact however far it lies below the others (a tight alignment whose only
 surviving path is thousands of nats below dead ends), and the common case
 costs no transcendental function at all.
 
+Blocks (the span-1 pass, in lattices with a sequence of more than
+``_MIN_BLOCKED_STATES`` states whose arcs stay within a few blocks of the
+numbering): one scale per frame leaves most of a long band below ``_SAFE``
+of the frame's largest (alpha spreads over thousands of nats across it), so
+each block of ``2**_BLOCK_SHIFT`` states keeps its own log reference instead.
+Block ``b`` of frame ``t + 1`` is formed relative to the largest reference
+``ref`` of the blocks its arcs read (cached per lattice as a range of
+blocks); each far end's product is multiplied by ``exp(R_t[its block] -
+ref) <= 1`` (nothing overflows; a cell whose scaled sum falls below
+``_SAFE`` takes the log-domain escape with the same offsets), and the block
+is then divided by its largest cell.  The references are kept relative to
+the frame's largest, whose log joins the sequence's offset.  An arc
+posterior is ``alpha w E beta exp(R_alpha + R_beta - log Z_t)``, one factor
+per pair of blocks (``g p`` finite and the other factors at most 1: the
+product is exact unless it underflows below ``DBL_MIN``); a cell kept as a
+log takes the log domain there too.  Scores up to ``_EMISSIONS_BYTES`` use
+emissions computed beforehand; larger ones form each frame's row inside
+the pass, so no second ``[T, C]`` array is held.
+
 Arc posteriors at frame ``t`` are ``alpha_t(i) w E beta_{t+1}(j) / Z_t``
 with the frame's own total ``Z_t = sum_i alpha_t(i) B_t(i)``, as the NumPy
 engine normalises them.  When the scaled total is at least ``1e-200``,
