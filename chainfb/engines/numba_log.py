@@ -137,6 +137,8 @@ _SAFE = 1e-290
 _LOG_SAFE = float(np.log(_SAFE))
 # frame totals (alpha * beta) above this: posteriors from the scaled values
 _SAFE_TOTAL = 1e-200
+# arc posteriors below this (of a frame's total 1) are left out, as in the scaled products
+_LOG_NEGLIGIBLE = float(np.log(1e-88))
 # the span-1 pass keeps a log reference per block of 2**_BLOCK_SHIFT states
 _BLOCK_SHIFT = 5
 # ... unless its blocks' arcs reach more blocks than this on average (then one block per sequence)
@@ -242,7 +244,7 @@ def _store1(r, A, j):
         A[j] = r
 
 
-@_compile
+@_inline
 def _normalise1(A):
     """:func:`_normalise` for one-array cells: divide the scaled cells by the
     largest, re-store the logs relative to it, return its log (0 if none)."""
@@ -322,7 +324,7 @@ def _renorm(R):
     return r
 
 
-@_compile
+@_inline
 def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, shift, sh, bmin, bmax, fac):
     """One frame of either direction over bands of blocks: cell ``j`` of
     ``Pn`` (state ``base + nlo + j``) from the far ends in ``Pp`` (state
@@ -567,8 +569,6 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     BP = np.empty(width)  # B_t
     RB = np.empty(nb)
     fac = np.empty(nb)
-    gexp = np.empty(nb)
-    gstamp = np.empty(nb, np.int64)
     own = E.shape[0] == 0  # no emissions given: each frame's row formed in ``ew``
     ew = np.empty(X.shape[1] if own else 0)
     Mrow = np.empty(maxL)
@@ -697,11 +697,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                     pt[out_col[a]] = np.nan
             elif lz > ninf:
                 # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
-                # formed once per pair of blocks (gstamp[qb]: the source block it was formed for)
-                for q in range(nqb):
-                    gstamp[q] = -1
+                # formed again when the pair of blocks changes
                 qa = -1
                 ra = 0.0
+                lqb = -1
+                g = 0.0
                 for i in range(tw):
                     p = Pt[i]
                     if p == 0.0:
@@ -709,6 +709,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                     if ((tlo + i) >> sh) - tb0 != qa:
                         qa = ((tlo + i) >> sh) - tb0
                         ra = Ra[qa] - lz
+                        lqb = -1
+                    if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
+                        continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
                     k = s0 + tlo + i
                     for a in range(out_ptr[k], out_ptr[k + 1]):
                         d = out_dst[a] - s0 - qlo
@@ -718,10 +721,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         if qv == 0.0:
                             continue
                         qb = ((d + qlo) >> sh) - qb0
-                        if gstamp[qb] != qa:
-                            gstamp[qb] = qa
-                            gexp[qb] = np.exp(ra + Rq[qb])
-                        g = gexp[qb]
+                        if qb != lqb:
+                            lqb = qb
+                            g = np.exp(ra + Rq[qb])
                         c = out_col[a]
                         if p > 0.0 and qv > 0.0 and g < np.inf:
                             # g * p is finite and the other factors are <= 1: the product is exact
@@ -733,7 +735,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                                 lb += p + _LOG_SAFE
                             if qv < 0.0:
                                 lb += qv + _LOG_SAFE
-                            if lb < -746.0:  # its exp would be 0
+                            if lb < _LOG_NEGLIGIBLE:  # a posterior below 1e-88 (the frame's sum is 1)
                                 continue
                             pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
             for i in range(tw):
