@@ -513,14 +513,14 @@ def _emit(xt, c0, c1, m, et):
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
          out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, blk_off, in_bmin, in_bmax,
-         out_bmin, out_bmax, X, E, lengths, need_post,
+         out_bmin, out_bmax, X, E, M, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
     their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
     (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``) and the
-    emissions ``E = exp(X - the frame's largest score of the sequence)``
-    ``[T, C]`` -- or, where ``E`` is empty (``[0, 0]``), formed here a frame
-    at a time.
+    emissions ``E = exp(X - M[t, n])`` ``[T, C]`` with ``M [T, N]`` each
+    frame's largest score in the sequence -- or, where ``E`` and ``M`` are
+    empty (``[0, 0]``), both formed here a frame at a time.
     Only the cells of each frame's live band (:func:`_bands`) are computed
     and stored (ragged, one float64 each), in blocks of ``2**sh`` states
     with a log reference each (sequence ``n``'s blocks ``blk_off[n] ..
@@ -586,7 +586,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         f0 += L + 1
         bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
         for t in range(L):
-            Mrow[t] = _frame_max(X[t], c0, c1)
+            Mrow[t] = _frame_max(X[t], c0, c1) if own else M[t, n]
             if Mrow[t] != Mrow[t] or Mrow[t] == np.inf:
                 bad = True
         if bad:
@@ -1219,8 +1219,8 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         run = _run
         args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
                                                *_block_arrays(lat, _BLOCK_SHIFT), X,
-                                               _emissions(lat, X, T)[0] if X.nbytes <= _EMISSIONS_BYTES else
-                                               np.zeros((0, 0)))
+                                               *(_emissions(lat, X, T) if X.nbytes <= _EMISSIONS_BYTES else
+                                                 (np.zeros((0, 0)), np.zeros((0, 0)))))
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
