@@ -569,6 +569,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     BP = np.empty(width)  # B_t
     RB = np.empty(nb)
     fac = np.empty(nb)
+    gb = np.empty(nb)
     own = E.shape[0] == 0  # no emissions given: each frame's row formed in ``ew``
     ew = np.empty(X.shape[1] if own else 0)
     Mrow = np.empty(maxL)
@@ -697,11 +698,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                     pt[out_col[a]] = np.nan
             elif lz > ninf:
                 # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
-                # formed again when the pair of blocks changes
+                # formed per block of sources for the blocks its arcs reach (gb)
                 qa = -1
                 ra = 0.0
-                lqb = -1
-                g = 0.0
                 for i in range(tw):
                     p = Pt[i]
                     if p == 0.0:
@@ -709,9 +708,14 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                     if ((tlo + i) >> sh) - tb0 != qa:
                         qa = ((tlo + i) >> sh) - tb0
                         ra = Ra[qa] - lz
-                        lqb = -1
+                        g0 = max(ob0[tb0 + qa], qb0) - qb0
+                        g1 = min(ob1[tb0 + qa], qb0 + nqb - 1) - qb0
+                        for q in range(g0, g1 + 1):
+                            gb[q] = np.exp(ra + Rq[q])
                     if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
                         continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
+                    fast = p > 0.0
+                    slow = False
                     k = s0 + tlo + i
                     for a in range(out_ptr[k], out_ptr[k + 1]):
                         d = out_dst[a] - s0 - qlo
@@ -720,24 +724,33 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         qv = Qn[d]
                         if qv == 0.0:
                             continue
-                        qb = ((d + qlo) >> sh) - qb0
-                        if qb != lqb:
-                            lqb = qb
-                            g = np.exp(ra + Rq[qb])
-                        c = out_col[a]
-                        if p > 0.0 and qv > 0.0 and g < np.inf:
+                        g = gb[((d + qlo) >> sh) - qb0]
+                        if fast and qv > 0.0 and g < np.inf:
                             # g * p is finite and the other factors are <= 1: the product is exact
                             # unless it underflows, and then it is below DBL_MIN
+                            c = out_col[a]
                             pt[c] += g * p * out_w[a] * et[c] * qv
-                        else:  # a cell kept as a log, or NaN
-                            lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
-                            if p < 0.0:
-                                lb += p + _LOG_SAFE
-                            if qv < 0.0:
-                                lb += qv + _LOG_SAFE
-                            if lb < _LOG_NEGLIGIBLE:  # a posterior below 1e-88 (the frame's sum is 1)
-                                continue
-                            pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
+                        else:
+                            slow = True
+                    if not slow:
+                        continue
+                    for a in range(out_ptr[k], out_ptr[k + 1]):  # the arcs left: a log cell, or NaN
+                        d = out_dst[a] - s0 - qlo
+                        if d < 0 or d >= qw:
+                            continue
+                        qv = Qn[d]
+                        qb = ((d + qlo) >> sh) - qb0
+                        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf):
+                            continue
+                        lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
+                        if p < 0.0:
+                            lb += p + _LOG_SAFE
+                        if qv < 0.0:
+                            lb += qv + _LOG_SAFE
+                        if lb < _LOG_NEGLIGIBLE:  # a posterior below 1e-88 (the frame's sum is 1)
+                            continue
+                        c = out_col[a]
+                        pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
             for i in range(tw):
                 Q[i] = Bt[i]
             for q in range(ntb):
