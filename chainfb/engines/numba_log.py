@@ -489,6 +489,32 @@ def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
     return dist[0], dist[1]
 
 
+@_compile
+def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, shift):
+    """The arc posteriors of state ``k`` (alpha cell ``p``, ``fast``: scaled)
+    that its scaled loop left: a far end kept as a log (or NaN), or a factor
+    ``gb`` out of range -- in the log domain, those below 1e-88 left out."""
+    qw = Qn.shape[0]
+    qb0 = qlo >> sh
+    for a in range(ptr[k], ptr[k + 1]):
+        d = dst[a] - s0 - qlo
+        if d < 0 or d >= qw:
+            continue
+        qv = Qn[d]
+        qb = ((d + qlo) >> sh) - qb0
+        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf):
+            continue
+        lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
+        if p < 0.0:
+            lb += p + _LOG_SAFE
+        if qv < 0.0:
+            lb += qv + _LOG_SAFE
+        if lb < _LOG_NEGLIGIBLE:  # a posterior below 1e-88 (the frame's sum is 1)
+            continue
+        c = col[a]
+        pt[c] += np.exp(_log1(p) + lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
+
+
 @_inline
 def _frame_max(xt, c0, c1):
     """A sequence's largest score in one frame (its columns ``c0 .. c1``):
@@ -732,25 +758,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                             pt[c] += g * p * out_w[a] * et[c] * qv
                         else:
                             slow = True
-                    if not slow:
-                        continue
-                    for a in range(out_ptr[k], out_ptr[k + 1]):  # the arcs left: a log cell, or NaN
-                        d = out_dst[a] - s0 - qlo
-                        if d < 0 or d >= qw:
-                            continue
-                        qv = Qn[d]
-                        qb = ((d + qlo) >> sh) - qb0
-                        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf):
-                            continue
-                        lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
-                        if p < 0.0:
-                            lb += p + _LOG_SAFE
-                        if qv < 0.0:
-                            lb += qv + _LOG_SAFE
-                        if lb < _LOG_NEGLIGIBLE:  # a posterior below 1e-88 (the frame's sum is 1)
-                            continue
-                        c = out_col[a]
-                        pt[c] += np.exp(_log1(p) + out_lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
+                    if slow:
+                        _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo, sh,
+                                   xt, shift)
             for i in range(tw):
                 Q[i] = Bt[i]
             for q in range(ntb):
