@@ -46,9 +46,11 @@ ref) <= 1`` (nothing overflows; a cell whose scaled sum falls below
 is then divided by its largest cell.  The references are kept relative to
 the frame's largest, whose log joins the sequence's offset.  An arc
 posterior is ``alpha w E beta exp(R_alpha + R_beta - log Z_t)``, one factor
-per pair of blocks (``g p`` finite and the other factors at most 1: the
-product is exact unless it underflows below ``DBL_MIN``); a cell kept as a
-log takes the log domain there too.  Scores up to ``_EMISSIONS_BYTES`` use
+``g`` per pair of blocks (``g p`` finite and the other factors at most 1: the
+product is exact unless it underflows below ``DBL_MIN``); an arc with a cell
+kept as a log takes the log domain, unless a bound on its posterior (cells
+and ``w E`` at most 1) is below ``1e-88`` of the frame's total, the terms the
+scaled products leave out.  Scores up to ``_EMISSIONS_BYTES`` use
 emissions computed beforehand; larger ones form each frame's row inside
 the pass, so no second ``[T, C]`` array is held.
 
