@@ -1,7 +1,7 @@
 """The compiled engine's live bands (:mod:`chainfb.engines.numba_log`: each
 frame computes and stores only the states between the first and the last
 that are reachable from the start in at most ``t`` arcs and reach a final
-state in at most ``L - t``): graphs whose state numbering is not along the
+state in at most ``L - t``, in blocks of states with a log reference each): graphs whose state numbering is not along the
 graph, finals reachable only at some lengths, unequal and zero lengths, NaN
 and infinite scores -- against the NumPy engine, plain loops and path
 enumeration."""
@@ -17,6 +17,18 @@ from chainfb.score_map import PdfScoreMap
 from oracles.fst import brute_force, reference_forward_backward
 
 pytestmark = pytest.mark.skipif(not numba_log.available(), reason="needs Numba (the jit extra)")
+
+
+@pytest.fixture(autouse=True, params=[(5, 4.0), (1, np.inf), (0, np.inf)], ids=["blocks32", "blocks2", "blocks1"])
+def block_size(request, monkeypatch):
+    """Every test with the default blocks, and with blocks of 2 and 1 states
+    kept however far their arcs reach (each arc between blocks rescaled),
+    each frame's emissions formed inside the pass."""
+    monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", request.param[0])
+    monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", request.param[1])
+    monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0 if request.param[0] < 5 else 512)
+    if request.param[0] < 5:  # and the emissions formed inside the pass
+        monkeypatch.setattr(numba_log, "_EMISSIONS_BYTES", -1)
 
 
 def _permuted(fst: Fst, rng) -> Fst:

@@ -201,11 +201,16 @@ def test_tight_alignments_with_peaky_scores(scale):
         np.testing.assert_allclose(post[: lengths[n], lat.col_seq == n].sum(axis=1), 1.0, atol=1e-10)
 
 
-def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
+@pytest.mark.parametrize("shift", [5, 1])
+def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     # run the engine's Python source (not the compiled code) with thresholds
     # that send every cell and every frame down the exact log-domain paths
-    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_slow1", "_band_frame", "_find", "_bands",
-                 "_run"):
+    # (one block per sequence, and blocks of 2 states whatever their arcs)
+    monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", shift)
+    monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", np.inf)
+    monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0)
+    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_slow1", "_block_norm", "_renorm", "_band_frame",
+                 "_find", "_bands", "_frame_max", "_emit", "_post_slow", "_run"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
     monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))

@@ -33,6 +33,27 @@ exact however far it lies below the others (a tight alignment whose only
 surviving path is thousands of nats below dead ends), and the common case
 costs no transcendental function at all.
 
+Blocks (the span-1 pass, in lattices with a sequence of more than
+``_MIN_BLOCKED_STATES`` states whose arcs stay within a few blocks of the
+numbering): one scale per frame leaves most of a long band below ``_SAFE``
+of the frame's largest (alpha spreads over thousands of nats across it), so
+each block of ``2**_BLOCK_SHIFT`` states keeps its own log reference instead.
+Block ``b`` of frame ``t + 1`` is formed relative to the largest reference
+``ref`` of the blocks its arcs read (cached per lattice as a range of
+blocks); each far end's product is multiplied by ``exp(R_t[its block] -
+ref) <= 1`` (nothing overflows; a cell whose scaled sum falls below
+``_SAFE`` takes the log-domain escape with the same offsets), and the block
+is then divided by its largest cell.  The references are kept relative to
+the frame's largest, whose log joins the sequence's offset.  An arc
+posterior is ``alpha w E beta exp(R_alpha + R_beta - log Z_t)``, one factor
+``g`` per pair of blocks (``g p`` finite and the other factors at most 1: the
+product is exact unless it underflows below ``DBL_MIN``); an arc with a cell
+kept as a log takes the log domain, unless a bound on its posterior (cells
+and ``w E`` at most 1) is below ``1e-88`` of the frame's total, the terms the
+scaled products leave out.  Scores up to ``_EMISSIONS_BYTES`` use
+emissions computed beforehand; larger ones form each frame's row inside
+the pass, so no second ``[T, C]`` array is held.
+
 Arc posteriors at frame ``t`` are ``alpha_t(i) w E beta_{t+1}(j) / Z_t``
 with the frame's own total ``Z_t = sum_i alpha_t(i) B_t(i)``, as the NumPy
 engine normalises them.  When the scaled total is at least ``1e-200``,
@@ -118,6 +139,18 @@ _SAFE = 1e-290
 _LOG_SAFE = float(np.log(_SAFE))
 # frame totals (alpha * beta) above this: posteriors from the scaled values
 _SAFE_TOTAL = 1e-200
+# arc posteriors below this (of a frame's total 1) are left out, as in the scaled products
+_LOG_NEGLIGIBLE = float(np.log(1e-88))
+# the span-1 pass keeps a log reference per block of 2**_BLOCK_SHIFT states
+_BLOCK_SHIFT = 5
+# ... unless its blocks' arcs reach more blocks than this on average (then one block per sequence)
+_MAX_BLOCK_SPREAD = 4.0
+# ... and only in lattices with a sequence of more states than this (below it, the frame's one
+# scale leaves few cells to the log-domain escape, and blocks would cost more than they save)
+_MIN_BLOCKED_STATES = 512
+# scores [T, C] up to this size: the span-1 pass reads emissions computed beforehand (one
+# vectorised exp); larger ones, it forms each frame's row itself (no second [T, C] array)
+_EMISSIONS_BYTES = 8 << 20
 
 
 @_inline
@@ -213,7 +246,7 @@ def _store1(r, A, j):
         A[j] = r
 
 
-@_compile
+@_inline
 def _normalise1(A):
     """:func:`_normalise` for one-array cells: divide the scaled cells by the
     largest, re-store the logs relative to it, return its log (0 if none)."""
@@ -242,19 +275,23 @@ def _normalise1(A):
 
 
 @_compile
-def _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j):
+def _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j):
     """Cell ``j`` of ``Pn`` in the log domain (its scaled sum was below the
-    safe range): the log-sum-exp of ``log(far end) + log_prob + score -
-    shift`` over the arcs of state ``k``; far ends outside ``Pp``'s band
-    (local index ``plo + i``) are zero."""
+    safe range): the log-sum-exp of ``log(far end) + its block's reference -
+    ref + log_prob + score - shift`` over the arcs of state ``k``; far ends
+    outside ``Pp``'s band (local index ``plo + i``) are zero."""
     m = -np.inf
     acc = 0.0
     pw = Pp.shape[0]
+    pb0 = plo >> sh
     for a in range(ptr[k], ptr[k + 1]):
         i = other[a] - base - plo
         if i < 0 or i >= pw:
             continue
-        m, acc = _lse_push(m, acc, _log1(Pp[i]) + lp[a] + xt[col[a]] - shift)
+        v = Pp[i]
+        if v == 0.0:
+            continue
+        m, acc = _lse_push(m, acc, _log1(v) + Rp[((i + plo) >> sh) - pb0] - ref + lp[a] + xt[col[a]] - shift)
     if acc != acc:
         Pn[j] = acc
     elif acc == 0.0:
@@ -264,33 +301,91 @@ def _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j):
 
 
 @_inline
-def _band_frame(Pp, plo, Pn, nlo, ptr, other, w, lp, col, xt, E, base, shift):
-    """One frame of either direction over bands: cell ``j`` of ``Pn`` (state
-    ``base + nlo + j``) from the far ends in ``Pp`` (state ``base + plo + i``;
-    those outside the band are zero) -- the scaled sum when it is safe (or
-    NaN), else the exact log-domain value."""
+def _block_norm(A):
+    """:func:`_normalise1` on one block's cells; ``-inf`` when they are all 0."""
+    lc = _normalise1(A)
+    if lc == 0.0:
+        for j in range(A.shape[0]):
+            if A[j] != 0.0:
+                return 0.0
+        return -np.inf
+    return lc
+
+
+@_inline
+def _renorm(R):
+    """Subtract a frame's largest block reference from its references; return it (0 if none)."""
+    r = -np.inf
+    for q in range(R.shape[0]):
+        if R[q] > r:
+            r = R[q]
+    if r == -np.inf:
+        return 0.0
+    for q in range(R.shape[0]):
+        R[q] -= r
+    return r
+
+
+@_inline
+def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, shift, sh, bmin, bmax, fac):
+    """One frame of either direction over bands of blocks: cell ``j`` of
+    ``Pn`` (state ``base + nlo + j``) from the far ends in ``Pp`` (state
+    ``base + plo + i``; those outside the band are zero).  Block ``kb`` (of
+    ``2**sh`` states) reads blocks ``bmin[kb] .. bmax[kb]`` of ``Pp`` and is
+    computed relative to their largest reference ``ref``, each far end's
+    product taken ``exp(Rp[its block] - ref) <= 1`` times: the scaled sum
+    when it is safe (or NaN), else the exact log-domain value; then the
+    block is divided by its largest cell and ``Rn[block]`` set to ``ref``
+    plus its log (``-inf``: all zero).  ``fac``: a work array of ``Pp``'s
+    block count."""
     pw = Pp.shape[0]
-    for j in range(Pn.shape[0]):
-        k = base + nlo + j
-        s = 0.0
-        hit = False
-        for a in range(ptr[k], ptr[k + 1]):
-            i = other[a] - base - plo
-            if i < 0 or i >= pw:
-                continue
-            p = Pp[i]
-            if p == 0.0:
-                continue
-            hit = True
-            if p < 0.0:
-                p = np.exp(p + _LOG_SAFE)
-            s += p * w[a] * E[col[a]]
-        if s >= _SAFE or s != s:
-            Pn[j] = s
-        elif not hit:
-            Pn[j] = 0.0
-        else:
-            _slow1(Pp, plo, ptr, other, lp, col, xt, base, k, shift, Pn, j)
+    nw = Pn.shape[0]
+    pb0 = plo >> sh
+    npb = Rp.shape[0]
+    nb0 = nlo >> sh
+    for kb in range(nb0, nb0 + Rn.shape[0]):
+        j0 = max(nlo, kb << sh) - nlo
+        j1 = min(nlo + nw, (kb + 1) << sh) - nlo
+        q0 = max(bmin[kb], pb0) - pb0
+        q1 = min(bmax[kb], pb0 + npb - 1) - pb0
+        ref = -np.inf
+        for q in range(q0, q1 + 1):  # the blocks read, and their largest reference
+            if Rp[q] > ref:
+                ref = Rp[q]
+        Pb = Pn[j0:j1]
+        if ref == -np.inf:  # every block read is all zero
+            for j in range(Pb.shape[0]):
+                Pb[j] = 0.0
+            Rn[kb - nb0] = -np.inf
+            continue
+        for q in range(q0, q1 + 1):
+            fac[q] = np.exp(Rp[q] - ref)
+        single = q0 == q1  # one block read: its factor is 1
+        for j in range(j0, j1):
+            k = base + nlo + j
+            s = 0.0
+            hit = False
+            for a in range(ptr[k], ptr[k + 1]):
+                i = other[a] - base - plo
+                if i < 0 or i >= pw:
+                    continue
+                p = Pp[i]
+                if p == 0.0:
+                    continue
+                hit = True
+                if p < 0.0:
+                    p = np.exp(p + _LOG_SAFE)
+                if single:
+                    s += p * w[a] * E[col[a]]
+                else:
+                    s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
+            if s >= _SAFE or s != s:
+                Pn[j] = s
+            elif not hit:
+                Pn[j] = 0.0
+            else:
+                _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
+        Rn[kb - nb0] = ref + _block_norm(Pb)
 
 
 @_inline
@@ -334,6 +429,30 @@ def _bands(dstart, dfinal, s0, W, L, lo, hi, nxt):
 
 
 @_compile
+def _block_ranges(state_off, ptr, other, sh):
+    """``(blk_off [N+1], bmin, bmax)``: sequence ``n``'s blocks of ``2**sh``
+    states are ``blk_off[n] .. blk_off[n + 1]``; the arcs of the states of
+    block ``kb`` (CSR ``ptr``, far ends ``other``) reach local blocks
+    ``bmin[kb] .. bmax[kb]`` (``bmin > bmax``: no arcs)."""
+    N = state_off.shape[0] - 1
+    blk_off = np.zeros(N + 1, np.int64)
+    for n in range(N):
+        W = state_off[n + 1] - state_off[n]
+        blk_off[n + 1] = blk_off[n] + (((W - 1) >> sh) + 1 if W > 0 else 0)
+    bmin = np.full(blk_off[N], np.int64(2) ** 62)
+    bmax = np.full(blk_off[N], np.int64(-1))
+    for n in range(N):
+        s0 = state_off[n]
+        for k in range(s0, state_off[n + 1]):
+            kb = blk_off[n] + ((k - s0) >> sh)
+            for a in range(ptr[k], ptr[k + 1]):
+                q = (other[a] - s0) >> sh
+                bmin[kb] = min(bmin[kb], q)
+                bmax[kb] = max(bmax[kb], q)
+    return blk_off, bmin, bmax
+
+
+@_compile
 def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
     """``(dstart, dfinal)`` ``[S]``: the fewest arcs from the start state of
     each state's sequence, and to a state with a final weight (``2**62``
@@ -373,16 +492,70 @@ def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
 
 
 @_compile
+def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, shift):
+    """The arc posteriors of state ``k`` (alpha cell ``p``, ``fast``: scaled)
+    that its scaled loop left: a far end kept as a log (or NaN), or a factor
+    ``gb`` out of range -- in the log domain, those below 1e-88 left out."""
+    qw = Qn.shape[0]
+    qb0 = qlo >> sh
+    for a in range(ptr[k], ptr[k + 1]):
+        d = dst[a] - s0 - qlo
+        if d < 0 or d >= qw:
+            continue
+        qv = Qn[d]
+        qb = ((d + qlo) >> sh) - qb0
+        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf):
+            continue
+        lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
+        if p < 0.0:
+            lb += p + _LOG_SAFE
+        if qv < 0.0:
+            lb += qv + _LOG_SAFE
+        if lb < _LOG_NEGLIGIBLE:  # a posterior below 1e-88 (the frame's sum is 1)
+            continue
+        c = col[a]
+        pt[c] += np.exp(_log1(p) + lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
+
+
+@_inline
+def _frame_max(xt, c0, c1):
+    """A sequence's largest score in one frame (its columns ``c0 .. c1``):
+    0 when all are ``-inf``; NaN or ``+inf`` when a score is."""
+    m = -np.inf
+    for c in range(c0, c1):
+        x = xt[c]
+        if x != x:
+            return x
+        if x > m:
+            m = x
+    return m if m > -np.inf else 0.0
+
+
+@_inline
+def _emit(xt, c0, c1, m, et):
+    """The emissions ``et[c] = exp(xt[c] - m)`` of the columns ``c0 .. c1``."""
+    for c in range(c0, c1):
+        et[c] = np.exp(xt[c] - m)
+
+
+@_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
-         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, X, E, M, lengths, need_post,
+         out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, blk_off, in_bmin, in_bmax,
+         out_bmin, out_bmax, X, E, M, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
-    their columns of ``post [T, C]`` (zero on entry), from the scores ``X``,
-    the emissions ``E = exp(X - M[t, n])`` and the frame maxima ``M [T, N]``.
+    their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
+    (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``) and the
+    emissions ``E = exp(X - M[t, n])`` ``[T, C]`` with ``M [T, N]`` each
+    frame's largest score in the sequence -- or, where ``E`` and ``M`` are
+    empty (``[0, 0]``), both formed here a frame at a time.
     Only the cells of each frame's live band (:func:`_bands`) are computed
-    and stored (ragged, one float64 each); the work arrays are allocated
-    once for all the sequences.  See the module docstring for the
-    representation and why it is exact."""
+    and stored (ragged, one float64 each), in blocks of ``2**sh`` states
+    with a log reference each (sequence ``n``'s blocks ``blk_off[n] ..
+    blk_off[n + 1]``; block ``kb``'s in-arcs come from blocks ``in_bmin[kb]
+    .. in_bmax[kb]``, its out-arcs go to ``out_bmin[kb] .. out_bmax[kb]``); the work arrays are allocated once for all
+    the sequences.  See the module docstring for the representation and
+    why it is exact."""
     ninf = -np.inf
     # the bands of every sequence, and the largest work arrays they need
     nf = 0
@@ -393,8 +566,10 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     blo = np.empty(nf, np.int64)
     bhi = np.empty(nf, np.int64)
     boff = np.empty(nf + (n1 - n0), np.int64)
+    roff = np.empty(nf + (n1 - n0), np.int64)
     nxt = np.empty(maxL + 2, np.int64)
     cells = 0
+    refs = 0
     width = 0
     f0 = 0
     for n in range(n0, n1):
@@ -402,28 +577,46 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         s0 = state_off[n]
         lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
         off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
+        rof = roff[f0 + n - n0:f0 + n - n0 + L + 2]
         _bands(dstart, dfinal, s0, state_off[n + 1] - s0, L, lo, hi, nxt)
         off[0] = 0
+        rof[0] = 0
         for t in range(L + 1):
             wt = max(hi[t] - lo[t] + 1, 0)
             off[t + 1] = off[t] + wt
+            rof[t + 1] = rof[t] + (((hi[t] >> sh) - (lo[t] >> sh) + 1) if wt > 0 else 0)
             width = max(width, wt)
         cells = max(cells, off[L + 1])
+        refs = max(refs, rof[L + 1])
         f0 += L + 1
     A = np.empty(cells)
+    RA = np.empty(refs)  # each block's log reference, relative to the frame's
+    nb = (width >> sh) + 2
     Q = np.empty(width)  # beta_{t+1}, one-array cells
-    BP = np.empty(width)  # B_t before normalisation
+    RQ = np.empty(nb)
+    BP = np.empty(width)  # B_t
+    RB = np.empty(nb)
+    fac = np.empty(nb)
+    gb = np.empty(nb)
+    own = E.shape[0] == 0  # no emissions given: each frame's row formed in ``ew``
+    ew = np.empty(X.shape[1] if own else 0)
+    Mrow = np.empty(maxL)
     f0 = 0
     for n in range(n0, n1):
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
+        c0, c1 = col_off[n], col_off[n + 1]
+        ib0, ib1 = in_bmin[blk_off[n]:blk_off[n + 1]], in_bmax[blk_off[n]:blk_off[n + 1]]
+        ob0, ob1 = out_bmin[blk_off[n]:blk_off[n + 1]], out_bmax[blk_off[n]:blk_off[n + 1]]
         lo, hi = blo[f0:f0 + L + 1], bhi[f0:f0 + L + 1]
         off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
+        rof = roff[f0 + n - n0:f0 + n - n0 + L + 2]
         f0 += L + 1
         bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
         for t in range(L):
-            if M[t, n] != M[t, n] or M[t, n] == np.inf:
+            Mrow[t] = _frame_max(X[t], c0, c1) if own else M[t, n]
+            if Mrow[t] != Mrow[t] or Mrow[t] == np.inf:
                 bad = True
         if bad:
             loglike[n] = np.nan
@@ -442,14 +635,23 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         P0 = A[0:off[1]]
         for j in range(P0.shape[0]):
             P0[j] = 0.0
+        R0 = RA[0:rof[1]]
+        for q in range(R0.shape[0]):
+            R0[q] = ninf
         P0[start[n] - s0 - lo[0]] = 1.0  # the start is live at frame 0 (dstart = 0)
+        R0[((start[n] - s0) >> sh) - (lo[0] >> sh)] = 0.0
         offset = 0.0
         for t in range(L):
-            shift = M[t, n] + wshift
-            Pn = A[off[t + 1]:off[t + 2]]
-            _band_frame(A[off[t]:off[t + 1]], lo[t], Pn, lo[t + 1], in_ptr, in_src, in_w, in_lp, in_col, X[t], E[t],
-                        s0, shift)
-            offset += shift + _normalise1(Pn)
+            shift = Mrow[t] + wshift
+            et = ew
+            if own:
+                _emit(X[t], c0, c1, Mrow[t], ew)
+            else:
+                et = E[t]
+            Rn = RA[rof[t + 1]:rof[t + 2]]
+            _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
+                        in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, ib0, ib1, fac)
+            offset += shift + _renorm(Rn)
         fmax = ninf
         for j in range(W):
             if final[s0 + j] > fmax:
@@ -459,89 +661,116 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         m = ninf
         acc = 0.0
         PL = A[off[L]:off[L + 1]]
+        RL = RA[rof[L]:rof[L + 1]]
+        lb = lo[L] >> sh
         for j in range(PL.shape[0]):  # loglike: the log-sum-exp of alpha_L + final
-            m, acc = _lse_push(m, acc, _log1(PL[j]) + final[s0 + lo[L] + j] - fmax)
+            m, acc = _lse_push(m, acc, _log1(PL[j]) + RL[((lo[L] + j) >> sh) - lb] + final[s0 + lo[L] + j] - fmax)
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue  # no complete path: zero posteriors
         qw = PL.shape[0]
+        qlo = lo[L]
+        nqb = RL.shape[0]
         for j in range(qw):
-            _store1(final[s0 + lo[L] + j] - fmax, Q, j)
+            _store1(final[s0 + qlo + j] - fmax, Q, j)
+        for q in range(nqb):
+            j0 = max(qlo, (lb + q) << sh) - qlo
+            j1 = min(qlo + qw, (lb + q + 1) << sh) - qlo
+            RQ[q] = _block_norm(Q[j0:j1])
         for t in range(L - 1, -1, -1):
-            xt, et, pt = X[t], E[t], post[t]
-            shift = M[t, n] + wshift
+            xt, pt = X[t], post[t]
+            shift = Mrow[t] + wshift
+            et = ew
+            if own:
+                _emit(xt, c0, c1, Mrow[t], ew)
+            else:
+                et = E[t]
             Qn = Q[:qw]
-            qlo = lo[t + 1]
+            Rq = RQ[:nqb]
+            qb0 = qlo >> sh
             Pt = A[off[t]:off[t + 1]]
+            Ra = RA[rof[t]:rof[t + 1]]
             tw = Pt.shape[0]
+            ntb = Ra.shape[0]
+            tlo = lo[t]
+            tb0 = tlo >> sh
             Bt = BP[:tw]
-            _band_frame(Qn, qlo, Bt, lo[t], out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift)
-            z = 0.0
-            for i in range(tw):
-                p = Pt[i]
-                b = Bt[i]
-                if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
-                    z += p * b
-            if z >= _SAFE_TOTAL and z < np.inf:
-                # every term left out (a cell kept as a log) is below 1e-88 of z
+            Rb = RB[:ntb]
+            _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift, sh,
+                        ob0, ob1, fac)
+            # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
+            m = ninf
+            acc = 0.0
+            for q in range(ntb):
+                if Ra[q] == ninf or Rb[q] == ninf:
+                    continue
+                j0 = max(tlo, (tb0 + q) << sh) - tlo
+                j1 = min(tlo + tw, (tb0 + q + 1) << sh) - tlo
+                z = 0.0
+                for i in range(j0, j1):
+                    p = Pt[i]
+                    b = Bt[i]
+                    if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
+                        z += p * b
+                if z >= _SAFE_TOTAL and z < np.inf:
+                    # every term left out (a cell kept as a log) is below 1e-88 of z
+                    m, acc = _lse_push(m, acc, Ra[q] + Rb[q] + np.log(z))
+                elif z != z or z == np.inf:
+                    m, acc = _lse_push(m, acc, z)
+                else:  # a small total: the block in the log domain
+                    for i in range(j0, j1):
+                        m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]) + Ra[q] + Rb[q])
+            lz = m + np.log(acc) if acc != 0.0 else ninf
+            if lz != lz or lz == np.inf:  # NaN in: NaN out
+                for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                    pt[out_col[a]] = np.nan
+            elif lz > ninf:
+                # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
+                # formed per block of sources for the blocks its arcs reach (gb)
+                qa = -1
+                ra = 0.0
                 for i in range(tw):
                     p = Pt[i]
-                    if p == 0.0 or p < 0.0:
+                    if p == 0.0:
                         continue
-                    ai = p / z
-                    k = s0 + lo[t] + i
+                    if ((tlo + i) >> sh) - tb0 != qa:
+                        qa = ((tlo + i) >> sh) - tb0
+                        ra = Ra[qa] - lz
+                        g0 = max(ob0[tb0 + qa], qb0) - qb0
+                        g1 = min(ob1[tb0 + qa], qb0 + nqb - 1) - qb0
+                        for q in range(g0, g1 + 1):
+                            gb[q] = np.exp(ra + Rq[q])
+                    if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
+                        continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
+                    fast = p > 0.0
+                    slow = False
+                    k = s0 + tlo + i
                     for a in range(out_ptr[k], out_ptr[k + 1]):
                         d = out_dst[a] - s0 - qlo
                         if d < 0 or d >= qw:
                             continue
-                        q = Qn[d]
-                        if q == 0.0 or q < 0.0:
+                        qv = Qn[d]
+                        if qv == 0.0:
                             continue
-                        c = out_col[a]
-                        pt[c] += ai * out_w[a] * et[c] * q
-            elif z != z or z == np.inf:  # NaN in: NaN out
-                for a in range(out_ptr[s0], out_ptr[s0 + W]):
-                    pt[out_col[a]] = np.nan
-            else:  # a small total: each state's share in the log domain
-                m = ninf
-                acc = 0.0
-                for i in range(tw):
-                    m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]))
-                if acc != 0.0:
-                    lz = m + np.log(acc)
-                    for i in range(tw):
-                        ai = _log1(Pt[i]) - lz
-                        if ai == ninf:
-                            continue
-                        k = s0 + lo[t] + i
-                        b = Bt[i]
-                        if b > 0.0:
-                            # B_t(i) is the scaled sum of its arcs' w E beta: each arc takes the
-                            # fraction w E beta / B_t(i) of the state's posterior alpha B / Z
-                            g = np.exp(ai + np.log(b)) / b
-                            if g == 0.0:
-                                continue
-                            for a in range(out_ptr[k], out_ptr[k + 1]):
-                                d = out_dst[a] - s0 - qlo
-                                if d < 0 or d >= qw:
-                                    continue
-                                q = Qn[d]
-                                if q == 0.0:
-                                    continue
-                                if q < 0.0:
-                                    q = np.exp(q + _LOG_SAFE)
-                                c = out_col[a]
-                                pt[c] += g * out_w[a] * et[c] * q
+                        g = gb[((d + qlo) >> sh) - qb0]
+                        if fast and qv > 0.0 and g < np.inf:
+                            # g * p is finite and the other factors are <= 1: the product is exact
+                            # unless it underflows, and then it is below DBL_MIN
+                            c = out_col[a]
+                            pt[c] += g * p * out_w[a] * et[c] * qv
                         else:
-                            for a in range(out_ptr[k], out_ptr[k + 1]):
-                                d = out_dst[a] - s0 - qlo
-                                if d < 0 or d >= qw:
-                                    continue
-                                pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] - shift + _log1(Qn[d]))
+                            slow = True
+                    if slow:
+                        _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo, sh,
+                                   xt, shift)
             for i in range(tw):
                 Q[i] = Bt[i]
+            for q in range(ntb):
+                RQ[q] = Rb[q]
+            _renorm(RQ[:ntb])
             qw = tw
-            _normalise1(Q[:qw])
+            qlo = tlo
+            nqb = ntb
 
 
 # ---------------------------------------------------------------------------
@@ -938,6 +1167,30 @@ def _distance_arrays(lat: Lattice) -> tuple:
     return d
 
 
+def _block_arrays(lat: Lattice, sh: int) -> tuple:
+    """``(sh, blk_off, in_bmin, in_bmax, out_bmin, out_bmax)`` of
+    :func:`_block_ranges` for both directions, cached on the lattice.  Where
+    the arcs are not local in the state numbering (a block reads more than
+    ``_MAX_BLOCK_SPREAD`` blocks on average), or where no sequence has more
+    than ``_MIN_BLOCKED_STATES`` states, each sequence is one block."""
+    cache = lat.__dict__.setdefault("_numba_blocks", {})
+    b = cache.get((sh, _MAX_BLOCK_SPREAD, _MIN_BLOCKED_STATES))
+    if b is None:
+        so, _, _, ip, isrc, _, _, _, op, od, *_ = _arrays(lat)
+        s = sh if np.diff(so).max(initial=0) > _MIN_BLOCKED_STATES else 62
+        while True:
+            off, imin, imax = _block_ranges(so, ip, isrc, s)
+            _, omin, omax = _block_ranges(so, op, od, s)
+            has = (imax >= imin) & (omax >= omin)
+            spread = max(float(np.mean((imax - imin + 1)[has])), float(np.mean((omax - omin + 1)[has]))) \
+                if has.any() else 1.0
+            if spread <= _MAX_BLOCK_SPREAD or s >= 62:
+                break
+            s = 62
+        b = cache[sh, _MAX_BLOCK_SPREAD, _MIN_BLOCKED_STATES] = (s, off, imin, imax, omin, omax)
+    return b
+
+
 def _span_arrays(lat: Lattice) -> tuple:
     """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
     spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
@@ -1055,21 +1308,24 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     loglike = np.empty(N)
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
-    E, M = _emissions(lat, X, T)
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
-    if lat.max_span == 1:
+    if lat.max_span == 1:  # large inputs: emissions formed inside the pass, one frame at a time
         run = _run
-        arrs = arrs + _distance_arrays(lat)
+        args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
+                                               *_block_arrays(lat, _BLOCK_SHIFT), X,
+                                               *(_emissions(lat, X, T) if X.nbytes <= _EMISSIONS_BYTES else
+                                                 (np.zeros((0, 0)), np.zeros((0, 0)))))
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
-        arrs = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws)
         run = _run_spans
+        args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws,
+                X, *_emissions(lat, X, T))
         work = work * lat.max_span
     ranges = balanced_ranges(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
-        run(0, N, *arrs, X, E, M, lengths, need_posteriors, loglike, post)
+        run(0, N, *args, lengths, need_posteriors, loglike, post)
     else:
-        list(_pool(len(ranges)).map(lambda r: run(r[0], r[1], *arrs, X, E, M, lengths, need_posteriors, loglike,
-                                                  post), ranges))
+        list(_pool(len(ranges)).map(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post),
+                                    ranges))
     return loglike, (post if need_posteriors else None)
