@@ -179,13 +179,6 @@ class CtcCriterion(PdfCriterion):
         self.clamp = self.leaky = self.value_dtype = None
         self._held = None
 
-    def gather(self, x, need_grad=True):
-        """The compact scores ``[T, C]``, row-major: the engine reads them a
-        frame at a time and would otherwise copy them, holding two ``[T,
-        C]`` float64 arrays while it runs."""
-        X = super().gather(x, need_grad)
-        return X if X.flags.c_contiguous else X.copy(order="C")
-
     def _grad_buffer(self, xp, arr):
         N, T, C = arr.shape
         return xp.zeros((T, N, C), dtype=arr.dtype).transpose(1, 0, 2)  # laid out like log_probs

@@ -73,10 +73,11 @@ class PdfScoreMap:
         return self._layouts.get((xp.__name__, device, item, strides), build)
 
     def gather(self, xp, scores, dtype=np.float64, name=None):
-        """Compact scores ``[T, C]`` (``dtype``) from ``scores`` ``[N, T, P]``."""
+        """Compact scores ``[T, C]`` (``dtype``, row-major: the engines read a
+        frame at a time) from ``scores`` ``[N, T, P]``."""
         offs, width = self._offsets(xp, scores, name)
         view = _frame_view(xp, scores, width)
-        return view[:, offs].astype(dtype, copy=False)
+        return xp.ascontiguousarray(xp.take(view, offs, axis=1), dtype=dtype)
 
     def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True, name=None):
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``

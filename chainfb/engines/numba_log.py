@@ -1215,7 +1215,7 @@ def _span_arrays(lat: Lattice) -> tuple:
 
 
 @_compile
-def _emit(X, col_off, M, E, t0, t1):
+def _emission_frames(X, col_off, M, E, t0, t1):
     """Frames ``t0 <= t < t1`` of :func:`_emissions`: ``M[t, n]`` the largest
     of sequence ``n``'s scores (NaN if one is NaN; 0 if all are ``-inf`` or
     it has no column) and ``E[t, c] = X[t, c] - M[t, n]``."""
@@ -1255,11 +1255,10 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
     col_off = np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
     nt = max(1, get_num_threads())
     if nt == 1 or X.size < _MIN_PARALLEL_EMISSIONS or T < 2 * nt:
-        _emit(X, col_off, M, E, 0, T)
+        _emission_frames(X, col_off, M, E, 0, T)
     else:
         edges = np.linspace(0, T, nt + 1).astype(np.int64).tolist()
-        with ThreadPoolExecutor(nt) as ex:
-            list(ex.map(lambda r: _emit(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:])))
+        list(_pool(nt).map(lambda r: _emission_frames(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:])))
     with np.errstate(invalid="ignore", over="ignore"):
         np.exp(E, out=E)  # NumPy's vectorised exp
     return E, M
