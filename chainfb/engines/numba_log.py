@@ -609,11 +609,13 @@ def _span_in_slow(P, LV, t1, ptr, other, span, lp, col, X, off, base, k, out_P, 
 
 
 @_inline
-def _span_out_sum(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k):
+def _span_out_post(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k, ai, pt):
     """Backward cell ``k`` at frame ``t`` as the scaled sum over its
     out-arcs, each landing at frame ``t + span <= L`` rescaled by
-    ``r[span]``; and whether an arc whose scaled product is 0 may still
-    carry a path (see :func:`_span_in_sum`)."""
+    ``r[span]``, and whether an arc whose scaled product is 0 may still
+    carry a path (see :func:`_span_in_sum`); with ``ai != 0`` (cell ``k``'s
+    scaled alpha at frame ``t``) each arc's product times ``ai`` is added to
+    its column of ``pt`` (a posterior before the frame's normalisation)."""
     s = 0.0
     maybe = False
     for a in range(ptr[k], ptr[k + 1]):
@@ -621,19 +623,22 @@ def _span_out_sum(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k):
         if f > L:
             continue
         j = other[a] - base
+        c = col[a]
         q = Q[f, j]
         if q == 0.0:
             if LQ[f, j] == -np.inf:
-                if xt[col[a]] != xt[col[a]]:
+                if xt[c] != xt[c]:
                     maybe = True  # NaN in: the log domain makes the cell NaN
                 continue
             q = np.exp(LQ[f, j])
-        v = q * w[a] * Et[col[a]] * r[span[a]]
+        v = q * w[a] * Et[c] * r[span[a]]
         if v == 0.0:
-            if not xt[col[a]] == -np.inf:
+            if not xt[c] == -np.inf:
                 maybe = True
         else:
             s += v
+            if ai != 0.0:
+                pt[c] += ai * v
     return s, maybe
 
 
@@ -683,10 +688,11 @@ def _max_ref(g, K):
 @_compile
 def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col, in_span,
                out_ptr, out_dst, out_lp, out_w, out_col, out_span, sp_ptr, sp_dst, sp_lp, sp_w, sp_col, sp_span,
-               has_span, K, wshift, X, E, M, lengths, need_post, loglike, post):
+               has_span, K, col_off, wshift, X, E, M, lengths, need_post, loglike, post):
     """:func:`_run` for arcs that span up to ``K`` frames (``in_span`` /
     ``out_span`` per arc; ``sp_*`` the out-arcs of span > 1 by source;
-    ``has_span [K+1]`` the spans some arc has).  Per frame ``t`` the forward
+    ``has_span [K+1]`` the spans some arc has; ``col_off [N+1]`` each
+    sequence's columns).  Per frame ``t`` the forward
     offset increment ``inc[t] = O_t - O_{t-1}`` and the backward one
     ``incb[t] = OB_t - OB_{t+1}`` are kept, so the scale between any two
     frames is a sum of at most ``K`` increments (no large offsets cancel)."""
@@ -703,7 +709,9 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             rank[k] = nsp
             nsp += 1
     G = np.zeros((K, max(nsp, 1)))
+    gk = np.zeros(K + 1)
     for n in range(n0, n1):
+        cs0, cs1 = col_off[n], col_off[n + 1]
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
@@ -781,20 +789,26 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 g[k] = d if liveb[f] and has_span[k] else ninf
             R = _max_ref(g, K)
             _scales(g, r, off, R, K)
+            # one pass over the out-arcs of frame t: the beta sums B_t and, where alpha_t is scaled and nonzero,
+            # the posteriors' numerators alpha_t w E beta_{t+k} r[k] into pt (divided by the frame's total below)
+            Pt, LVt = P[t], LV[t]
+            z = 0.0
             for i in range(W):
-                v, maybe = _span_out_sum(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, xt, r, s0,
-                                         s0 + i)
+                ai = Pt[i] if live[t] else 0.0
+                v, maybe = _span_out_post(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, xt, r, s0,
+                                          s0 + i, ai, pt)
                 if v >= _SAFE or v != v or (v == 0.0 and not maybe):
                     BP[i] = v
                     BL[i] = ninf
                 else:
                     _span_out_slow(Q, LQ, t, L, out_ptr, out_dst, out_span, out_lp, out_col, xt, off, s0, s0 + i,
                                    BP, BL, i)
+                if ai != 0.0 and BP[i] != 0.0:
+                    z += ai * BP[i]
             # G[s % K, rank[k]]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read
             # at s that land at t + 1 (complete now that beta_{t+1} is), for the totals of frames s+1 .. t
             for k in range(2, K + 1):
-                if t + 1 - k >= 0 and rank[k] >= 0:
-                    G[(t + 1 - k) % K, rank[k]] = 0.0
+                gk[k] = 0.0
             Qn = Q[t + 1]
             for i in range(W):
                 for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
@@ -803,17 +817,14 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                     if s < 0:
                         continue
                     p = P[s, i]
-                    if p == 0.0:
-                        continue
-                    G[s % K, rank[k]] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
+                    if p != 0.0:
+                        gk[k] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
+            for k in range(2, K + 1):
+                if t + 1 - k >= 0 and rank[k] >= 0:
+                    G[(t + 1 - k) % K, rank[k]] = gk[k]
             if live[t]:
                 # the frame's total: paths through a state at t (alpha_t B_t), plus those on an arc read
                 # at s = t - dd < t that lands at s + k > t; in units of alpha_t's and B_t's scales
-                Pt, LVt = P[t], LV[t]
-                z = 0.0
-                for i in range(W):
-                    if Pt[i] != 0.0 and BP[i] != 0.0:
-                        z += Pt[i] * BP[i]
                 ref = 0.0
                 for dd in range(1, K):
                     s = t - dd
@@ -852,20 +863,14 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 tot = z * np.exp(-ref) + zs
                 if tot >= _SAFE_TOTAL and tot < np.inf:
                     inv = np.exp(-ref) / tot
-                    for i in range(W):
-                        if Pt[i] == 0.0:
-                            continue
-                        ai = Pt[i] * inv
-                        for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
-                            k = out_span[a]
-                            if t + k > L or r[k] == 0.0:
-                                continue
-                            c = out_col[a]
-                            pt[c] += ai * out_w[a] * et[c] * Q[t + k, out_dst[a] - s0] * r[k]
+                    for c in range(cs0, cs1):
+                        pt[c] *= inv
                 elif tot != tot or tot == np.inf:  # NaN in: NaN out
                     for a in range(out_ptr[s0], out_ptr[s0 + W]):
                         pt[out_col[a]] = np.nan
                 else:  # a small total: the frame in the log domain
+                    for c in range(cs0, cs1):
+                        pt[c] = 0.0
                     m = ninf
                     acc = 0.0
                     for i in range(W):
@@ -941,7 +946,7 @@ def _distance_arrays(lat: Lattice) -> tuple:
 def _span_arrays(lat: Lattice) -> tuple:
     """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
     spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
-    ``[K+1]`` and ``K``, cached on the lattice."""
+    ``[K+1]``, ``K`` and the sequences' column offsets, cached on the lattice."""
     arrs = lat.__dict__.get("_numba_span_arrays")
     if arrs is None:
         f, b = lat.fwd, lat.bwd
@@ -956,7 +961,8 @@ def _span_arrays(lat: Lattice) -> tuple:
         has_span = np.zeros(K + 1, dtype=np.bool_)
         has_span[np.unique(in_span)] = True
         arrs = (in_span, out_span, sp_ptr, np.asarray(b.dst, dtype=np.int64)[long], lp, np.exp(lp - wshift),
-                np.asarray(b.col, dtype=np.int64)[long], out_span[long], has_span, K)
+                np.asarray(b.col, dtype=np.int64)[long], out_span[long], has_span, K,
+                np.ascontiguousarray(lat.col_offsets, dtype=np.int64))
         lat._numba_span_arrays = arrs
     return arrs
 
