@@ -373,6 +373,41 @@ def test_non_finite_logits_do_not_crash():
     assert torch.isfinite(xd.grad).all() and not xd.grad[1].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_score_maps_match_torch_on_non_finite_logits(monkeypatch, dtype):
+    """The compiled CPU gather and gradient (one log for both normalisers,
+    the durations exponentiated per frame) give the torch score maps'
+    costs and gradients when a row holds NaN or infinities, in the tokens
+    or in the durations."""
+    from chainfb.transducer import cpu_maps
+
+    if not cpu_maps.available(dtype):
+        pytest.skip("the compiled score maps need Numba")
+    durs = [0, 1, 2, 4]
+    put = [(2, float("nan")), (5 + 1, float("nan")), (slice(0, 5), float("-inf")), (slice(5, 9), float("-inf")),
+           (1, float("inf")), (5 + 2, float("inf")), (slice(None), float("-inf"))]
+    for k, (where, value) in enumerate(put):
+        x, tg, Tb, Ub = tdt_batch(40 + k, B=4, T=7, U=3, V=5, durations=durs, Tb=[7, 6, 7, 5], Ub=[3, 2, 0, 3],
+                                  dtype=dtype)
+        x[k % 2, (3 * k) % 5, k % 3, where] = value  # a cell some arc reads
+        for kw in ({}, dict(sigma=0.05, fastemit_lambda=0.3, clamp=0.2)):
+            out = []
+            for compiled in (True, False):
+                if not compiled:
+                    monkeypatch.setattr(cpu_maps, "available", lambda dtype=None: False)
+                xd = x.clone().requires_grad_()
+                c = chainfb.tdt_loss(xd, tg, Tb, Ub, 4, durs, reduction="none", **kw)
+                c.nansum().backward()
+                out.append((c.detach().numpy(), xd.grad.numpy()))
+                monkeypatch.undo()
+            tol = 1e-4 if dtype == torch.float32 else 1e-10
+            np.testing.assert_allclose(out[0][0], out[1][0], rtol=tol, equal_nan=True)
+            np.testing.assert_allclose(out[0][1], out[1][1], rtol=tol, atol=tol, equal_nan=True)
+            assert np.isfinite(out[0][0][2:]).all()
+            if value != value:  # NaN read: NaN out for that utterance only
+                assert np.isnan(out[0][0][k % 2])
+
+
 # ------------------------------------------------------------- per device
 class TDTTests:
     """tdt_loss per device: the torch score map runs on the logits' device;

@@ -77,7 +77,10 @@ above, exact however far it lies below.  The betas are kept for every frame
 by the frame's own total, the paths through a state at ``t``
 (``alpha_t B_t``) plus those on an arc read before ``t`` that lands after
 it, formed from local offset differences (scaled, or in the log domain when
-that total is small).
+that total is small).  The backward reads each arc once per frame: one pass
+gives the beta sums, the posteriors' numerators and the per-span sums of
+the arcs read at the frame; the frames' totals, which need the arcs read at
+earlier frames, and the division by them follow the backward.
 
 Sequences are independent: the compiled function releases the GIL and
 contiguous ranges of sequences run on :func:`chainfb.engines.get_num_threads`
@@ -838,31 +841,42 @@ def _span_in_slow(P, LV, t1, ptr, other, span, lp, col, X, off, base, k, out_P, 
 
 
 @_inline
-def _span_out_sum(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k):
+def _span_out_post(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k, ai, pt, gs):
     """Backward cell ``k`` at frame ``t`` as the scaled sum over its
     out-arcs, each landing at frame ``t + span <= L`` rescaled by
-    ``r[span]``; and whether an arc whose scaled product is 0 may still
-    carry a path (see :func:`_span_in_sum`)."""
+    ``r[span]``, and whether an arc whose scaled product is 0 may still
+    carry a path (see :func:`_span_in_sum`); with ``ai != 0`` (cell ``k``'s
+    scaled alpha at frame ``t``) each arc's product times ``ai`` is added to
+    its column of ``pt`` (a posterior before the frame's normalisation) and,
+    without ``r[span]`` (in the units of frame ``t + span``), to
+    ``gs[span]``."""
     s = 0.0
     maybe = False
     for a in range(ptr[k], ptr[k + 1]):
-        f = t + span[a]
+        sp = span[a]
+        f = t + sp
         if f > L:
             continue
         j = other[a] - base
+        c = col[a]
         q = Q[f, j]
         if q == 0.0:
             if LQ[f, j] == -np.inf:
-                if xt[col[a]] != xt[col[a]]:
+                if xt[c] != xt[c]:
                     maybe = True  # NaN in: the log domain makes the cell NaN
                 continue
             q = np.exp(LQ[f, j])
-        v = q * w[a] * Et[col[a]] * r[span[a]]
+        u = q * w[a] * Et[c]
+        v = u * r[sp]
         if v == 0.0:
-            if not xt[col[a]] == -np.inf:
+            if not xt[c] == -np.inf:
                 maybe = True
         else:
             s += v
+            if ai != 0.0:
+                pt[c] += ai * v
+        if ai != 0.0:
+            gs[sp] += ai * u
     return s, maybe
 
 
@@ -912,10 +926,11 @@ def _max_ref(g, K):
 @_compile
 def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col, in_span,
                out_ptr, out_dst, out_lp, out_w, out_col, out_span, sp_ptr, sp_dst, sp_lp, sp_w, sp_col, sp_span,
-               has_span, K, wshift, X, E, M, lengths, need_post, loglike, post):
+               has_span, K, col_off, wshift, X, E, M, lengths, need_post, loglike, post):
     """:func:`_run` for arcs that span up to ``K`` frames (``in_span`` /
     ``out_span`` per arc; ``sp_*`` the out-arcs of span > 1 by source;
-    ``has_span [K+1]`` the spans some arc has).  Per frame ``t`` the forward
+    ``has_span [K+1]`` the spans some arc has; ``col_off [N+1]`` each
+    sequence's columns).  Per frame ``t`` the forward
     offset increment ``inc[t] = O_t - O_{t-1}`` and the backward one
     ``incb[t] = OB_t - OB_{t+1}`` are kept, so the scale between any two
     frames is a sum of at most ``K`` increments (no large offsets cancel)."""
@@ -931,8 +946,9 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         if has_span[k]:
             rank[k] = nsp
             nsp += 1
-    G = np.zeros((K, max(nsp, 1)))
+    gs = np.zeros(K + 1)
     for n in range(n0, n1):
+        cs0, cs1 = col_off[n], col_off[n + 1]
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
@@ -983,7 +999,12 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue
-        G[:, :] = 0.0
+        # G[s, rank[k]]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read at s, in
+        # the units of alpha_s's and beta_{s+k}'s scales (for the totals of frames s+1 .. s+k-1)
+        G = np.zeros((L + 1, max(nsp, 1)))
+        zt = np.zeros(L + 1)  # alpha_t B_t summed, in the units of alpha_t's scale and frame t's R
+        Rb = np.zeros(L + 1)
+        lcb = np.zeros(L + 1)
         Q = np.zeros((L + 1, W))  # normalised betas of every frame, tiny cells as logs
         LQ = np.full((L + 1, W), ninf)
         liveb = np.zeros(L + 1, np.bool_)
@@ -1010,130 +1031,134 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 g[k] = d if liveb[f] and has_span[k] else ninf
             R = _max_ref(g, K)
             _scales(g, r, off, R, K)
+            # one pass over the out-arcs of frame t: the beta sums B_t and, where alpha_t is scaled and nonzero,
+            # the posteriors' numerators alpha_t w E beta_{t+k} r[k] into pt (divided by the frame's total in the
+            # pass below) and the frame's row of G
+            Pt = P[t]
+            z = 0.0
+            for k in range(K + 1):
+                gs[k] = 0.0
             for i in range(W):
-                v, maybe = _span_out_sum(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, xt, r, s0,
-                                         s0 + i)
+                ai = Pt[i] if live[t] else 0.0
+                v, maybe = _span_out_post(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, xt, r, s0,
+                                          s0 + i, ai, pt, gs)
                 if v >= _SAFE or v != v or (v == 0.0 and not maybe):
                     BP[i] = v
                     BL[i] = ninf
                 else:
                     _span_out_slow(Q, LQ, t, L, out_ptr, out_dst, out_span, out_lp, out_col, xt, off, s0, s0 + i,
                                    BP, BL, i)
-            # G[s % K, rank[k]]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read
-            # at s that land at t + 1 (complete now that beta_{t+1} is), for the totals of frames s+1 .. t
+                if ai != 0.0 and BP[i] != 0.0:
+                    z += ai * BP[i]
             for k in range(2, K + 1):
-                if t + 1 - k >= 0 and rank[k] >= 0:
-                    G[(t + 1 - k) % K, rank[k]] = 0.0
-            Qn = Q[t + 1]
-            for i in range(W):
-                for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
-                    k = sp_span[a]
-                    s = t + 1 - k
-                    if s < 0:
-                        continue
-                    p = P[s, i]
-                    if p == 0.0:
-                        continue
-                    G[s % K, rank[k]] += p * sp_w[a] * E[s, sp_col[a]] * Qn[sp_dst[a] - s0]
-            if live[t]:
-                # the frame's total: paths through a state at t (alpha_t B_t), plus those on an arc read
-                # at s = t - dd < t that lands at s + k > t; in units of alpha_t's and B_t's scales
-                Pt, LVt = P[t], LV[t]
-                z = 0.0
-                for i in range(W):
-                    if Pt[i] != 0.0 and BP[i] != 0.0:
-                        z += Pt[i] * BP[i]
-                ref = 0.0
-                for dd in range(1, K):
-                    s = t - dd
-                    for k in range(K + 1):
-                        fl[dd, k] = ninf
-                        ef[dd, k] = ninf
-                    if s < 0:
-                        continue
-                    da = 0.0  # O_s - O_t
-                    for u in range(s + 1, t + 1):
-                        da -= inc[u]
-                    db = 0.0  # OB_{s+k} - OB_{t+1}
-                    for k in range(dd + 1, K + 1):
-                        f = s + k
-                        if f > L:
-                            break
-                        if f > t + 1:
-                            db -= incb[f - 1]
-                        fl[dd, k] = da + db - shift - R
-                        if live[s] and liveb[f] and has_span[k]:
-                            ef[dd, k] = fl[dd, k] + M[s, n] + wshift
-                            if ef[dd, k] > ref or ef[dd, k] != ef[dd, k]:
-                                ref = ef[dd, k]
-                zs = 0.0
-                for dd in range(1, K):
-                    s = t - dd
-                    if s < 0:
-                        break
-                    if not live[s]:
-                        continue
-                    for k in range(dd + 1, K + 1):
-                        if ef[dd, k] > -np.inf:
-                            e = np.exp(ef[dd, k] - ref)
-                            if e != 0.0:
-                                zs += G[s % K, rank[k]] * e
-                tot = z * np.exp(-ref) + zs
-                if tot >= _SAFE_TOTAL and tot < np.inf:
-                    inv = np.exp(-ref) / tot
-                    for i in range(W):
-                        if Pt[i] == 0.0:
-                            continue
-                        ai = Pt[i] * inv
-                        for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
-                            k = out_span[a]
-                            if t + k > L or r[k] == 0.0:
-                                continue
-                            c = out_col[a]
-                            pt[c] += ai * out_w[a] * et[c] * Q[t + k, out_dst[a] - s0] * r[k]
-                elif tot != tot or tot == np.inf:  # NaN in: NaN out
-                    for a in range(out_ptr[s0], out_ptr[s0 + W]):
-                        pt[out_col[a]] = np.nan
-                else:  # a small total: the frame in the log domain
-                    m = ninf
-                    acc = 0.0
-                    for i in range(W):
-                        m, acc = _lse_push(m, acc, _logval(Pt[i], LVt[i]) + _logval(BP[i], BL[i]))
-                    for dd in range(1, K):
-                        s = t - dd
-                        if s < 0:
-                            break
-                        for i in range(W):
-                            la = _logval(P[s, i], LV[s, i])
-                            if la == ninf:
-                                continue
-                            for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
-                                k = sp_span[a]
-                                if k <= dd or s + k > L:
-                                    continue
-                                jd = sp_dst[a] - s0
-                                m, acc = _lse_push(m, acc, la + sp_lp[a] + X[s, sp_col[a]]
-                                                   + _logval(Q[s + k, jd], LQ[s + k, jd]) + fl[dd, k])
-                    if acc != 0.0:
-                        lz = m + np.log(acc)
-                        for i in range(W):
-                            ai = _logval(Pt[i], LVt[i]) - lz
-                            if ai == ninf:
-                                continue
-                            for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
-                                k = out_span[a]
-                                if t + k > L:
-                                    continue
-                                jd = out_dst[a] - s0
-                                pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] + off[k]
-                                                         + _logval(Q[t + k, jd], LQ[t + k, jd]))
+                if rank[k] >= 0:
+                    G[t, rank[k]] = gs[k]
+            zt[t] = z
+            Rb[t] = R
             Qt, LQt = Q[t], LQ[t]
             for i in range(W):
                 Qt[i] = BP[i]
                 LQt[i] = BL[i]
             lc = _normalise(Qt, LQt)
+            lcb[t] = lc
             liveb[t] = _live(Qt, LQt)
             incb[t] = shift + R + lc
+        # the frames' totals (G complete now) and the posteriors divided by them
+        for t in range(L):
+            if not live[t]:
+                continue
+            xt, pt = X[t], post[t]
+            shift = M[t, n] + wshift
+            R = Rb[t]
+            d = 0.0
+            for k in range(1, K + 1):
+                f = t + k
+                if f > L:
+                    break
+                if k > 1:
+                    d -= incb[f - 1]
+                off[k] = d - shift - R
+            # paths through a state at t (alpha_t B_t), plus those on an arc read at s = t - dd < t that lands at
+            # s + k > t; in units of alpha_t's and B_t's scales
+            ref = 0.0
+            for dd in range(1, K):
+                s = t - dd
+                for k in range(K + 1):
+                    fl[dd, k] = ninf
+                    ef[dd, k] = ninf
+                if s < 0:
+                    continue
+                da = 0.0  # O_s - O_t
+                for u in range(s + 1, t + 1):
+                    da -= inc[u]
+                db = 0.0  # OB_{s+k} - OB_{t+1}
+                for k in range(dd + 1, K + 1):
+                    f = s + k
+                    if f > L:
+                        break
+                    if f > t + 1:
+                        db -= incb[f - 1]
+                    fl[dd, k] = da + db - shift - R
+                    if live[s] and liveb[f] and has_span[k]:
+                        ef[dd, k] = fl[dd, k] + M[s, n] + wshift
+                        if ef[dd, k] > ref or ef[dd, k] != ef[dd, k]:
+                            ref = ef[dd, k]
+            zs = 0.0
+            for dd in range(1, K):
+                s = t - dd
+                if s < 0:
+                    break
+                if not live[s]:
+                    continue
+                for k in range(dd + 1, K + 1):
+                    if ef[dd, k] > -np.inf:
+                        e = np.exp(ef[dd, k] - ref)
+                        if e != 0.0:
+                            zs += G[s, rank[k]] * e
+            tot = zt[t] * np.exp(-ref) + zs
+            if tot >= _SAFE_TOTAL and tot < np.inf:
+                inv = np.exp(-ref) / tot
+                for c in range(cs0, cs1):
+                    pt[c] *= inv
+            elif tot != tot or tot == np.inf:  # NaN in: NaN out
+                for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                    pt[out_col[a]] = np.nan
+            else:  # a small total: the frame in the log domain (B_t from its normalised betas)
+                for c in range(cs0, cs1):
+                    pt[c] = 0.0
+                Pt, LVt, Qt, LQt = P[t], LV[t], Q[t], LQ[t]
+                m = ninf
+                acc = 0.0
+                for i in range(W):
+                    m, acc = _lse_push(m, acc, _logval(Pt[i], LVt[i]) + _logval(Qt[i], LQt[i]) + lcb[t])
+                for dd in range(1, K):
+                    s = t - dd
+                    if s < 0:
+                        break
+                    for i in range(W):
+                        la = _logval(P[s, i], LV[s, i])
+                        if la == ninf:
+                            continue
+                        for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
+                            k = sp_span[a]
+                            if k <= dd or s + k > L:
+                                continue
+                            jd = sp_dst[a] - s0
+                            m, acc = _lse_push(m, acc, la + sp_lp[a] + X[s, sp_col[a]]
+                                               + _logval(Q[s + k, jd], LQ[s + k, jd]) + fl[dd, k])
+                if acc != 0.0:
+                    lz = m + np.log(acc)
+                    for i in range(W):
+                        ai = _logval(Pt[i], LVt[i]) - lz
+                        if ai == ninf:
+                            continue
+                        for a in range(out_ptr[s0 + i], out_ptr[s0 + i + 1]):
+                            k = out_span[a]
+                            if t + k > L:
+                                continue
+                            jd = out_dst[a] - s0
+                            pt[out_col[a]] += np.exp(ai + out_lp[a] + xt[out_col[a]] + off[k]
+                                                     + _logval(Q[t + k, jd], LQ[t + k, jd]))
 
 
 def _arrays(lat: Lattice) -> tuple:
@@ -1194,7 +1219,7 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
 def _span_arrays(lat: Lattice) -> tuple:
     """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
     spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
-    ``[K+1]`` and ``K``, cached on the lattice."""
+    ``[K+1]``, ``K`` and the sequences' column offsets, cached on the lattice."""
     arrs = lat.__dict__.get("_numba_span_arrays")
     if arrs is None:
         f, b = lat.fwd, lat.bwd
@@ -1209,7 +1234,8 @@ def _span_arrays(lat: Lattice) -> tuple:
         has_span = np.zeros(K + 1, dtype=np.bool_)
         has_span[np.unique(in_span)] = True
         arrs = (in_span, out_span, sp_ptr, np.asarray(b.dst, dtype=np.int64)[long], lp, np.exp(lp - wshift),
-                np.asarray(b.col, dtype=np.int64)[long], out_span[long], has_span, K)
+                np.asarray(b.col, dtype=np.int64)[long], out_span[long], has_span, K,
+                np.ascontiguousarray(lat.col_offsets, dtype=np.int64))
         lat._numba_span_arrays = arrs
     return arrs
 

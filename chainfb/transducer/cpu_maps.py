@@ -5,19 +5,24 @@ one pass each over the logits, compiled by Numba (the ``jit`` extra) and run
 on :func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
 ``(b, t, u)``.
 
-Gather: per cell read by some arc, the log-normaliser of the row (the
-token logits' for TDT, plus the duration logits'), kept per cell, and the
-engine scores of the cell's arcs written straight into ``X [num_steps, C]``
-(column ``colidx[b, u, j]`` at step ``t + u`` for ``t < counts[b, u, j]``,
-:meth:`~chainfb.transducer.graphs.TransducerLayout.slot_counts`).  When a
+Gather: per cell read by some arc, the log-normaliser of the row (for
+TDT the token logits' plus the duration logits', one ``log`` of the
+product of the two sums), and the engine scores of the cell's arcs, which
+reach ``X [num_steps, C]`` (column ``colidx[b, u, j]`` at step ``t + u``
+for ``t < counts[b, u, j]``,
+:meth:`~chainfb.transducer.graphs.TransducerLayout.slot_counts`) through
+blocks of ``_TB`` frames written diagonal by diagonal, so that both the
+logits and ``X`` are read and written along their rows (TDT keeps the
+block in a small buffer; RNN-T moves a whole cell-order matrix).  When a
 gradient will be asked for, the row's exponentials ``exp(x - max)`` are
 left in the gradient-to-be (:func:`new_gradient`), so each logit is read
-once and exponentiated once.
+once and exponentiated once; TDT's duration softmax is left there too.
 
 Gradient: per cell, the arc posteriors of its slots, then the row of the
 gradient written once: the kept exponentials times ``occupancy / sum``
-(the softmax times the occupancy; recomputed from the logits when nothing
-was kept) minus the posteriors at the symbols read (module docstrings of the
+(the softmax times the occupancy; for RNN-T recomputed from the logits
+when nothing was kept, TDT's gradient always follows a gather that kept
+them) minus the posteriors at the symbols read (module docstrings of the
 criteria), clamped.  The gradient starts as fresh zero memory; cells no arc
 reads are never written, and the rows of utterances whose cost is not
 finite are zeroed.
@@ -187,6 +192,21 @@ if numba is not None:
     _cell_used = numba.njit(nogil=True, cache=True, inline="always")(_cell_used)
 
 
+def _has_nan(row, lo, n):
+    """Whether ``row[lo:lo + n]`` holds a NaN."""
+    for k in range(lo, lo + n):
+        if row[k] != row[k]:
+            return True
+    return False
+
+
+def _inline(fn):
+    return numba.njit(nogil=True, cache=True, inline="always")(fn) if numba is not None else fn
+
+
+_has_nan = _inline(_has_nan)
+
+
 @_compile
 def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
@@ -270,112 +290,174 @@ def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fa
                     grow[k] = -clamp
 
 
-@_compile
-def _tdt_gather(x, V, blank, labels, counts, sigma, fast, S, tnorm, dnorm, inv, g, keep, c0, c1):
-    """Cells ``c0 <= cell < c1`` of a TDT batch (``x [B, T, U1, V + D]``):
-    the token and duration log-normalisers ``tnorm``, ``dnorm`` (float64)
-    and ``S[cell, j] = (x[sym] - tnorm - sigma) + (x[V + i] - dnorm)`` for slot ``j = kind * D + i`` (kind 0 the blank, 1 the label
-    ``labels[b, u]``) read at ``t``.  With ``keep`` the token row ``exp(x -
-    max)`` is left in ``g[b, t, u, :V]`` (``inv[cell]`` the factor that
-    makes it the softmax) and the duration softmax in ``g[b, t, u, V:]``."""
-    B, T, U1, VD = x.shape
-    D = VD - V
-    J = 2 * D
-    buf = np.empty(max(V, D), x.dtype)
-    ib = np.empty(max(V, D), np.int32)
-    for cell in range(c0, c1):
-        u = cell % U1
-        t = (cell // U1) % T
-        b = cell // (U1 * T)
-        if not _cell_used(counts, b, u, t):
-            continue
-        row = x[b, t, u]
-        tn, iv = _log_norm(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
-        inv[cell] = iv
-        dn, ivd = _log_norm(row, V, D, buf, ib, False)  # buf: the durations' exp(x - max)
-        tnorm[cell] = tn
-        dnorm[cell] = dn
-        if keep and np.isfinite(dn):  # the duration softmax, where the gradient wants it
-            grow = g[b, t, u]
-            for i in range(D):
-                grow[V + i] = buf[i] * ivd
-        for j in range(J):
-            if t < counts[b, u, j]:
-                i = j % D
-                s = blank if j < D else labels[b, u]
-                S[cell, j] = (np.float64(row[s]) - (tn + sigma)) + (np.float64(row[V + i]) - dn)
-
-
-@_compile
-def _tdt_grad(x, V, blank, labels, counts, tnorm, dnorm, inv, P, zero, label_weight, clamp, fast, kept, g, c0, c1):
-    """The TDT gradient rows of cells ``c0 <= cell < c1`` (see
-    :mod:`chainfb.transducer.tdt`): with ``A_j`` the posterior of slot ``j``,
-    ``Pb``/``Pl`` the blank's/label's sums over durations, tokens
-    ``softmax * (Pb + lw Pl) - Pb [k == blank] - lw Pl [k == label]``
-    (clamped when ``clamp > 0``), durations ``softmax_i * (Pb + Pl) - A_i
-    - A_{D+i}``; ``g`` is zero on entry and left so where no arc reads the
-    cell or ``zero[b]``, or (``kept``) holds what :func:`_tdt_gather` left there."""
-    B, T, U1, VD = x.shape
-    D = VD - V
-    J = 2 * D
-    ib = np.empty(V, np.int32)
-    A = np.zeros(J)
-    for cell in range(c0, c1):
-        u = cell % U1
-        t = (cell // U1) % T
-        b = cell // (U1 * T)
-        grow = g[b, t, u]
-        used = False
-        if not zero[b]:
-            for j in range(J):
-                if t < counts[b, u, j]:
-                    A[j] = P[cell, j]
-                    used = True
-                else:
-                    A[j] = 0.0
-        if not used:  # out is zero on entry (or only the gather wrote there): nothing to write
-            if kept and _cell_used(counts, b, u, t):
-                grow[:] = 0.0
-            continue
-        pb = 0.0
-        pl = 0.0
-        for i in range(D):
-            pb += A[i]
-            pl += A[D + i]
-        occ = pb + pl
-        wt = pb + label_weight * pl
-        row = x[b, t, u]
-        tn = tnorm[cell]
-        if wt != 0.0 and np.isfinite(tn):
-            if kept:  # exp(x - max) from the gather: times wt / sum
-                f = wt * inv[cell]
-                for k in range(V):
-                    grow[k] = grow[k] * f
-            else:
-                _exp_into(row, 0, V, tn, wt, grow, ib, fast)
-        elif kept:
-            grow[:V] = 0.0
-        grow[blank] = grow[blank] - pb
-        k = labels[b, u]
-        grow[k] = grow[k] - label_weight * pl
-        if clamp > 0.0:
-            for k in range(V):
-                if grow[k] > clamp:
-                    grow[k] = clamp
-                elif grow[k] < -clamp:
-                    grow[k] = -clamp
-        dn = dnorm[cell]
-        ok = np.isfinite(dn)
-        for i in range(D):
-            if kept:
-                sm = grow[V + i]  # from the gather (0 where the normaliser is not finite)
-            else:
-                sm = np.exp(np.float64(row[V + i]) - dn) if ok else 0.0
-            grow[V + i] = sm * occ - (A[i] + A[D + i])
-
-
 # frames per block of the moves between the engine's matrix and the cell order
 _TB = 16
+
+
+@_inline
+def _norm_parts(row, lo, n, buf, ib, fast):
+    """``(max, sum_k exp(row[lo + k] - max))`` of ``row[lo:lo + n]`` in
+    float64 with ``buf[k] = exp(row[lo + k] - max)`` when the maximum is
+    finite (the sum NaN when a NaN is in the row); else ``(max, 0)``, the
+    maximum NaN when a NaN is in the row."""
+    m = _row_max(row, lo, n)
+    if not np.isfinite(m):
+        for k in range(lo, lo + n):
+            if row[k] != row[k]:
+                return np.nan, 0.0
+        return np.float64(m), 0.0
+    return np.float64(m), _exp_into(row, lo, n, m, 1.0, buf, ib, fast)
+
+
+@_compile
+def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, keep, c0, c1):
+    """Blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance of a TDT
+    batch (``x [B, T, U1, V + D]``): per cell, the scores of the slots ``j
+    = kind * D + i`` (kind 0 the blank, 1 the label ``labels[b, u]``) read
+    at ``t``, ``x[sym] + x[V + i] - (tnorm + dnorm + sigma)`` with the
+    token and duration log-normalisers' sum taken as one ``log`` of the
+    product of the two rows' sums; kept in a block-sized buffer, then
+    written into ``X[t + u, colidx[b, u, j]]`` diagonal by diagonal (as
+    :func:`_to_steps`).  The durations of the ``U1`` cells of a frame are
+    exponentiated together (one vectorised pass).  ``inv[cell]``: the
+    factor that makes the token row's ``exp(x - max)`` its softmax (0 or NaN
+    where the token normaliser is not finite).  With ``keep`` that row is
+    left in ``g[b, t, u, :V]`` and the duration softmax in ``g[b, t, u,
+    V:]`` (0 where its normaliser is not finite).  ``fast``: exponentials
+    in float32 lanes (see :func:`_exp_into`)."""
+    B, T, U1, VD = x.shape
+    D = VD - V
+    J = 2 * D
+    buf = np.empty(V, x.dtype)
+    ib = np.empty(max(V, U1 * D), np.int32)
+    Sb = np.empty((_TB, U1, J))
+    dv = np.empty(U1 * D, x.dtype)  # a frame's durations minus their row's maximum, then exp
+    de = np.empty(U1 * D, x.dtype)
+    zero = np.zeros(1, x.dtype)[0]
+    used = np.zeros(U1, np.bool_)
+    tmax = np.empty(U1)
+    tsum = np.empty(U1)
+    dmax = np.empty(U1)
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        for t in range(ta, tz):
+            for u in range(U1):
+                used[u] = _cell_used(counts, b, u, t)
+                if not used[u]:
+                    continue
+                row = x[b, t, u]
+                tmax[u], tsum[u] = _norm_parts(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
+                md = _row_max(row, V, D)
+                dmax[u] = md
+                for i in range(D):
+                    dv[u * D + i] = row[V + i] - md
+            _exp_into(dv, 0, U1 * D, zero, 1.0, de, ib, fast)
+            for u in range(U1):
+                if not used[u]:
+                    continue
+                cell = (b * T + t) * U1 + u
+                row = x[b, t, u]
+                mt, st, md = tmax[u], tsum[u], dmax[u]
+                sd = 0.0
+                if np.isfinite(md):
+                    for i in range(D):
+                        sd += de[u * D + i]  # NaN in the row: NaN
+                inv[cell] = 1.0 / st if st != 0.0 else 0.0
+                if st > 0.0 and sd > 0.0:
+                    nsum = (mt + md) + np.log(st * sd)
+                else:  # a normaliser not finite: each as _log_norm gives it
+                    tn = mt + np.log(st) if st > 0.0 or st != st else mt
+                    dn = md + np.log(sd) if sd > 0.0 or sd != sd else (np.nan if md == md and _has_nan(row, V, D)
+                                                                        else md)
+                    nsum = tn + dn
+                if keep and sd > 0.0:  # the duration softmax, where the gradient wants it
+                    grow = g[b, t, u]
+                    ivd = 1.0 / sd
+                    for i in range(D):
+                        grow[V + i] = de[u * D + i] * ivd
+                sb = Sb[t - ta, u]
+                ns = nsum + sigma
+                xb = np.float64(row[blank])
+                xl = np.float64(row[labels[b, u]])
+                for i in range(D):
+                    xd = np.float64(row[V + i])
+                    sb[i] = (xb + xd) - ns
+                    sb[D + i] = (xl + xd) - ns
+        for n in range(ta, tz + U1 - 1):
+            xrow = X[n]
+            for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
+                u = n - t
+                sb = Sb[t - ta, u]
+                for j in range(J):
+                    if t < counts[b, u, j]:
+                        xrow[colidx[b, u, j]] = sb[j]
+
+
+@_compile
+def _tdt_grad(V, blank, labels, counts, colidx, inv, post, zero, label_weight, clamp, g, c0, c1):
+    """The TDT gradient rows of the cells of blocks ``c0 <= blk < c1`` (as
+    :func:`_tdt_gather`; see :mod:`chainfb.transducer.tdt`) from what
+    :func:`_tdt_gather` left in ``g [B, T, U1, V + D]`` (with ``keep``): with
+    ``A_j`` the posterior of slot ``j`` (``post[t + u, colidx[b, u, j]]``,
+    read diagonal by diagonal into a block-sized buffer), ``Pb``/``Pl`` the
+    blank's/label's sums over durations, tokens ``softmax * (Pb + lw Pl) -
+    Pb [k == blank] - lw Pl [k == label]`` (clamped when ``clamp > 0``),
+    durations ``softmax_i * (Pb + Pl) - A_i - A_{D+i}``; rows where no arc
+    reads the cell or ``zero[b]`` are zeroed (or left zero)."""
+    B, T, U1, VD = g.shape
+    D = VD - V
+    J = 2 * D
+    Pb = np.empty((_TB, U1, J))
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        if not zero[b]:
+            for n in range(ta, tz + U1 - 1):
+                prow = post[n]
+                for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
+                    u = n - t
+                    pb_ = Pb[t - ta, u]
+                    for j in range(J):
+                        pb_[j] = prow[colidx[b, u, j]] if t < counts[b, u, j] else 0.0
+        for t in range(ta, tz):
+            for u in range(U1):
+                if not _cell_used(counts, b, u, t):
+                    continue  # nothing written there: zero
+                grow = g[b, t, u]
+                if zero[b]:
+                    grow[:] = 0.0
+                    continue
+                A = Pb[t - ta, u]
+                pb = 0.0
+                pl = 0.0
+                for i in range(D):
+                    pb += A[i]
+                    pl += A[D + i]
+                occ = pb + pl
+                wt = pb + label_weight * pl
+                iv = inv[(b * T + t) * U1 + u]
+                if wt != 0.0 and iv > 0.0:  # exp(x - max) from the gather: times wt / sum
+                    f = wt * iv
+                    for k in range(V):
+                        grow[k] = grow[k] * f
+                else:
+                    grow[:V] = 0.0
+                grow[blank] = grow[blank] - pb
+                k = labels[b, u]
+                grow[k] = grow[k] - label_weight * pl
+                if clamp > 0.0:
+                    for k in range(V):
+                        if grow[k] > clamp:
+                            grow[k] = clamp
+                        elif grow[k] < -clamp:
+                            grow[k] = -clamp
+                for i in range(D):  # the duration softmax from the gather (0 where not finite)
+                    grow[V + i] = grow[V + i] * occ - (A[i] + A[D + i])
 
 
 @_compile
@@ -427,7 +509,8 @@ def _cells(fn, ncells: int, *args) -> None:
     ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
     compiled kernels release the GIL)."""
     n = max(1, get_num_threads())
-    grain = 2 if fn is _to_steps or fn is _to_cells else _MIN_PARALLEL_CELLS  # blocks of cells, or cells
+    blocks = fn is _to_steps or fn is _to_cells or fn is _tdt_gather or fn is _tdt_grad
+    grain = 2 if blocks else _MIN_PARALLEL_CELLS  # blocks of cells, or cells
     if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
         return
@@ -516,36 +599,31 @@ def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, si
                out: np.ndarray | None = None) -> tuple:
     """Engine scores of a TDT batch: ``x [B, T, U1, V + D]`` float32/float64
     C-contiguous NumPy, ``labels`` int ``[B, U1]`` (the label read at
-    ``(b, u)``; the blank where there is none); ``out`` as in
-    :func:`rnnt_gather` (the token rows' exponentials are left there).
-    Returns ``X`` float64 ``[num_steps, C]``, the token and duration
-    log-normalisers and the token softmax factors ``[B * T * U1]`` (for
-    :func:`tdt_gradient`)."""
+    ``(b, u)``; the blank where there is none); ``out``: the gradient-to-be
+    (:func:`new_gradient`, zero) or None: when given, the token rows'
+    exponentials and the duration softmax are left there for
+    :func:`tdt_gradient`.  Returns ``X`` float64 ``[num_steps, C]`` and the
+    token softmax factors float64 ``[B * T * U1]``."""
     B, T, U1, _ = x.shape
     colidx, counts, X = _grid(layout, T, x)
-    tnorm, dnorm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1), np.zeros(B * T * U1)
+    inv = np.zeros(B * T * U1)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     keep = out is not None
-    S = np.empty((B * T * U1, colidx.shape[2]))
-    _cells(_tdt_gather, B * T * U1, x, int(V), int(blank), labels, counts, float(sigma),
-           x.dtype == np.float32, S, tnorm, dnorm, inv, out if keep else _no_rows(x), keep)
-    _cells(_to_steps, _blocks(B, T), S, colidx, counts, T, X)
-    return X, tnorm, dnorm, inv
+    _cells(_tdt_gather, _blocks(B, T), x, int(V), int(blank), labels, counts, colidx, float(sigma),
+           x.dtype == np.float32, X, inv, out if keep else _no_rows(x), keep)
+    return X, inv
 
 
-def tdt_gradient(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, tnorm, dnorm, inv, post, zero,
-                 fastemit_lambda: float, clamp: float, out: np.ndarray, kept: bool = False) -> np.ndarray:
-    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out`` (zero on
-    entry, :func:`new_gradient`, or with ``kept`` as :func:`tdt_gather`
-    left it; see :func:`_tdt_grad`; FastEmit scales the label's token terms
-    by ``1 + fastemit_lambda``)."""
-    B, T, U1, _ = x.shape
-    counts = layout.slot_counts()
+def tdt_gradient(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero, fastemit_lambda: float,
+                 clamp: float, out: np.ndarray) -> np.ndarray:
+    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out``, the
+    gradient-to-be that :func:`tdt_gather` filled (see :func:`_tdt_grad`;
+    FastEmit scales the label's token terms by ``1 + fastemit_lambda``);
+    ``inv`` from :func:`tdt_gather`, ``post`` float64 ``[num_steps, C]``,
+    ``zero`` bool ``[B]``."""
+    B, T = out.shape[:2]
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     post = np.ascontiguousarray(post, dtype=np.float64)
-    P = np.empty((B * T * U1, layout.colidx.shape[2]))
-    _cells(_to_cells, _blocks(B, T), post, layout.colidx, counts, T, P)
-    _cells(_tdt_grad, B * T * U1, x, int(V), int(blank), labels, counts, tnorm, dnorm, inv, P,
-           np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp),
-           x.dtype == np.float32, bool(kept), out)
+    _cells(_tdt_grad, _blocks(B, T), int(V), int(blank), labels, layout.slot_counts(), layout.colidx, inv, post,
+           np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp), out)
     return out

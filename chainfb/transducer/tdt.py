@@ -134,8 +134,8 @@ class TDTCriterion(Criterion):
             xn = xd.numpy()
             labels = self.labels.cpu().numpy()
             grad, out = cpu_maps.new_gradient(xn.shape, x.dtype) if need_grad else (None, None)
-            X, tnorm, dnorm, inv = cpu_maps.tdt_gather(xn, V, self.blank, labels, self.layout, self.sigma, out)
-            self._work = ("compiled", xn, labels, tnorm, dnorm, inv, grad, out)
+            X, inv = cpu_maps.tdt_gather(xn, V, self.blank, labels, self.layout, self.sigma, out)
+            self._work = ("compiled", labels, inv, grad, out)
             return X
         ct = torch_compute_dtype(x.dtype)
         if need_grad:
@@ -170,9 +170,9 @@ class TDTCriterion(Criterion):
         if post is None:
             return value, None
         if work[0] == "compiled":
-            _, xn, labels, tnorm, dnorm, inv, grad, out = work
-            cpu_maps.tdt_gradient(xn, self.V, self.blank, labels, self.layout, tnorm, dnorm, inv, post,
-                                  ~np.isfinite(np.asarray(loglike)), self.fastemit_lambda, self.clamp, out, kept=True)
+            _, labels, inv, grad, out = work
+            cpu_maps.tdt_gradient(self.V, self.blank, labels, self.layout, inv, post, ~np.isfinite(np.asarray(loglike)),
+                                  self.fastemit_lambda, self.clamp, out)
             return value, grad
         g, tok_total, dur, dur_norm = work
         B, T, U1, VD = x.shape
