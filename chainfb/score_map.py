@@ -77,7 +77,7 @@ class PdfScoreMap:
         frame at a time) from ``scores`` ``[N, T, P]``."""
         offs, width = self._offsets(xp, scores, name)
         view = _frame_view(xp, scores, width)
-        return xp.ascontiguousarray(xp.take(view, offs, axis=1), dtype=dtype)
+        return xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
 
     def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True, name=None):
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
