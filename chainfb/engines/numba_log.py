@@ -96,7 +96,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..lattice import Lattice, balanced_ranges
+from ..lattice import Lattice
 from .threads import get_num_threads
 
 __all__ = ["available", "forward_backward", "require"]
@@ -1280,6 +1280,22 @@ def _pool(n: int) -> ThreadPoolExecutor:
         return ex
 
 
+def _split(work: np.ndarray, parts: int) -> list:
+    """At most ``parts`` contiguous ``(start, stop)`` ranges of the
+    sequences, ``work [N]`` each one's cost: each cut is the one whose
+    cumulative cost is nearest to its share (not the first past it: with
+    few long sequences that would leave one thread most of the work)."""
+    N = len(work)
+    if N == 0 or parts <= 1:
+        return [(0, N)]
+    cum = np.concatenate([[0.0], np.cumsum(work, dtype=np.float64)])
+    goal = cum[-1] * np.arange(1, parts) / parts
+    hi = np.clip(np.searchsorted(cum, goal), 1, N)
+    cuts = np.where(goal - cum[hi - 1] < cum[hi] - goal, hi - 1, hi)
+    bounds = np.unique(np.concatenate([[0], cuts, [N]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
 def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
     """Forward-backward over a lattice (the engine protocol, see
     :mod:`chainfb.engines`), compiled.
@@ -1321,7 +1337,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws,
                 X, *_emissions(lat, X, T))
         work = work * lat.max_span
-    ranges = balanced_ranges(work, max(1, get_num_threads()))
+    ranges = _split(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)
     else:
