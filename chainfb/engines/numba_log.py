@@ -254,6 +254,12 @@ def _normalise1(A):
     for j in range(A.shape[0]):
         if A[j] > c:
             c = A[j]
+    return _divide1(A, c)
+
+
+@_inline
+def _divide1(A, c):
+    """:func:`_normalise1` given ``c``, the largest scaled cell of ``A`` (0 if none)."""
     if c > 0.0 and c < np.inf:
         lc = np.log(c)
     elif c == 0.0:  # every cell tiny (kept as logs) or zero
@@ -265,6 +271,8 @@ def _normalise1(A):
             return 0.0
     else:  # +inf: leave the frame as it is
         return 0.0
+    if lc == 0.0:  # the largest is 1: every cell stays as it is
+        return lc
     for j in range(A.shape[0]):
         v = A[j]
         if v > 0.0:
@@ -303,8 +311,18 @@ def _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
 @_inline
 def _block_norm(A):
     """:func:`_normalise1` on one block's cells; ``-inf`` when they are all 0."""
-    lc = _normalise1(A)
-    if lc == 0.0:
+    c = 0.0
+    for j in range(A.shape[0]):
+        if A[j] > c:
+            c = A[j]
+    return _block_div(A, c)
+
+
+@_inline
+def _block_div(A, c):
+    """:func:`_block_norm` given ``c``, the largest scaled cell of ``A`` (0 if none)."""
+    lc = _divide1(A, c)
+    if lc == 0.0 and c != 1.0:
         for j in range(A.shape[0]):
             if A[j] != 0.0:
                 return 0.0
@@ -358,21 +376,19 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
                 Pb[j] = 0.0
             Rn[kb - nb0] = -np.inf
             continue
-        for q in range(q0, q1 + 1):
-            fac[q] = np.exp(Rp[q] - ref)
         single = q0 == q1  # one block read: its factor is 1
+        if not single:
+            for q in range(q0, q1 + 1):
+                fac[q] = np.exp(Rp[q] - ref)
+        c = 0.0  # the block's largest scaled cell
         for j in range(j0, j1):
             k = base + nlo + j
             s = 0.0
-            hit = False
             for a in range(ptr[k], ptr[k + 1]):
                 i = other[a] - base - plo
                 if i < 0 or i >= pw:
                     continue
-                p = Pp[i]
-                if p == 0.0:
-                    continue
-                hit = True
+                p = Pp[i]  # a zero far end adds an exact 0 (w E is finite)
                 if p < 0.0:
                     p = np.exp(p + _LOG_SAFE)
                 if single:
@@ -381,11 +397,18 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
                     s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
             if s >= _SAFE or s != s:
                 Pn[j] = s
-            elif not hit:
-                Pn[j] = 0.0
+                if s > c:
+                    c = s
             else:
-                _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
-        Rn[kb - nb0] = ref + _block_norm(Pb)
+                Pn[j] = 0.0
+                for a in range(ptr[k], ptr[k + 1]):
+                    i = other[a] - base - plo
+                    if i >= 0 and i < pw and Pp[i] != 0.0:  # a path: its exact value in the log domain
+                        _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
+                        if Pn[j] > c:
+                            c = Pn[j]
+                        break
+        Rn[kb - nb0] = ref + _block_div(Pb, c)
 
 
 @_inline
@@ -763,10 +786,8 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                     if slow:
                         _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo, sh,
                                    xt, shift)
-            for i in range(tw):
-                Q[i] = Bt[i]
-            for q in range(ntb):
-                RQ[q] = Rb[q]
+            Q, BP = BP, Q  # B_t becomes the next frame's beta_{t+1}
+            RQ, RB = RB, RQ
             _renorm(RQ[:ntb])
             qw = tw
             qlo = tlo
