@@ -412,6 +412,60 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
 
 
 @_inline
+def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, base, shift, sh, pt, slow):
+    """The backward frame of a sequence whose frames are one block each, fused
+    with its arc posteriors: ``B_t`` into ``Bt`` (from ``beta_{t+1}`` in
+    ``Qn``, one block of reference ``Rq[0]``; divided by its largest, whose log is
+    returned second) and, for every arc whose alpha and beta cells are both
+    scaled, ``alpha_t(i) w E beta_{t+1}(j)`` added to ``pt`` -- the posterior
+    times the frame's total, which is returned first (``sum_i alpha_t(i)
+    B_t(i)`` over the scaled cells, before the division).  The states whose
+    posteriors need more (an alpha or a far end kept as a log, or NaN) go to
+    ``slow``; their count is returned third."""
+    qw = Qn.shape[0]
+    c = 0.0
+    z = 0.0
+    ns = 0
+    for i in range(Bt.shape[0]):
+        k = base + tlo + i
+        p = Pt[i]
+        s = 0.0
+        logs = not p >= 0.0
+        for a in range(ptr[k], ptr[k + 1]):
+            d = dst[a] - base - qlo
+            if d < 0 or d >= qw:
+                continue
+            qv = Qn[d]  # a zero far end adds an exact 0 (w E is finite)
+            if qv < 0.0:
+                logs = True
+                s += w[a] * et[col[a]] * np.exp(qv + _LOG_SAFE)
+            else:
+                u = w[a] * et[col[a]] * qv
+                s += u
+                if p > 0.0:
+                    pt[col[a]] += p * u
+        if logs:
+            slow[ns] = i
+            ns += 1
+        if s >= _SAFE or s != s:
+            Bt[i] = s
+            if s > c:
+                c = s
+            if p > 0.0:
+                z += p * s
+        else:
+            Bt[i] = 0.0
+            for a in range(ptr[k], ptr[k + 1]):
+                d = dst[a] - base - qlo
+                if d >= 0 and d < qw and Qn[d] != 0.0:  # a path: its exact value in the log domain
+                    _slow1(Qn, Rq, qlo, sh, ptr, dst, lp, col, xt, base, k, shift, Rq[0], Bt, i)
+                    if Bt[i] > c:
+                        c = Bt[i]
+                    break
+    return z, _block_div(Bt, c), ns
+
+
+@_inline
 def _find(nxt, t):
     """The first frame ``>= t`` not yet given a bound (union-find, path halving)."""
     while nxt[t] != t:
@@ -618,6 +672,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     Q = np.empty(width)  # beta_{t+1}, one-array cells
     RQ = np.empty(nb)
     BP = np.empty(width)  # B_t
+    left = np.empty(width, np.int64)  # states left by the fused backward frame
     RB = np.empty(nb)
     fac = np.empty(nb)
     gb = np.empty(nb)
@@ -719,73 +774,100 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             tb0 = tlo >> sh
             Bt = BP[:tw]
             Rb = RB[:ntb]
-            _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift, sh,
-                        ob0, ob1, fac)
-            # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
-            m = ninf
-            acc = 0.0
-            for q in range(ntb):
-                if Ra[q] == ninf or Rb[q] == ninf:
-                    continue
-                j0 = max(tlo, (tb0 + q) << sh) - tlo
-                j1 = min(tlo + tw, (tb0 + q + 1) << sh) - tlo
-                z = 0.0
-                for i in range(j0, j1):
-                    p = Pt[i]
-                    b = Bt[i]
-                    if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
-                        z += p * b
+            fused = False
+            if ntb == 1 and nqb == 1 and Ra[0] > ninf and Rq[0] > ninf:
+                # one block each: B_t and the posteriors times Z in one pass over the arcs
+                z, lc, ns = _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et,
+                                        s0, shift, sh, pt, left)
+                Rb[0] = Rq[0] + lc
                 if z >= _SAFE_TOTAL and z < np.inf:
-                    # every term left out (a cell kept as a log) is below 1e-88 of z
-                    m, acc = _lse_push(m, acc, Ra[q] + Rb[q] + np.log(z))
-                elif z != z or z == np.inf:
-                    m, acc = _lse_push(m, acc, z)
-                else:  # a small total: the block in the log domain
-                    for i in range(j0, j1):
-                        m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]) + Ra[q] + Rb[q])
-            lz = m + np.log(acc) if acc != 0.0 else ninf
-            if lz != lz or lz == np.inf:  # NaN in: NaN out
-                for a in range(out_ptr[s0], out_ptr[s0 + W]):
-                    pt[out_col[a]] = np.nan
-            elif lz > ninf:
-                # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
-                # formed per block of sources for the blocks its arcs reach (gb)
-                qa = -1
-                ra = 0.0
-                for i in range(tw):
-                    p = Pt[i]
-                    if p == 0.0:
+                    # every term left out of z is below 1e-88 of it, and every posterior p above 1e-88
+                    # of it was formed as p z > 1e-288 without underflow: divide by z
+                    fused = True
+                    for c in range(c0, c1):
+                        pt[c] /= z
+                    lz = Ra[0] + Rq[0] + np.log(z)
+                    ra = Ra[0] - lz
+                    gb[0] = np.exp(ra + Rq[0])
+                    for q in range(ns):  # the arcs the fused pass left: in the log domain
+                        i = left[q]
+                        p = Pt[i]
+                        if p == 0.0 or (p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE):
+                            continue
+                        _post_slow(pt, p, p > 0.0, ra, s0 + tlo + i, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb,
+                                   s0, qlo, sh, xt, shift)
+                else:  # a small total: start the frame's posteriors again below
+                    for c in range(c0, c1):
+                        pt[c] = 0.0
+            else:
+                _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift,
+                            sh, ob0, ob1, fac)
+            if not fused:
+                # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
+                m = ninf
+                acc = 0.0
+                for q in range(ntb):
+                    if Ra[q] == ninf or Rb[q] == ninf:
                         continue
-                    if ((tlo + i) >> sh) - tb0 != qa:
-                        qa = ((tlo + i) >> sh) - tb0
-                        ra = Ra[qa] - lz
-                        g0 = max(ob0[tb0 + qa], qb0) - qb0
-                        g1 = min(ob1[tb0 + qa], qb0 + nqb - 1) - qb0
-                        for q in range(g0, g1 + 1):
-                            gb[q] = np.exp(ra + Rq[q])
-                    if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
-                        continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
-                    fast = p > 0.0
-                    slow = False
-                    k = s0 + tlo + i
-                    for a in range(out_ptr[k], out_ptr[k + 1]):
-                        d = out_dst[a] - s0 - qlo
-                        if d < 0 or d >= qw:
+                    j0 = max(tlo, (tb0 + q) << sh) - tlo
+                    j1 = min(tlo + tw, (tb0 + q + 1) << sh) - tlo
+                    z = 0.0
+                    for i in range(j0, j1):
+                        p = Pt[i]
+                        b = Bt[i]
+                        if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
+                            z += p * b
+                    if z >= _SAFE_TOTAL and z < np.inf:
+                        # every term left out (a cell kept as a log) is below 1e-88 of z
+                        m, acc = _lse_push(m, acc, Ra[q] + Rb[q] + np.log(z))
+                    elif z != z or z == np.inf:
+                        m, acc = _lse_push(m, acc, z)
+                    else:  # a small total: the block in the log domain
+                        for i in range(j0, j1):
+                            m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]) + Ra[q] + Rb[q])
+                lz = m + np.log(acc) if acc != 0.0 else ninf
+                if lz != lz or lz == np.inf:  # NaN in: NaN out
+                    for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                        pt[out_col[a]] = np.nan
+                elif lz > ninf:
+                    # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
+                    # formed per block of sources for the blocks its arcs reach (gb)
+                    qa = -1
+                    ra = 0.0
+                    for i in range(tw):
+                        p = Pt[i]
+                        if p == 0.0:
                             continue
-                        qv = Qn[d]
-                        if qv == 0.0:
-                            continue
-                        g = gb[((d + qlo) >> sh) - qb0]
-                        if fast and qv > 0.0 and g < np.inf:
-                            # g * p is finite and the other factors are <= 1: the product is exact
-                            # unless it underflows, and then it is below DBL_MIN
-                            c = out_col[a]
-                            pt[c] += g * p * out_w[a] * et[c] * qv
-                        else:
-                            slow = True
-                    if slow:
-                        _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo, sh,
-                                   xt, shift)
+                        if ((tlo + i) >> sh) - tb0 != qa:
+                            qa = ((tlo + i) >> sh) - tb0
+                            ra = Ra[qa] - lz
+                            g0 = max(ob0[tb0 + qa], qb0) - qb0
+                            g1 = min(ob1[tb0 + qa], qb0 + nqb - 1) - qb0
+                            for q in range(g0, g1 + 1):
+                                gb[q] = np.exp(ra + Rq[q])
+                        if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
+                            continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
+                        fast = p > 0.0
+                        slow = False
+                        k = s0 + tlo + i
+                        for a in range(out_ptr[k], out_ptr[k + 1]):
+                            d = out_dst[a] - s0 - qlo
+                            if d < 0 or d >= qw:
+                                continue
+                            qv = Qn[d]
+                            if qv == 0.0:
+                                continue
+                            g = gb[((d + qlo) >> sh) - qb0]
+                            if fast and qv > 0.0 and g < np.inf:
+                                # g * p is finite and the other factors are <= 1: the product is exact
+                                # unless it underflows, and then it is below DBL_MIN
+                                c = out_col[a]
+                                pt[c] += g * p * out_w[a] * et[c] * qv
+                            else:
+                                slow = True
+                        if slow:
+                            _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo,
+                                       sh, xt, shift)
             Q, BP = BP, Q  # B_t becomes the next frame's beta_{t+1}
             RQ, RB = RB, RQ
             _renorm(RQ[:ntb])
