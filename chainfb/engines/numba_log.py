@@ -782,10 +782,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                 Rb[0] = Rq[0] + lc
                 if z >= _SAFE_TOTAL and z < np.inf:
                     # every term left out of z is below 1e-88 of it, and every posterior p above 1e-88
-                    # of it was formed as p z > 1e-288 without underflow: divide by z
+                    # of it was formed as p z > 1e-288 without underflow: times 1 / z
                     fused = True
+                    g = 1.0 / z  # at most 1e200
                     for c in range(c0, c1):
-                        pt[c] /= z
+                        pt[c] *= g
                     lz = Ra[0] + Rq[0] + np.log(z)
                     ra = Ra[0] - lz
                     gb[0] = np.exp(ra + Rq[0])
