@@ -59,7 +59,17 @@ with the frame's own total ``Z_t = sum_i alpha_t(i) B_t(i)``, as the NumPy
 engine normalises them.  When the scaled total is at least ``1e-200``,
 every term left out of it (a cell kept as a log, below ``1e-290`` times at
 most the out-degree) is below ``1e-88`` of it and the scaled products are
-used; a frame with a smaller total is done in the log domain.
+used; a frame with a smaller total is done in the log domain.  A backward
+frame whose cells (and its successor's) are one block -- every frame when
+no sequence has more than ``_MIN_BLOCKED_STATES`` states -- is fused with its
+posteriors: while ``B_t(i)`` is summed, each arc whose alpha and beta cells
+are both scaled adds ``alpha w E beta`` (its posterior times ``Z_t``) to its
+column and ``Z_t`` is summed along; the sequence's columns of the frame are
+then multiplied by ``1 / Z_t``.  With ``Z_t >= 1e-200``, a posterior above
+``1e-88`` was formed as a number above ``1e-288`` (no underflow); the
+states with a cell kept as a log finish their arcs in the log domain
+afterwards, and a frame with a smaller total clears its columns and takes
+the path above.
 
 Arcs that span frames (``lat.max_span > 1``, semantics in
 :mod:`chainfb.engines`: an arc read at frame ``t`` lands at ``t + span``)
