@@ -394,16 +394,23 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
         for j in range(j0, j1):
             k = base + nlo + j
             s = 0.0
-            for a in range(ptr[k], ptr[k + 1]):
-                i = other[a] - base - plo
-                if i < 0 or i >= pw:
-                    continue
-                p = Pp[i]  # a zero far end adds an exact 0 (w E is finite)
-                if p < 0.0:
-                    p = np.exp(p + _LOG_SAFE)
-                if single:
+            if single:
+                for a in range(ptr[k], ptr[k + 1]):
+                    i = other[a] - base - plo
+                    if i < 0 or i >= pw:
+                        continue
+                    p = Pp[i]  # a zero far end adds an exact 0 (w E is finite)
+                    if p < 0.0:
+                        p = np.exp(p + _LOG_SAFE)
                     s += p * w[a] * E[col[a]]
-                else:
+            else:
+                for a in range(ptr[k], ptr[k + 1]):
+                    i = other[a] - base - plo
+                    if i < 0 or i >= pw:
+                        continue
+                    p = Pp[i]
+                    if p < 0.0:
+                        p = np.exp(p + _LOG_SAFE)
                     s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
             if s >= _SAFE or s != s:
                 Pn[j] = s
