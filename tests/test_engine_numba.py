@@ -132,6 +132,40 @@ def test_threads_match_one_thread(monkeypatch, spans):
     np.testing.assert_array_equal(one[1], three[1])
 
 
+def test_split_cuts_nearest_each_share():
+    # contiguous ranges covering every sequence, at most one per thread; with
+    # a few long sequences the cut nearest half the work, not the first past it
+    work = np.array([39.0, 46.0, 32.0, 46.0, 25.0, 34.0, 4.0, 16.0])
+    assert numba_log._split(work, 2) == [(0, 3), (3, 8)]
+    rng = np.random.default_rng(3)
+    for parts in (1, 2, 3, 7, 40):
+        work = rng.integers(1, 100, size=25).astype(float)
+        ranges = numba_log._split(work, parts)
+        assert 1 <= len(ranges) <= parts and ranges[0][0] == 0 and ranges[-1][1] == 25
+        assert all(a < b for a, b in ranges) and all(r[1] == s[0] for r, s in zip(ranges, ranges[1:]))
+        if parts == 2:
+            best = min(max(work[:c].sum(), work[c:].sum()) for c in range(26))
+            assert max(work[a:b].sum() for a, b in ranges) == best
+    assert numba_log._split(np.zeros(0), 4) == [(0, 0)]
+
+
+@pytest.mark.parametrize("scale", [60.0, 300.0, 900.0])
+def test_wide_score_ranges_mix_scaled_and_log_cells(scale):
+    # scores this spread leave some alphas and betas below 1e-290 of their
+    # frame's largest while the frame's total stays in the scaled range: the
+    # backward frame's posteriors come from scaled products and, for the
+    # states with a cell kept as a log, from the log domain
+    for seed in range(8):
+        lat, rng = _lattice(seed, n=4, states=8, arcs=20)
+        X = _scores(lat, rng, 12, scale=scale)
+        lengths = np.array([12, 7, 3, 12])
+        (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
+        np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
+        fin = np.isfinite(ll_ref)
+        np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12)
+        np.testing.assert_allclose(post, post_ref, atol=1e-12)
+
+
 def _fork_child(conn, lat, X, lengths):
     conn.send(numba_log.forward_backward(lat, X, lengths)[0])
 
@@ -209,8 +243,9 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", shift)
     monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", np.inf)
     monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0)
-    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_slow1", "_block_norm", "_renorm", "_band_frame",
-                 "_find", "_bands", "_frame_max", "_emit", "_post_slow", "_run"):
+    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_divide1", "_slow1", "_block_norm", "_block_div",
+                 "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max", "_emit", "_post_slow",
+                 "_run"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
     monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))

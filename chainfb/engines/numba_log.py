@@ -59,7 +59,17 @@ with the frame's own total ``Z_t = sum_i alpha_t(i) B_t(i)``, as the NumPy
 engine normalises them.  When the scaled total is at least ``1e-200``,
 every term left out of it (a cell kept as a log, below ``1e-290`` times at
 most the out-degree) is below ``1e-88`` of it and the scaled products are
-used; a frame with a smaller total is done in the log domain.
+used; a frame with a smaller total is done in the log domain.  A backward
+frame whose cells (and its successor's) are one block -- every frame when
+no sequence has more than ``_MIN_BLOCKED_STATES`` states -- is fused with its
+posteriors: while ``B_t(i)`` is summed, each arc whose alpha and beta cells
+are both scaled adds ``alpha w E beta`` (its posterior times ``Z_t``) to its
+column and ``Z_t`` is summed along; the sequence's columns of the frame are
+then multiplied by ``1 / Z_t``.  With ``Z_t >= 1e-200``, a posterior above
+``1e-88`` was formed as a number above ``1e-288`` (no underflow); the
+states with a cell kept as a log finish their arcs in the log domain
+afterwards, and a frame with a smaller total clears its columns and takes
+the path above.
 
 Arcs that span frames (``lat.max_span > 1``, semantics in
 :mod:`chainfb.engines`: an arc read at frame ``t`` lands at ``t + span``)
@@ -99,7 +109,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..lattice import Lattice, balanced_ranges
+from ..lattice import Lattice
 from .threads import get_num_threads
 
 __all__ = ["available", "forward_backward", "require"]
@@ -257,6 +267,12 @@ def _normalise1(A):
     for j in range(A.shape[0]):
         if A[j] > c:
             c = A[j]
+    return _divide1(A, c)
+
+
+@_inline
+def _divide1(A, c):
+    """:func:`_normalise1` given ``c``, the largest scaled cell of ``A`` (0 if none)."""
     if c > 0.0 and c < np.inf:
         lc = np.log(c)
     elif c == 0.0:  # every cell tiny (kept as logs) or zero
@@ -268,6 +284,8 @@ def _normalise1(A):
             return 0.0
     else:  # +inf: leave the frame as it is
         return 0.0
+    if lc == 0.0:  # the largest is 1: every cell stays as it is
+        return lc
     for j in range(A.shape[0]):
         v = A[j]
         if v > 0.0:
@@ -306,8 +324,18 @@ def _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
 @_inline
 def _block_norm(A):
     """:func:`_normalise1` on one block's cells; ``-inf`` when they are all 0."""
-    lc = _normalise1(A)
-    if lc == 0.0:
+    c = 0.0
+    for j in range(A.shape[0]):
+        if A[j] > c:
+            c = A[j]
+    return _block_div(A, c)
+
+
+@_inline
+def _block_div(A, c):
+    """:func:`_block_norm` given ``c``, the largest scaled cell of ``A`` (0 if none)."""
+    lc = _divide1(A, c)
+    if lc == 0.0 and c != 1.0:
         for j in range(A.shape[0]):
             if A[j] != 0.0:
                 return 0.0
@@ -361,34 +389,100 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
                 Pb[j] = 0.0
             Rn[kb - nb0] = -np.inf
             continue
-        for q in range(q0, q1 + 1):
-            fac[q] = np.exp(Rp[q] - ref)
         single = q0 == q1  # one block read: its factor is 1
+        if not single:
+            for q in range(q0, q1 + 1):
+                fac[q] = np.exp(Rp[q] - ref)
+        c = 0.0  # the block's largest scaled cell
         for j in range(j0, j1):
             k = base + nlo + j
             s = 0.0
-            hit = False
-            for a in range(ptr[k], ptr[k + 1]):
-                i = other[a] - base - plo
-                if i < 0 or i >= pw:
-                    continue
-                p = Pp[i]
-                if p == 0.0:
-                    continue
-                hit = True
-                if p < 0.0:
-                    p = np.exp(p + _LOG_SAFE)
-                if single:
+            if single:
+                for a in range(ptr[k], ptr[k + 1]):
+                    i = other[a] - base - plo
+                    if i < 0 or i >= pw:
+                        continue
+                    p = Pp[i]  # a zero far end adds an exact 0 (w E is finite)
+                    if p < 0.0:
+                        p = np.exp(p + _LOG_SAFE)
                     s += p * w[a] * E[col[a]]
-                else:
+            else:
+                for a in range(ptr[k], ptr[k + 1]):
+                    i = other[a] - base - plo
+                    if i < 0 or i >= pw:
+                        continue
+                    p = Pp[i]
+                    if p < 0.0:
+                        p = np.exp(p + _LOG_SAFE)
                     s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
             if s >= _SAFE or s != s:
                 Pn[j] = s
-            elif not hit:
-                Pn[j] = 0.0
+                if s > c:
+                    c = s
             else:
-                _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
-        Rn[kb - nb0] = ref + _block_norm(Pb)
+                Pn[j] = 0.0
+                for a in range(ptr[k], ptr[k + 1]):
+                    i = other[a] - base - plo
+                    if i >= 0 and i < pw and Pp[i] != 0.0:  # a path: its exact value in the log domain
+                        _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
+                        if Pn[j] > c:
+                            c = Pn[j]
+                        break
+        Rn[kb - nb0] = ref + _block_div(Pb, c)
+
+
+@_inline
+def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, base, shift, sh, pt, slow):
+    """The backward frame of a sequence whose frames are one block each, fused
+    with its arc posteriors: ``B_t`` into ``Bt`` (from ``beta_{t+1}`` in
+    ``Qn``, one block of reference ``Rq[0]``; divided by its largest, whose log is
+    returned second) and, for every arc whose alpha and beta cells are both
+    scaled, ``alpha_t(i) w E beta_{t+1}(j)`` added to ``pt`` -- the posterior
+    times the frame's total, which is returned first (``sum_i alpha_t(i)
+    B_t(i)`` over the scaled cells, before the division).  The states whose
+    posteriors need more (an alpha or a far end kept as a log, or NaN) go to
+    ``slow``; their count is returned third."""
+    qw = Qn.shape[0]
+    c = 0.0
+    z = 0.0
+    ns = 0
+    for i in range(Bt.shape[0]):
+        k = base + tlo + i
+        p = Pt[i]
+        s = 0.0
+        logs = not p >= 0.0
+        for a in range(ptr[k], ptr[k + 1]):
+            d = dst[a] - base - qlo
+            if d < 0 or d >= qw:
+                continue
+            qv = Qn[d]  # a zero far end adds an exact 0 (w E is finite)
+            if qv < 0.0:
+                logs = True
+                s += w[a] * et[col[a]] * np.exp(qv + _LOG_SAFE)
+            else:
+                u = w[a] * et[col[a]] * qv
+                s += u
+                if p > 0.0:
+                    pt[col[a]] += p * u
+        if logs:
+            slow[ns] = i
+            ns += 1
+        if s >= _SAFE or s != s:
+            Bt[i] = s
+            if s > c:
+                c = s
+            if p > 0.0:
+                z += p * s
+        else:
+            Bt[i] = 0.0
+            for a in range(ptr[k], ptr[k + 1]):
+                d = dst[a] - base - qlo
+                if d >= 0 and d < qw and Qn[d] != 0.0:  # a path: its exact value in the log domain
+                    _slow1(Qn, Rq, qlo, sh, ptr, dst, lp, col, xt, base, k, shift, Rq[0], Bt, i)
+                    if Bt[i] > c:
+                        c = Bt[i]
+                    break
+    return z, _block_div(Bt, c), ns
 
 
 @_inline
@@ -598,6 +692,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     Q = np.empty(width)  # beta_{t+1}, one-array cells
     RQ = np.empty(nb)
     BP = np.empty(width)  # B_t
+    left = np.empty(width, np.int64)  # states left by the fused backward frame
     RB = np.empty(nb)
     fac = np.empty(nb)
     gb = np.empty(nb)
@@ -699,77 +794,103 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             tb0 = tlo >> sh
             Bt = BP[:tw]
             Rb = RB[:ntb]
-            _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift, sh,
-                        ob0, ob1, fac)
-            # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
-            m = ninf
-            acc = 0.0
-            for q in range(ntb):
-                if Ra[q] == ninf or Rb[q] == ninf:
-                    continue
-                j0 = max(tlo, (tb0 + q) << sh) - tlo
-                j1 = min(tlo + tw, (tb0 + q + 1) << sh) - tlo
-                z = 0.0
-                for i in range(j0, j1):
-                    p = Pt[i]
-                    b = Bt[i]
-                    if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
-                        z += p * b
+            fused = False
+            if ntb == 1 and nqb == 1 and Ra[0] > ninf and Rq[0] > ninf:
+                # one block each: B_t and the posteriors times Z in one pass over the arcs
+                z, lc, ns = _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et,
+                                        s0, shift, sh, pt, left)
+                Rb[0] = Rq[0] + lc
                 if z >= _SAFE_TOTAL and z < np.inf:
-                    # every term left out (a cell kept as a log) is below 1e-88 of z
-                    m, acc = _lse_push(m, acc, Ra[q] + Rb[q] + np.log(z))
-                elif z != z or z == np.inf:
-                    m, acc = _lse_push(m, acc, z)
-                else:  # a small total: the block in the log domain
-                    for i in range(j0, j1):
-                        m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]) + Ra[q] + Rb[q])
-            lz = m + np.log(acc) if acc != 0.0 else ninf
-            if lz != lz or lz == np.inf:  # NaN in: NaN out
-                for a in range(out_ptr[s0], out_ptr[s0 + W]):
-                    pt[out_col[a]] = np.nan
-            elif lz > ninf:
-                # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
-                # formed per block of sources for the blocks its arcs reach (gb)
-                qa = -1
-                ra = 0.0
-                for i in range(tw):
-                    p = Pt[i]
-                    if p == 0.0:
+                    # every term left out of z is below 1e-88 of it, and every posterior p above 1e-88
+                    # of it was formed as p z > 1e-288 without underflow: times 1 / z
+                    fused = True
+                    g = 1.0 / z  # at most 1e200
+                    for c in range(c0, c1):
+                        pt[c] *= g
+                    lz = Ra[0] + Rq[0] + np.log(z)
+                    ra = Ra[0] - lz
+                    gb[0] = np.exp(ra + Rq[0])
+                    for q in range(ns):  # the arcs the fused pass left: in the log domain
+                        i = left[q]
+                        p = Pt[i]
+                        if p == 0.0 or (p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE):
+                            continue
+                        _post_slow(pt, p, p > 0.0, ra, s0 + tlo + i, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb,
+                                   s0, qlo, sh, xt, shift)
+                else:  # a small total: start the frame's posteriors again below
+                    for c in range(c0, c1):
+                        pt[c] = 0.0
+            else:
+                _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift,
+                            sh, ob0, ob1, fac)
+            if not fused:
+                # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
+                m = ninf
+                acc = 0.0
+                for q in range(ntb):
+                    if Ra[q] == ninf or Rb[q] == ninf:
                         continue
-                    if ((tlo + i) >> sh) - tb0 != qa:
-                        qa = ((tlo + i) >> sh) - tb0
-                        ra = Ra[qa] - lz
-                        g0 = max(ob0[tb0 + qa], qb0) - qb0
-                        g1 = min(ob1[tb0 + qa], qb0 + nqb - 1) - qb0
-                        for q in range(g0, g1 + 1):
-                            gb[q] = np.exp(ra + Rq[q])
-                    if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
-                        continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
-                    fast = p > 0.0
-                    slow = False
-                    k = s0 + tlo + i
-                    for a in range(out_ptr[k], out_ptr[k + 1]):
-                        d = out_dst[a] - s0 - qlo
-                        if d < 0 or d >= qw:
+                    j0 = max(tlo, (tb0 + q) << sh) - tlo
+                    j1 = min(tlo + tw, (tb0 + q + 1) << sh) - tlo
+                    z = 0.0
+                    for i in range(j0, j1):
+                        p = Pt[i]
+                        b = Bt[i]
+                        if p != 0.0 and b != 0.0 and not (p < 0.0 or b < 0.0):
+                            z += p * b
+                    if z >= _SAFE_TOTAL and z < np.inf:
+                        # every term left out (a cell kept as a log) is below 1e-88 of z
+                        m, acc = _lse_push(m, acc, Ra[q] + Rb[q] + np.log(z))
+                    elif z != z or z == np.inf:
+                        m, acc = _lse_push(m, acc, z)
+                    else:  # a small total: the block in the log domain
+                        for i in range(j0, j1):
+                            m, acc = _lse_push(m, acc, _log1(Pt[i]) + _log1(Bt[i]) + Ra[q] + Rb[q])
+                lz = m + np.log(acc) if acc != 0.0 else ninf
+                if lz != lz or lz == np.inf:  # NaN in: NaN out
+                    for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                        pt[out_col[a]] = np.nan
+                elif lz > ninf:
+                    # arc posterior: alpha w E beta exp(Ra[its block] + Rq[its block] - lz), the factor
+                    # formed per block of sources for the blocks its arcs reach (gb)
+                    qa = -1
+                    ra = 0.0
+                    for i in range(tw):
+                        p = Pt[i]
+                        if p == 0.0:
                             continue
-                        qv = Qn[d]
-                        if qv == 0.0:
-                            continue
-                        g = gb[((d + qlo) >> sh) - qb0]
-                        if fast and qv > 0.0 and g < np.inf:
-                            # g * p is finite and the other factors are <= 1: the product is exact
-                            # unless it underflows, and then it is below DBL_MIN
-                            c = out_col[a]
-                            pt[c] += g * p * out_w[a] * et[c] * qv
-                        else:
-                            slow = True
-                    if slow:
-                        _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo, sh,
-                                   xt, shift)
-            for i in range(tw):
-                Q[i] = Bt[i]
-            for q in range(ntb):
-                RQ[q] = Rb[q]
+                        if ((tlo + i) >> sh) - tb0 != qa:
+                            qa = ((tlo + i) >> sh) - tb0
+                            ra = Ra[qa] - lz
+                            g0 = max(ob0[tb0 + qa], qb0) - qb0
+                            g1 = min(ob1[tb0 + qa], qb0 + nqb - 1) - qb0
+                            for q in range(g0, g1 + 1):
+                                gb[q] = np.exp(ra + Rq[q])
+                        if p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE:
+                            continue  # every arc's posterior is below 1e-88 (beta cells and factors <= 1)
+                        fast = p > 0.0
+                        slow = False
+                        k = s0 + tlo + i
+                        for a in range(out_ptr[k], out_ptr[k + 1]):
+                            d = out_dst[a] - s0 - qlo
+                            if d < 0 or d >= qw:
+                                continue
+                            qv = Qn[d]
+                            if qv == 0.0:
+                                continue
+                            g = gb[((d + qlo) >> sh) - qb0]
+                            if fast and qv > 0.0 and g < np.inf:
+                                # g * p is finite and the other factors are <= 1: the product is exact
+                                # unless it underflows, and then it is below DBL_MIN
+                                c = out_col[a]
+                                pt[c] += g * p * out_w[a] * et[c] * qv
+                            else:
+                                slow = True
+                        if slow:
+                            _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo,
+                                       sh, xt, shift)
+            Q, BP = BP, Q  # B_t becomes the next frame's beta_{t+1}
+            RQ, RB = RB, RQ
             _renorm(RQ[:ntb])
             qw = tw
             qlo = tlo
@@ -1306,6 +1427,22 @@ def _pool(n: int) -> ThreadPoolExecutor:
         return ex
 
 
+def _split(work: np.ndarray, parts: int) -> list:
+    """At most ``parts`` contiguous ``(start, stop)`` ranges of the
+    sequences, ``work [N]`` each one's cost: each cut is the one whose
+    cumulative cost is nearest to its share (not the first past it: with
+    few long sequences that would leave one thread most of the work)."""
+    N = len(work)
+    if N == 0 or parts <= 1:
+        return [(0, N)]
+    cum = np.concatenate([[0.0], np.cumsum(work, dtype=np.float64)])
+    goal = cum[-1] * np.arange(1, parts) / parts
+    hi = np.clip(np.searchsorted(cum, goal), 1, N)
+    cuts = np.where(goal - cum[hi - 1] < cum[hi] - goal, hi - 1, hi)
+    bounds = np.unique(np.concatenate([[0], cuts, [N]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
 def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
     """Forward-backward over a lattice (the engine protocol, see
     :mod:`chainfb.engines`), compiled.
@@ -1347,7 +1484,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws,
                 X, *_emissions(lat, X, T))
         work = work * lat.max_span
-    ranges = balanced_ranges(work, max(1, get_num_threads()))
+    ranges = _split(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)
     else:
