@@ -192,3 +192,26 @@ def test_fused_logprobs_refuse_second_derivatives():
     d_am, = torch.autograd.grad(px.sum() + py.sum(), am, create_graph=True)
     with pytest.raises(RuntimeError):
         d_am.sum().backward()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_grid_return_grad_runs_the_engine_once(monkeypatch, requires_grad):
+    """``return_grad`` gives the same totals and occupancies whether or not
+    the inputs require grad, from one engine run either way."""
+    from chainfb import criterion
+
+    torch.manual_seed(3)
+    B, S, T = 2, 4, 6
+    px = torch.randn(B, S, T + 1, dtype=torch.float64).log_softmax(1)
+    py = torch.randn(B, S + 1, T, dtype=torch.float64).log_softmax(1)
+    want_total, want_grads = grid.grid_loglike(px.clone().requires_grad_(), py.clone().requires_grad_(),
+                                               return_grad=True)
+    calls = []
+    run = criterion.engines.forward_backward
+    monkeypatch.setattr(criterion.engines, "forward_backward", lambda *a, **k: calls.append(1) or run(*a, **k))
+    total, grads = grid.grid_loglike(px.requires_grad_(requires_grad), py.requires_grad_(requires_grad),
+                                     return_grad=True)
+    assert len(calls) == 1
+    torch.testing.assert_close(total.detach(), want_total.detach(), rtol=0, atol=0)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

@@ -393,11 +393,12 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
         px, py = px.float(), py.float()
     crit = GridCriterion(px, py, boundary)
     crit.last_grads = None
-    total = apply((px, py), crit)
-    if return_grad:
+    if not torch.is_grad_enabled() or not (px.requires_grad or py.requires_grad):
+        total, grads = crit.run((px, py), return_grad)  # nothing to differentiate: one engine run
+    else:
+        total = apply((px, py), crit)
         grads = crit.last_grads
-        if grads is None:  # no input requires grad: the forward pass did not form them
-            _, grads = crit.run((px, py), True)
+    if return_grad:
         grads = tuple(g.detach().to(dtype, copy=True) for g in grads)
     total = total.to(dtype)
     return (total, grads) if return_grad else total
