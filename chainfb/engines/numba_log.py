@@ -263,11 +263,17 @@ def _store1(r, A, j):
 def _normalise1(A):
     """:func:`_normalise` for one-array cells: divide the scaled cells by the
     largest, re-store the logs relative to it, return its log (0 if none)."""
+    return _divide1(A, _largest(A))
+
+
+@_inline
+def _largest(A):
+    """The largest scaled cell of ``A`` (0 if none)."""
     c = 0.0
     for j in range(A.shape[0]):
         if A[j] > c:
             c = A[j]
-    return _divide1(A, c)
+    return c
 
 
 @_inline
@@ -324,11 +330,7 @@ def _slow1(Pp, Rp, plo, sh, ptr, other, lp, col, xt, base, k, shift, ref, Pn, j)
 @_inline
 def _block_norm(A):
     """:func:`_normalise1` on one block's cells; ``-inf`` when they are all 0."""
-    c = 0.0
-    for j in range(A.shape[0]):
-        if A[j] > c:
-            c = A[j]
-    return _block_div(A, c)
+    return _block_div(A, _largest(A))
 
 
 @_inline
