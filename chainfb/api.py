@@ -82,7 +82,9 @@ class PdfCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         arr, xp = self._array(x, keep=True)
-        X = self.score_map.gather(xp, arr)
+        # float32 host scores stay float32 (half the memory; the compiled
+        # engine widens each one exactly as it reads it, the others convert)
+        X = self.score_map.gather(xp, arr, dtype=np.float32 if xp is np and arr.dtype == np.float32 else np.float64)
         if self.clamp is not None:
             xp.clip(X, self.clamp[0], self.clamp[1], out=X)
         return X

@@ -166,6 +166,52 @@ def test_wide_score_ranges_mix_scaled_and_log_cells(scale):
         np.testing.assert_allclose(post, post_ref, atol=1e-12)
 
 
+@pytest.mark.parametrize("emissions_inside", [False, True])
+def test_float32_scores_give_the_float64_numbers(monkeypatch, emissions_inside):
+    """Float32 scores are read as they are and widened where they are read:
+    the same bits as their float64 copy (emissions formed beforehand or
+    inside the pass), with -inf and NaN placed."""
+    if emissions_inside:
+        monkeypatch.setattr(numba_log, "_EMISSIONS_BYTES", 0)
+    lat, rng = _lattice(3, n=6)
+    X = _scores(lat, rng, 14, scale=8.0).astype(np.float32)
+    X[3, 2] = -np.inf
+    X[5, lat.col_offsets[4]] = np.nan  # sequence 4 only
+    lengths = rng.integers(0, 15, size=6)
+    lengths[4] = 14
+    ll32, post32 = numba_log.forward_backward(lat, X, lengths)
+    ll64, post64 = numba_log.forward_backward(lat, X.astype(np.float64), lengths)
+    np.testing.assert_array_equal(ll32, ll64)
+    np.testing.assert_array_equal(post32, post64)
+    assert np.isnan(ll32[4]) and not np.isnan(np.delete(ll32, 4)).any()
+
+
+def test_float32_scores_on_every_cpu_engine():
+    """Float32 compact scores through the dispatcher: the compiled engine
+    reads them as they are, the NumPy and shared-graph engines a float64
+    copy; the same numbers.  ``ctc_loss`` of float32 inputs (which gathers
+    float32 scores) matches torch's."""
+    import torch
+
+    import chainfb
+
+    rng = np.random.default_rng(5)
+    fst = random_fst(rng, num_states=6, num_arcs=15, num_pdfs=5, num_finals=2)
+    lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(4, dtype=np.int64)))  # one shared graph
+    X = _scores(lat, rng, 10).astype(np.float32)
+    lengths = np.array([10, 7, 0, 9])
+    got = {e: engines.forward_backward(lat, X, lengths, engine=e) for e in ("numba", "numpy", "shared")}
+    for e in ("numpy", "shared"):
+        np.testing.assert_allclose(got["numba"][0], got[e][0], rtol=1e-10)
+        np.testing.assert_allclose(got["numba"][1], got[e][1], atol=1e-10)
+    torch.manual_seed(0)
+    lp = torch.randn(30, 2, 6).log_softmax(-1)
+    targets = torch.tensor([[1, 2, 2, 3], [4, 5, 1, 1]])
+    il, tl = torch.tensor([30, 21]), torch.tensor([4, 3])
+    torch.testing.assert_close(chainfb.ctc_loss(lp, targets, il, tl, reduction="none"),
+                               torch.nn.functional.ctc_loss(lp, targets, il, tl, reduction="none"))
+
+
 def _fork_child(conn, lat, X, lengths):
     conn.send(numba_log.forward_backward(lat, X, lengths)[0])
 

@@ -194,6 +194,8 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
     (:func:`chainfb.cuda.kernels.backend_for`)."""
     name = _check_spans(lat, select(lat, X, "forward_backward", engine, leaky))
     module = _module(name)
+    if name != "numba":
+        X = _float64(X)
     if name in _GPU_ENGINES:
         return module.forward_backward(kernels.backend_for(X), lat, X, lengths, leaky, need_posteriors)
     return module.forward_backward(lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors)
@@ -204,4 +206,10 @@ def best_path(lat, X, lengths, engine: str = "auto"):
     decoded on the host: there is no max-semiring kernel); ``arcs[n, t]`` is
     the arc read at frame ``t`` (``-1`` inside a spanning arc, past a length
     or without a path)."""
-    return _module(_check_spans(lat, select(lat, X, "best_path", engine))).best_path(lat, X, lengths)
+    return _module(_check_spans(lat, select(lat, X, "best_path", engine))).best_path(lat, _float64(X), lengths)
+
+
+def _float64(X):
+    """Float32 host scores (what a criterion gathers from float32 inputs, for
+    the compiled engine) as the float64 every other engine reads."""
+    return X.astype(np.float64) if isinstance(X, np.ndarray) and X.dtype == np.float32 else X

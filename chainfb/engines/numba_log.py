@@ -50,9 +50,11 @@ posterior is ``alpha w E beta exp(R_alpha + R_beta - log Z_t)``, one factor
 product is exact unless it underflows below ``DBL_MIN``); an arc with a cell
 kept as a log takes the log domain, unless a bound on its posterior (cells
 and ``w E`` at most 1) is below ``1e-88`` of the frame's total, the terms the
-scaled products leave out.  Scores up to ``_EMISSIONS_BYTES`` use
-emissions computed beforehand; larger ones form each frame's row inside
-the pass, so no second ``[T, C]`` array is held.
+scaled products leave out.  Emissions of up to ``_EMISSIONS_BYTES``
+(float64) are computed beforehand; larger ones are formed a frame's row at
+a time inside the pass, so no second ``[T, C]`` array is held.  Float32
+scores are read as they are (each widened exactly where it is read: the
+numbers of a float64 copy at half its memory).
 
 Arc posteriors at frame ``t`` are ``alpha_t(i) w E beta_{t+1}(j) / Z_t``
 with the frame's own total ``Z_t = sum_i alpha_t(i) B_t(i)``, as the NumPy
@@ -161,8 +163,8 @@ _MAX_BLOCK_SPREAD = 4.0
 # ... and only in lattices with a sequence of more states than this (below it, the frame's one
 # scale leaves few cells to the log-domain escape, and blocks would cost more than they save)
 _MIN_BLOCKED_STATES = 512
-# scores [T, C] up to this size: the span-1 pass reads emissions computed beforehand (one
-# vectorised exp); larger ones, it forms each frame's row itself (no second [T, C] array)
+# emissions [T, C] (float64) up to this size: the span-1 pass reads them computed beforehand
+# (one vectorised exp); larger ones, it forms each frame's row itself (no second [T, C] array)
 _EMISSIONS_BYTES = 8 << 20
 
 
@@ -1452,7 +1454,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     Parameters
     ----------
     lat : Lattice
-    X : float64 ``[T, C]`` compact scores (entries past a sequence's length are not read).
+    X : float64 (or float32) ``[T, C]`` compact scores (entries past a sequence's length are not read).
     lengths : int64 ``[N]``, each in ``[0, T]``.
     leaky : must be None (the leaky HMM runs on the NumPy engines).
     need_posteriors : bool
@@ -1465,7 +1467,9 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     require()
     if leaky is not None:
         raise ValueError("leaky: the numba engine has no leaky HMM; use engine='numpy' or 'shared'")
-    X = np.ascontiguousarray(X, dtype=np.float64)
+    # float32 scores are read as they are by the one-frame pass (each widened
+    # exactly where it is read: the same numbers as a float64 copy, half its memory)
+    X = np.ascontiguousarray(X, dtype=np.float32 if X.dtype == np.float32 and lat.max_span == 1 else np.float64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     N = lat.num_sequences
     T, C = X.shape
@@ -1477,7 +1481,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         run = _run
         args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
                                                *_block_arrays(lat, _BLOCK_SHIFT), X,
-                                               *(_emissions(lat, X, T) if X.nbytes <= _EMISSIONS_BYTES else
+                                               *(_emissions(lat, X, T) if 8 * X.size <= _EMISSIONS_BYTES else
                                                  (np.zeros((0, 0)), np.zeros((0, 0)))))
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
