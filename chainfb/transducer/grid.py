@@ -69,19 +69,31 @@ def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
     return bd
 
 
-class _GridGatherPlan:
-    """Where each grid arc goes in the engine's score map, for one (layout,
-    boundary, shape, topology).
+class _ScorePlan:
+    """Where each arc score goes in the engine's scores ``[rows, C]``:
 
     - ``gather`` ``[rows * C]``: for every entry of the engine's scores, its
       index into ``px.flat ++ py.flat ++ [-inf]`` (the last: no arc), so the
       scores are one gather;
-    - ``px``, ``py``: ``(element, entry)`` pairs, the flat index of each arc
-      in ``px`` / ``py`` and of its entry in the scores, so each gradient is
-      one gather from the posteriors and one scatter.
+    - ``px``, ``py``: for every element of ``px`` / ``py``, its entry in the
+      scores (``-1``: the arc is on no path), so each gradient is one gather
+      from the posteriors;
+    - ``num_rows`` and ``lengths`` (the engine's steps per sequence).
 
-    It holds its layout, so the layout's ``id`` in the cache key stays its
-    own while the plan is cached; index tensors are kept per device."""
+    Index tensors are kept per device (:meth:`on`)."""
+
+    def on(self, dev):
+        """``(gather, px, py)`` as torch index tensors on ``dev``."""
+        got = self._on.get(dev)
+        if got is None:
+            got = self._on[dev] = tuple(torch.from_numpy(a).to(dev) for a in (self.gather, self.px, self.py))
+        return got
+
+
+class _GridGatherPlan(_ScorePlan):
+    """The :class:`_ScorePlan` of the grid for one (layout, boundary, shape,
+    topology).  It holds its layout, so the layout's ``id`` in the cache key
+    stays its own while the plan is cached."""
 
     def __init__(self, lay, bd, S, T, modified):
         self.layout = lay
@@ -103,22 +115,14 @@ class _GridGatherPlan:
         C = lay.lat.num_columns
         entry = rows * C + r[which]
         n_px, n_py = len(bd) * S * Tx, len(bd) * (S + 1) * T
-        self.px = ((bw[is_px] * S + gs[is_px]) * Tx + gt[is_px], entry[is_px])
-        self.py = ((bw[~is_px] * (S + 1) + gs[~is_px]) * T + gt[~is_px], entry[~is_px])
+        px_el = (bw[is_px] * S + gs[is_px]) * Tx + gt[is_px]
+        py_el = (bw[~is_px] * (S + 1) + gs[~is_px]) * T + gt[~is_px]
+        self.px, self.py = np.full(n_px, -1, dtype=np.int64), np.full(n_py, -1, dtype=np.int64)
+        self.px[px_el], self.py[py_el] = entry[is_px], entry[~is_px]
         self.gather = np.full(self.num_rows * C, n_px + n_py, dtype=np.int64)
-        self.gather[self.px[1]] = self.px[0]
-        self.gather[self.py[1]] = n_px + self.py[0]
+        self.gather[entry[is_px]] = px_el
+        self.gather[entry[~is_px]] = n_px + py_el
         self._on = {}
-
-    def on(self, dev):
-        """``(gather, px, py)`` as torch index tensors on ``dev``."""
-        got = self._on.get(dev)
-        if got is None:
-            def put(a):
-                return torch.from_numpy(a).to(dev)
-
-            got = self._on[dev] = (put(self.gather), tuple(map(put, self.px)), tuple(map(put, self.py)))
-        return got
 
 
 #: the gather plans of the most recent batches (thread-safe)
@@ -150,14 +154,33 @@ def _value(loglike, like):
     return ll.to(device=like.device, dtype=like.dtype)
 
 
-def _scatter(P, src, element, entry):
-    """A gradient like ``src``: zero but at ``element``, which gets the posterior at ``entry``."""
-    g = torch.zeros(src.numel(), dtype=src.dtype, device=src.device)
-    g[element] = torch.index_select(P, 0, entry).to(src.dtype)
-    return g.view(src.shape)
+class _PlannedCriterion(Criterion):
+    """``gather`` and ``finish`` of a criterion over ``(px, py)`` through its
+    :class:`_ScorePlan` ``self.plan``; ``last_grads``: the ``(px, py)``
+    gradients of the last run that formed them."""
+
+    _name = "px"
+
+    def gather(self, x, need_grad=True):
+        px, py = x
+        X = _scores((px, py), self.plan.on(px.device)[0], (self.plan.num_rows, self.lattice.num_columns))
+        return as_array(X, self._name)[0]
+
+    def finish(self, x, loglike, post):
+        px, py = x
+        value = _value(loglike, px)
+        if post is None:
+            return value, None
+        P = _posteriors(post, px)
+        grads = []
+        for src, entry in zip(x, self.plan.on(px.device)[1:]):
+            g = torch.index_select(P, 0, entry.clamp(min=0)).masked_fill_(entry < 0, 0.0)
+            grads.append(g.to(src.dtype).view(src.shape))
+        self.last_grads = tuple(grads)
+        return value, self.last_grads
 
 
-class GridCriterion(Criterion):
+class GridCriterion(_PlannedCriterion):
     """The grid lattice of a batch (module docstring) as a criterion over
     ``(px, py)``; value: total log-probability ``[B]`` in ``px``'s dtype.
 
@@ -187,22 +210,6 @@ class GridCriterion(Criterion):
         key = (id(lay), bd.tobytes(), S, T, self.modified)
         plan = _PLANS.get(key, lambda: _GridGatherPlan(lay, bd, S, T, self.modified))
         self.plan, self.lattice, self.lengths = plan, lay.lat, plan.lengths
-
-    def gather(self, x, need_grad=True):
-        px, py = x
-        gather = self.plan.on(px.device)[0]
-        X = _scores((px, py), gather, (self.plan.num_rows, self.lattice.num_columns))
-        return as_array(X, "px")[0]
-
-    def finish(self, x, loglike, post):
-        px, py = x
-        value = _value(loglike, px)
-        if post is None:
-            return value, None
-        P = _posteriors(post, px)
-        _, (px_el, px_en), (py_el, py_en) = self.plan.on(px.device)
-        self.last_grads = (_scatter(P, px, px_el, px_en), _scatter(P, py, py_el, py_en))
-        return value, self.last_grads
 
 
 def band_start(ranges, boundary):
@@ -234,10 +241,9 @@ def band_start(ranges, boundary):
     return st
 
 
-class _BandPlan:
-    """The score map of a band: for every engine score entry, its index into
-    ``px_band.flat ++ py_band.flat ++ [-inf]``, and each band arc's entry
-    (``-1``: the arc is on no path)."""
+class _BandPlan(_ScorePlan):
+    """The :class:`_ScorePlan` of a band (``px_band``, ``py_band`` in the
+    places of ``px``, ``py``)."""
 
     def __init__(self, st, bd, R):
         B, T = st.shape
@@ -268,6 +274,7 @@ class _BandPlan:
         self.gather[self.px[sx]] = sx
         self.gather[self.py[sy]] = m + sy
         self.lattice = _band_lattice(R, tuple((S_b - st[np.arange(B), T_b - 1]).tolist()))
+        self._on = {}
 
 
 def _band_pdfs(R: int) -> int:
@@ -311,7 +318,7 @@ def _band_lattice(R: int, finals: tuple):
     return _BAND_LATTICES.get((R, finals), build)
 
 
-class BandGridCriterion(Criterion):
+class BandGridCriterion(_PlannedCriterion):
     """The regular grid lattice (module docstring) restricted to a band of
     ``R`` consecutive symbol positions per frame, as a criterion over the
     band's arc scores ``(px_band, py_band)``; value: total log-probability
@@ -335,35 +342,12 @@ class BandGridCriterion(Criterion):
     boundary : int64 NumPy ``[B, 4]`` (``[0, 0, S_b, T_b]`` rows).
     """
 
+    _name = "px_band"
+
     def __init__(self, px_band, py_band, start, boundary):
         B, T, R = px_band.shape
         self.plan = _BandPlan(start, boundary, R)
         self.lattice, self.lengths = self.plan.lattice, self.plan.lengths
-        self._idx = None
-
-    def _on(self, dev):
-        if self._idx is None:
-            p = self.plan
-            self._idx = tuple(torch.from_numpy(a).to(dev) for a in (p.gather, p.px, p.py))
-        return self._idx
-
-    def gather(self, x, need_grad=True):
-        px, py = x
-        X = _scores((px, py), self._on(px.device)[0], (self.plan.num_rows, self.lattice.num_columns))
-        return as_array(X, "px_band")[0]
-
-    def finish(self, x, loglike, post):
-        px, py = x
-        value = _value(loglike, px)
-        if post is None:
-            return value, None
-        P = _posteriors(post, px)
-        grads = []
-        for src, entry in zip(x, self._on(px.device)[1:]):
-            g = torch.index_select(P, 0, entry.clamp(min=0)).masked_fill_(entry < 0, 0.0)
-            grads.append(g.to(src.dtype).view(src.shape))
-        self.last_grads = tuple(grads)
-        return value, self.last_grads
 
 
 def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad: bool = False):
