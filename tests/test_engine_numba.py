@@ -426,7 +426,7 @@ def test_spans_match_the_cut_graph_on_long_inputs(engine, scale, T):
 def test_span_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
     # the engine's Python source with thresholds that send every cell and
     # every frame total down the exact log-domain paths
-    for name in ("_logval", "_lse_push", "_store", "_normalise", "_live", "_span_in_sum", "_span_in_slow",
+    for name in ("_logval", "_lse_push", "_store", "_store_lse", "_normalise", "_live", "_span_in_sum", "_span_in_slow",
                  "_span_out_post", "_span_out_slow", "_scales", "_max_ref", "_run_spans"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)

@@ -199,6 +199,18 @@ def _store(r, P, LV, j):
         LV[j] = r
 
 
+@_inline
+def _store_lse(m, acc, P, LV, j):
+    """Keep the log-sum-exp ``m + log(acc)`` (:func:`_lse_push`) in cell
+    ``j``: NaN stays NaN, an empty sum is 0."""
+    if acc != acc:
+        P[j], LV[j] = acc, -np.inf
+    elif acc == 0.0:
+        P[j], LV[j] = 0.0, -np.inf
+    else:
+        _store(m + np.log(acc), P, LV, j)
+
+
 @_compile
 def _normalise(P, LV):
     """Divide a frame's cells by their largest value; return its log (0 if
@@ -957,12 +969,7 @@ def _span_in_slow(P, LV, t1, ptr, other, span, lp, col, X, off, base, k, out_P, 
             continue
         i = other[a] - base
         m, acc = _lse_push(m, acc, _logval(P[f, i], LV[f, i]) + lp[a] + X[f, col[a]] + off[span[a]])
-    if acc != acc:
-        out_P[j], out_LV[j] = acc, -np.inf
-    elif acc == 0.0:
-        out_P[j], out_LV[j] = 0.0, -np.inf
-    else:
-        _store(m + np.log(acc), out_P, out_LV, j)
+    _store_lse(m, acc, out_P, out_LV, j)
 
 
 @_inline
@@ -1016,12 +1023,7 @@ def _span_out_slow(Q, LQ, t, L, ptr, other, span, lp, col, xt, off, base, k, out
             continue
         i = other[a] - base
         m, acc = _lse_push(m, acc, _logval(Q[f, i], LQ[f, i]) + lp[a] + xt[col[a]] + off[span[a]])
-    if acc != acc:
-        out_P[j], out_LV[j] = acc, -np.inf
-    elif acc == 0.0:
-        out_P[j], out_LV[j] = 0.0, -np.inf
-    else:
-        _store(m + np.log(acc), out_P, out_LV, j)
+    _store_lse(m, acc, out_P, out_LV, j)
 
 
 @_inline
