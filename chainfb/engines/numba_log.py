@@ -106,13 +106,11 @@ on the NumPy engines; :func:`chainfb.engines.select` knows).
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..lattice import Lattice
-from .threads import get_num_threads
+from .threads import get_num_threads, pool
 
 __all__ = ["available", "forward_backward", "require"]
 
@@ -1411,26 +1409,10 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
         _emission_frames(X, col_off, M, E, 0, T)
     else:
         edges = np.linspace(0, T, nt + 1).astype(np.int64).tolist()
-        list(_pool(nt).map(lambda r: _emission_frames(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:])))
+        list(pool(nt).map(lambda r: _emission_frames(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:])))
     with np.errstate(invalid="ignore", over="ignore"):
         np.exp(E, out=E)  # NumPy's vectorised exp
     return E, M
-
-
-_pools: dict = {}
-_pools_lock = threading.Lock()
-# a forked child has none of the parent's threads: it starts its own pools
-os.register_at_fork(after_in_child=_pools.clear)
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    """A thread pool of ``n`` workers, started once per process and size
-    (not per call)."""
-    with _pools_lock:
-        ex = _pools.get(n)
-        if ex is None:
-            ex = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="chainfb-numba")
-        return ex
 
 
 def _split(work: np.ndarray, parts: int) -> list:
@@ -1496,6 +1478,6 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)
     else:
-        list(_pool(len(ranges)).map(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post),
+        list(pool(len(ranges)).map(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post),
                                     ranges))
     return loglike, (post if need_posteriors else None)

@@ -51,12 +51,11 @@ beta(j)``.  Arc posteriors use ``alpha'_t`` and ``beta'_{t+1}``.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..lattice import Lattice
-from .threads import get_num_threads
+from .threads import get_num_threads, pool
 
 try:  # y += A @ x for a CSR matrix, without scipy.sparse's per-call overhead
     from scipy.sparse._sparsetools import csr_matvec as _csr_matvec
@@ -272,8 +271,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         lk = None if leaky is None else (leaky[0], np.asarray(leaky[1])[states])
         return _forward_backward_serial(sub, X[:, cols], lengths[seqs], need_posteriors, lk)
 
-    with ThreadPoolExecutor(len(parts)) as ex:
-        results = list(ex.map(run, parts))
+    results = list(pool(len(parts)).map(run, parts))
     loglike = np.concatenate([r[0] for r in results])
     if not need_posteriors:
         return loglike, None

@@ -54,7 +54,7 @@ import scipy.sparse as sp
 
 from ..fst import Fst
 from ..lattice import Lattice
-from .threads import get_num_threads
+from .threads import get_num_threads, pool
 
 __all__ = ["forward_backward", "best_path", "shared_graph", "is_exact", "MAX_SPREAD", "ALPHA_BYTES"]
 
@@ -217,7 +217,6 @@ class _SharedGraph:
         sparse products and NumPy release the GIL), and each thread runs its
         sequences in groups whose alphas fit in :data:`ALPHA_BYTES`.  See
         :meth:`_run`."""
-        from concurrent.futures import ThreadPoolExecutor
 
         X = np.asarray(X)
         if X.ndim != 3:
@@ -239,8 +238,7 @@ class _SharedGraph:
         if threads == 1:
             res = run(0, N)
         else:
-            with ThreadPoolExecutor(threads) as ex:
-                res = [r for part in ex.map(run, bounds[:-1], bounds[1:]) for r in part]
+            res = [r for part in pool(threads).map(run, bounds[:-1], bounds[1:]) for r in part]
         if len(res) == 1:
             return res[0]
         if not res:

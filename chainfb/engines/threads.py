@@ -5,14 +5,17 @@ The NumPy engine (:mod:`~chainfb.engines.numpy_log`), the compiled engine
 (:mod:`~chainfb.engines.scipy_shared`) split a batch's sequences between
 this many threads (NumPy, SciPy and the compiled code release the GIL).
 Default: the ``CHAINFB_NUM_THREADS`` environment variable, else the CPUs
-this process may run on.
+this process may run on.  The threads are pools started once per process
+and size (:func:`pool`); a forked child starts its own.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["set_num_threads", "get_num_threads"]
+__all__ = ["set_num_threads", "get_num_threads", "pool"]
 
 _num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
 
@@ -28,3 +31,19 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """Threads every CPU engine may use (see :func:`set_num_threads`)."""
     return _num_threads
+
+
+_pools: dict = {}
+_pools_lock = threading.Lock()
+# a forked child has none of the parent's threads: it starts its own pools
+os.register_at_fork(after_in_child=_pools.clear)
+
+
+def pool(n: int) -> ThreadPoolExecutor:
+    """A pool of ``n`` worker threads, started once per process and size
+    (not per call).  Its tasks must not wait on tasks of the same pool."""
+    with _pools_lock:
+        ex = _pools.get(n)
+        if ex is None:
+            ex = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="chainfb")
+        return ex

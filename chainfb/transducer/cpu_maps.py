@@ -36,12 +36,11 @@ bfloat16) stay on the torch score maps.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..engines import numba_log
-from ..engines.threads import get_num_threads
+from ..engines.threads import get_num_threads, pool
 
 __all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient"]
 
@@ -515,8 +514,7 @@ def _cells(fn, ncells: int, *args) -> None:
         fn(*args, 0, ncells)
         return
     edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
-    with ThreadPoolExecutor(n) as ex:
-        list(ex.map(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:])))
+    list(pool(n).map(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:])))
 
 
 def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
