@@ -211,7 +211,7 @@ def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
     batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
     ``S[cell, j] = x[b, t, u, sym[b, u, j]] - norm`` for the kinds ``j``
-    read at ``t`` (:func:`_to_steps` moves them into the engine's matrix).  With ``keep`` (and ``fused``) the row
+    read at ``t`` (:func:`_move` moves them into the engine's matrix).  With ``keep`` (and ``fused``) the row
     ``exp(x - max)`` is left in ``g[b, t, u]`` and ``inv[cell]`` holds the
     factor that makes it the softmax (for :func:`_rnnt_grad`)."""
     B, T, U1, V = x.shape
@@ -239,7 +239,7 @@ def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
 def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
     """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
-    kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`_to_cells`; no first term when
+    kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`_move`; no first term when
     not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
     ``g`` is zero on entry and left so for cells no arc reads and for
     utterances with ``zero[b]``, or (``kept``) holds what
@@ -317,7 +317,7 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
     token and duration log-normalisers' sum taken as one ``log`` of the
     product of the two rows' sums; kept in a block-sized buffer, then
     written into ``X[t + u, colidx[b, u, j]]`` diagonal by diagonal (as
-    :func:`_to_steps`).  The durations of the ``U1`` cells of a frame are
+    :func:`_move`).  The durations of the ``U1`` cells of a frame are
     exponentiated together (one vectorised pass).  ``inv[cell]``: the
     factor that makes the token row's ``exp(x - max)`` its softmax (0 or NaN
     where the token normaliser is not finite).  With ``keep`` that row is
@@ -460,11 +460,14 @@ def _tdt_grad(V, blank, labels, counts, colidx, inv, post, zero, label_weight, c
 
 
 @_compile
-def _to_steps(S, colidx, counts, T, X, c0, c1):
-    """``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]`` for the
-    kinds read at ``t``, over blocks ``c0 <= blk < c1`` of ``_TB`` frames
-    of an utterance, diagonal by diagonal: consecutive cells write one row
-    of ``X``, and the block's cells stay in the cache."""
+def _move(S, colidx, counts, T, X, to_steps, c0, c1):
+    """Between the cell order and the engine's step-major matrix: with
+    ``to_steps``, ``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]``
+    for the kinds read at ``t``; else the reverse, ``S[cell, j] = X[t + u,
+    colidx[b, u, j]]``, 0 for the kinds not read at ``t``.  Over blocks
+    ``c0 <= blk < c1`` of ``_TB`` frames of an utterance, diagonal by
+    diagonal: consecutive cells touch one row of ``X``, and the block's
+    cells stay in the cache."""
     B, U1, J = colidx.shape
     nblk = (T + _TB - 1) // _TB
     for blk in range(c0, c1):
@@ -476,30 +479,16 @@ def _to_steps(S, colidx, counts, T, X, c0, c1):
                 u = n - t
                 cell = (b * T + t) * U1 + u
                 for j in range(J):
-                    if t < counts[b, u, j]:
-                        X[n, colidx[b, u, j]] = S[cell, j]
-
-
-@_compile
-def _to_cells(post, colidx, counts, T, P, c0, c1):
-    """``P[(b * T + t) * U1 + u, j] = post[t + u, colidx[b, u, j]]`` for
-    the kinds read at ``t``, 0 for the others (blocks as :func:`_to_steps`)."""
-    B, U1, J = colidx.shape
-    nblk = (T + _TB - 1) // _TB
-    for blk in range(c0, c1):
-        b = blk // nblk
-        ta = (blk % nblk) * _TB
-        tz = min(ta + _TB, T)
-        for n in range(ta, tz + U1 - 1):
-            for t in range(max(ta, n - U1 + 1), min(tz, n + 1)):
-                u = n - t
-                cell = (b * T + t) * U1 + u
-                for j in range(J):
-                    P[cell, j] = post[n, colidx[b, u, j]] if t < counts[b, u, j] else 0.0
+                    read = t < counts[b, u, j]
+                    if to_steps:
+                        if read:
+                            X[n, colidx[b, u, j]] = S[cell, j]
+                    else:
+                        S[cell, j] = X[n, colidx[b, u, j]] if read else 0.0
 
 
 def _blocks(B: int, T: int) -> int:
-    """How many blocks of :func:`_to_steps` and :func:`_to_cells` a batch has."""
+    """How many blocks of :func:`_move` a batch has."""
     return B * ((T + _TB - 1) // _TB)
 
 
@@ -508,7 +497,7 @@ def _cells(fn, ncells: int, *args) -> None:
     ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
     compiled kernels release the GIL)."""
     n = max(1, get_num_threads())
-    blocks = fn is _to_steps or fn is _to_cells or fn is _tdt_gather or fn is _tdt_grad
+    blocks = fn is _move or fn is _tdt_gather or fn is _tdt_grad
     grain = 2 if blocks else _MIN_PARALLEL_CELLS  # blocks of cells, or cells
     if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
@@ -568,7 +557,7 @@ def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.nda
     S = np.empty((B * T * U1, colidx.shape[2]))
     _cells(_rnnt_gather, B * T * U1, x, sym, counts, bool(fused), x.dtype == np.float32, S, norm, inv,
            out if keep else _no_rows(x), keep)
-    _cells(_to_steps, _blocks(B, T), S, colidx, counts, T, X)
+    _cells(_move, _blocks(B, T), S, colidx, counts, T, X, True)
     return X, norm, inv
 
 
@@ -586,7 +575,7 @@ def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv:
     kw = np.ascontiguousarray(kind_weight, dtype=np.float64)
     post = np.ascontiguousarray(post, dtype=np.float64)
     P = np.empty((B * T * U1, colidx.shape[2]))
-    _cells(_to_cells, _blocks(B, T), post, colidx, counts, T, P)
+    _cells(_move, _blocks(B, T), P, colidx, counts, T, post, False)
     _cells(_rnnt_grad, B * T * U1, x, sym, counts, norm, inv, P, kw,
            np.ascontiguousarray(zero, dtype=np.bool_), float(clamp), bool(fused), x.dtype == np.float32,
            bool(kept and fused), out)
