@@ -375,17 +375,9 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
         raise TypeError(f"px, py: expected one dtype, got {px.dtype} and {py.dtype}")
     if dtype not in _FLOATS:  # half types: computed in float32 (differentiable casts)
         px, py = px.float(), py.float()
-    crit = GridCriterion(px, py, boundary)
-    crit.last_grads = None
-    if not torch.is_grad_enabled() or not (px.requires_grad or py.requires_grad):
-        total, grads = crit.run((px, py), return_grad)  # nothing to differentiate: one engine run
-    else:
-        total = apply((px, py), crit)
-        grads = crit.last_grads
-    if return_grad:
-        grads = tuple(g.detach().to(dtype, copy=True) for g in grads)
+    total, grads = _total_and_grads(GridCriterion(px, py, boundary), (px, py), return_grad)
     total = total.to(dtype)
-    return (total, grads) if return_grad else total
+    return (total, tuple(g.to(dtype) for g in grads)) if return_grad else total
 
 
 def band_loglike(px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray, boundary: np.ndarray,
@@ -395,12 +387,20 @@ def band_loglike(px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray
     ``py_band`` (``[B, T, R]``, float32 or float64).  ``start`` and
     ``boundary`` from :func:`band_start` (trusted).  With ``return_grad``,
     also ``(px_band_grad, py_band_grad)``, the occupancy of every band arc."""
-    crit = BandGridCriterion(px_band, py_band, start, boundary)
-    crit.last_grads = None
-    total = apply((px_band, py_band), crit)
-    if not return_grad:
-        return total
-    grads = crit.last_grads
-    if grads is None:  # no input requires grad: the forward pass did not form them
-        _, grads = crit.run((px_band, py_band), True)
-    return total, tuple(g.detach().clone() for g in grads)
+    total, grads = _total_and_grads(BandGridCriterion(px_band, py_band, start, boundary), (px_band, py_band),
+                                    return_grad)
+    return (total, grads) if return_grad else total
+
+
+def _total_and_grads(crit, x, return_grad: bool):
+    """``crit``'s total ``[B]``, differentiable w.r.t. the tensors ``x``,
+    and with ``return_grad`` its gradients (copies, the arc occupancies)
+    from the same engine run -- one run whether or not ``x`` requires
+    grad."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in x):
+        total, grads = crit.run(x, return_grad)  # nothing to differentiate
+    else:
+        crit.last_grads = None
+        total = apply(x, crit)
+        grads = crit.last_grads
+    return total, (tuple(g.detach().clone() for g in grads) if return_grad else None)
