@@ -289,8 +289,8 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", shift)
     monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", np.inf)
     monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0)
-    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_largest", "_divide1", "_slow1", "_block_norm",
-                 "_block_div", "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max", "_emit",
+    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_largest", "_final_max", "_divide1", "_slow1",
+                 "_block_norm", "_block_div", "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max", "_emit",
                  "_post_slow", "_run"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
@@ -426,8 +426,8 @@ def test_spans_match_the_cut_graph_on_long_inputs(engine, scale, T):
 def test_span_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
     # the engine's Python source with thresholds that send every cell and
     # every frame total down the exact log-domain paths
-    for name in ("_logval", "_lse_push", "_store", "_store_lse", "_normalise", "_live", "_span_in_sum", "_span_in_slow",
-                 "_span_out_post", "_span_out_slow", "_scales", "_max_ref", "_run_spans"):
+    for name in ("_logval", "_lse_push", "_store", "_store_lse", "_final_max", "_normalise", "_live", "_span_in_sum",
+                 "_span_in_slow", "_span_out_post", "_span_out_slow", "_scales", "_max_ref", "_run_spans"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
     monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))

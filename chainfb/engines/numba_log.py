@@ -198,6 +198,17 @@ def _store(r, P, LV, j):
 
 
 @_inline
+def _final_max(final, s0, W):
+    """The largest final log-weight of the states ``s0 .. s0 + W`` (0 if none
+    is final): the shift that keeps the final sum in range."""
+    fmax = -np.inf
+    for j in range(W):
+        if final[s0 + j] > fmax:
+            fmax = final[s0 + j]
+    return fmax if fmax > -np.inf else 0.0
+
+
+@_inline
 def _store_lse(m, acc, P, LV, j):
     """Keep the log-sum-exp ``m + log(acc)`` (:func:`_lse_push`) in cell
     ``j``: NaN stays NaN, an empty sum is 0."""
@@ -764,12 +775,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
                         in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, ib0, ib1, fac)
             offset += shift + _renorm(Rn)
-        fmax = ninf
-        for j in range(W):
-            if final[s0 + j] > fmax:
-                fmax = final[s0 + j]
-        if fmax == ninf:
-            fmax = 0.0
+        fmax = _final_max(final, s0, W)
         m = ninf
         acc = 0.0
         PL = A[off[L]:off[L + 1]]
@@ -1111,12 +1117,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             live[t1] = _live(Pn, LVn)
             inc[t1] = R + lc
             offset += inc[t1]
-        fmax = ninf
-        for j in range(W):
-            if final[s0 + j] > fmax:
-                fmax = final[s0 + j]
-        if fmax == ninf:
-            fmax = 0.0
+        fmax = _final_max(final, s0, W)
         m = ninf
         acc = 0.0
         for j in range(W):
