@@ -290,8 +290,8 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", np.inf)
     monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0)
     for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_largest", "_final_max", "_divide1", "_slow1",
-                 "_block_norm", "_block_div", "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max", "_emit",
-                 "_post_slow", "_run"):
+                 "_block_norm", "_block_div", "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max",
+                 "_emit", "_post_slow", "_run"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
     monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))
