@@ -76,7 +76,10 @@ the path above.
 Arcs that span frames (``lat.max_span > 1``, semantics in
 :mod:`chainfb.engines`: an arc read at frame ``t`` lands at ``t + span``)
 run in a second compiled pass, chosen once per call, so one-frame lattices
-keep the pass above unchanged.  An arc from frame ``t + 1 - k`` into frame
+keep the pass above unchanged.  It forms a sequence's emissions itself,
+into work arrays of that sequence's frames and columns that the next
+sequence reuses (they stay in cache; no ``[T, C]`` array besides the
+scores and posteriors).  An arc from frame ``t + 1 - k`` into frame
 ``t + 1`` combines cells of different frames' scales: each frame keeps the
 increment of its log offset, so the scale between two frames is a sum of at
 most ``k`` increments (no large offsets cancel), and frame ``t + 1`` is
@@ -110,7 +113,7 @@ import os
 import numpy as np
 
 from ..lattice import Lattice
-from .threads import get_num_threads, pool
+from .threads import get_num_threads, parallel
 
 __all__ = ["available", "forward_backward", "require"]
 
@@ -162,7 +165,7 @@ _MAX_BLOCK_SPREAD = 4.0
 # scale leaves few cells to the log-domain escape, and blocks would cost more than they save)
 _MIN_BLOCKED_STATES = 512
 # emissions [T, C] (float64) up to this size: the span-1 pass reads them computed beforehand
-# (one vectorised exp); larger ones, it forms each frame's row itself (no second [T, C] array)
+# (a compiled exponential, frames split over the threads); larger ones, it forms each frame's row itself (no second [T, C] array)
 _EMISSIONS_BYTES = 8 << 20
 
 
@@ -614,10 +617,11 @@ def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
 
 
 @_compile
-def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, shift):
+def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, et, shift):
     """The arc posteriors of state ``k`` (alpha cell ``p``, ``fast``: scaled)
-    that its scaled loop left: a far end kept as a log (or NaN), or a factor
-    ``gb`` out of range -- in the log domain, those below 1e-88 left out."""
+    that its scaled loop left: a far end kept as a log (or NaN), a factor
+    ``gb`` out of range, or an emission ``et`` that underflowed -- in the
+    log domain, those below 1e-88 left out."""
     qw = Qn.shape[0]
     qb0 = qlo >> sh
     for a in range(ptr[k], ptr[k + 1]):
@@ -626,7 +630,7 @@ def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, x
             continue
         qv = Qn[d]
         qb = ((d + qlo) >> sh) - qb0
-        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf):
+        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf and (et[col[a]] > 0.0 or xt[col[a]] == -np.inf)):
             continue
         lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
         if p < 0.0:
@@ -653,11 +657,41 @@ def _frame_max(xt, c0, c1):
     return m if m > -np.inf else 0.0
 
 
-@_inline
-def _emit(xt, c0, c1, m, et):
-    """The emissions ``et[c] = exp(xt[c] - m)`` of the columns ``c0 .. c1``."""
-    for c in range(c0, c1):
-        et[c] = np.exp(xt[c] - m)
+# float64 exponential in vector lanes: exp(v) = 2**n * exp(r), n = round(v / ln 2),
+# r = v - n ln 2 in [-ln 2 / 2, ln 2 / 2] (ln 2 split in two, the first part
+# exact in 32 bits, so n ln 2 costs no rounding), exp(r) by its Taylor series to
+# degree 13 (remainder below 1e-17 of it), 2**n as the bits of a float64
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.6931471803691238
+_LN2_LO = 1.9082149292705877e-10
+_EXP_LO = -708.0  # exp below this is under float64's smallest normal: 0 (the log-domain escape sees the score)
+_EXP_C = tuple(1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(14))
+
+
+def _exp_row(x, m, e, bits):
+    """``e[k] = exp(x[k] - m)`` for ``k < len(x)`` (``x - m <= 0`` or NaN;
+    ``bits`` an int64 scratch at least as long): within two units in the last
+    places of ``np.exp``, 0 below ``exp(-708)``, NaN for NaN.  Two loops the
+    compiler vectorises; NumPy's own exp takes a slow path for every
+    ``-inf`` (transducer and CTC scores hold many), this one does not."""
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13 = _EXP_C
+    for k in range(x.shape[0]):
+        v = x[k] - m
+        vc = v if v > _EXP_LO else _EXP_LO
+        nf = np.floor(vc * _LOG2E + 0.5)
+        r = (vc - nf * _LN2_HI) - nf * _LN2_LO
+        e[k] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * (c7 + r * (
+            c8 + r * (c9 + r * (c10 + r * (c11 + r * (c12 + r * c13))))))))))))
+        bits[k] = (np.int64(nf) + np.int64(1023)) << np.int64(52)
+    scale = bits.view(np.float64)
+    for k in range(x.shape[0]):
+        v = x[k] - m
+        p = e[k] * scale[k]
+        e[k] = p if v >= _EXP_LO else (0.0 if v < _EXP_LO else v)  # NaN stays NaN
+
+
+if numba is not None:  # fused multiply-adds allowed, no reassociation (it would undo the split of ln 2)
+    _exp_row = numba.njit(nogil=True, cache=True, fastmath={"contract"})(_exp_row)
 
 
 @_compile
@@ -723,6 +757,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     gb = np.empty(nb)
     own = E.shape[0] == 0  # no emissions given: each frame's row formed in ``ew``
     ew = np.empty(X.shape[1] if own else 0)
+    bits = np.empty(X.shape[1] if own else 0, np.int64)  # the exponential's scratch
     Mrow = np.empty(maxL)
     f0 = 0
     for n in range(n0, n1):
@@ -768,7 +803,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             shift = Mrow[t] + wshift
             et = ew
             if own:
-                _emit(X[t], c0, c1, Mrow[t], ew)
+                _exp_row(X[t, c0:c1], Mrow[t], ew[c0:c1], bits)
             else:
                 et = E[t]
             Rn = RA[rof[t + 1]:rof[t + 2]]
@@ -800,7 +835,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             shift = Mrow[t] + wshift
             et = ew
             if own:
-                _emit(xt, c0, c1, Mrow[t], ew)
+                _exp_row(xt[c0:c1], Mrow[t], ew[c0:c1], bits)
             else:
                 et = E[t]
             Qn = Q[:qw]
@@ -816,7 +851,10 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             Rb = RB[:ntb]
             fused = False
             if ntb == 1 and nqb == 1 and Ra[0] > ninf and Rq[0] > ninf:
-                # one block each: B_t and the posteriors times Z in one pass over the arcs
+                # one block each: B_t and the posteriors times Z in one pass over the arcs (the frame's
+                # columns written before the arcs add to them: a fresh page is mapped once, not read then copied)
+                for c in range(c0, c1):
+                    pt[c] = 0.0
                 z, lc, ns = _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et,
                                         s0, shift, sh, pt, left)
                 Rb[0] = Rq[0] + lc
@@ -836,7 +874,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         if p == 0.0 or (p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE):
                             continue
                         _post_slow(pt, p, p > 0.0, ra, s0 + tlo + i, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb,
-                                   s0, qlo, sh, xt, shift)
+                                   s0, qlo, sh, xt, et, shift)
                 else:  # a small total: start the frame's posteriors again below
                     for c in range(c0, c1):
                         pt[c] = 0.0
@@ -899,16 +937,17 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                             if qv == 0.0:
                                 continue
                             g = gb[((d + qlo) >> sh) - qb0]
-                            if fast and qv > 0.0 and g < np.inf:
+                            c = out_col[a]
+                            if fast and qv > 0.0 and g < np.inf and (et[c] > 0.0 or xt[c] == ninf):
                                 # g * p is finite and the other factors are <= 1: the product is exact
-                                # unless it underflows, and then it is below DBL_MIN
-                                c = out_col[a]
+                                # unless it underflows, and then it is below DBL_MIN (an emission that
+                                # underflowed, times a large g, may not be: the log domain takes it)
                                 pt[c] += g * p * out_w[a] * et[c] * qv
                             else:
                                 slow = True
                         if slow:
                             _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo,
-                                       sh, xt, shift)
+                                       sh, xt, et, shift)
             Q, BP = BP, Q  # B_t becomes the next frame's beta_{t+1}
             RQ, RB = RB, RQ
             _renorm(RQ[:ntb])
@@ -932,9 +971,10 @@ def _live(P, LV):
 
 
 @_inline
-def _span_in_sum(P, LV, t1, ptr, other, span, w, col, E, X, r, base, k):
+def _span_in_sum(P, LV, t1, ptr, other, span, w, col, E, cb, X, r, base, k):
     """Forward cell ``k`` at frame ``t1`` as the scaled sum over its in-arcs,
-    each read at frame ``t1 - span`` and rescaled by ``r[span]``; and
+    each read at frame ``t1 - span`` and rescaled by ``r[span]`` (column
+    ``c``'s emission at ``E[frame, c - cb]``, its score at ``X[frame, c]``); and
     whether the log domain must decide a sum of 0: an arc whose scaled
     product is 0 with a live far end and a score above ``-inf``, or a NaN
     score (which the log domain propagates)."""
@@ -952,7 +992,7 @@ def _span_in_sum(P, LV, t1, ptr, other, span, w, col, E, X, r, base, k):
                     maybe = True  # NaN in: the log domain makes the cell NaN
                 continue
             p = np.exp(LV[f, i])
-        v = p * w[a] * E[f, col[a]] * r[span[a]]
+        v = p * w[a] * E[f, col[a] - cb] * r[span[a]]
         if v == 0.0:
             if not X[f, col[a]] == -np.inf:
                 maybe = True
@@ -977,10 +1017,10 @@ def _span_in_slow(P, LV, t1, ptr, other, span, lp, col, X, off, base, k, out_P, 
 
 
 @_inline
-def _span_out_post(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k, ai, pt, gs):
+def _span_out_post(Q, LQ, t, L, ptr, other, span, w, col, Et, cb, xt, r, base, k, ai, pt, gs):
     """Backward cell ``k`` at frame ``t`` as the scaled sum over its
     out-arcs, each landing at frame ``t + span <= L`` rescaled by
-    ``r[span]``, and whether an arc whose scaled product is 0 may still
+    ``r[span]`` (column ``c``'s emission at ``Et[c - cb]``), and whether an arc whose scaled product is 0 may still
     carry a path (see :func:`_span_in_sum`); with ``ai != 0`` (cell ``k``'s
     scaled alpha at frame ``t``) each arc's product times ``ai`` is added to
     its column of ``pt`` (a posterior before the frame's normalisation) and,
@@ -1002,7 +1042,7 @@ def _span_out_post(Q, LQ, t, L, ptr, other, span, w, col, Et, xt, r, base, k, ai
                     maybe = True  # NaN in: the log domain makes the cell NaN
                 continue
             q = np.exp(LQ[f, j])
-        u = q * w[a] * Et[c]
+        u = q * w[a] * Et[c - cb]
         v = u * r[sp]
         if v == 0.0:
             if not xt[c] == -np.inf:
@@ -1057,11 +1097,13 @@ def _max_ref(g, K):
 @_compile
 def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col, in_span,
                out_ptr, out_dst, out_lp, out_w, out_col, out_span, sp_ptr, sp_dst, sp_lp, sp_w, sp_col, sp_span,
-               has_span, K, col_off, wshift, X, E, M, lengths, need_post, loglike, post):
+               has_span, K, col_off, wshift, X, lengths, need_post, loglike, post):
     """:func:`_run` for arcs that span up to ``K`` frames (``in_span`` /
     ``out_span`` per arc; ``sp_*`` the out-arcs of span > 1 by source;
     ``has_span [K+1]`` the spans some arc has; ``col_off [N+1]`` each
-    sequence's columns).  Per frame ``t`` the forward
+    sequence's columns).  A sequence's emissions and frame maxima are formed
+    first, into work arrays of its frames and columns (reused by the next
+    sequence, so they stay in cache).  Per frame ``t`` the forward
     offset increment ``inc[t] = O_t - O_{t-1}`` and the backward one
     ``incb[t] = OB_t - OB_{t+1}`` are kept, so the scale between any two
     frames is a sum of at most ``K`` increments (no large offsets cancel)."""
@@ -1078,11 +1120,23 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             rank[k] = nsp
             nsp += 1
     gs = np.zeros(K + 1)
+    maxL = 0
+    width = 0
+    for n in range(n0, n1):
+        maxL = max(maxL, lengths[n])
+        width = max(width, col_off[n + 1] - col_off[n])
+    Ebuf = np.empty(maxL * width)
+    Mrow = np.empty(maxL)
+    bits = np.empty(width, np.int64)  # the exponential's scratch
     for n in range(n0, n1):
         cs0, cs1 = col_off[n], col_off[n + 1]
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
+        E = Ebuf[:L * (cs1 - cs0)].reshape((L, cs1 - cs0))  # E[t, c - cs0] = exp(X[t, c] - Mrow[t])
+        for t in range(L):
+            Mrow[t] = _frame_max(X[t], cs0, cs1)
+            _exp_row(X[t, cs0:cs1], Mrow[t], E[t], bits)
         P = np.zeros((L + 1, W))
         LV = np.full((L + 1, W), ninf)
         live = np.zeros(L + 1, np.bool_)
@@ -1102,12 +1156,12 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 if k > 1:
                     d -= inc[s + 1]
                 off[k] = d
-                g[k] = d + M[s, n] + wshift if live[s] and has_span[k] else ninf
+                g[k] = d + Mrow[s] + wshift if live[s] and has_span[k] else ninf
             R = _max_ref(g, K)
             _scales(g, r, off, R, K)
             Pn, LVn = P[t1], LV[t1]
             for j in range(W):
-                v, maybe = _span_in_sum(P, LV, t1, in_ptr, in_src, in_span, in_w, in_col, E, X, r, s0, s0 + j)
+                v, maybe = _span_in_sum(P, LV, t1, in_ptr, in_src, in_span, in_w, in_col, E, cs0, X, r, s0, s0 + j)
                 if v >= _SAFE or v != v or (v == 0.0 and not maybe):
                     Pn[j] = v
                     LVn[j] = ninf
@@ -1142,7 +1196,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         liveb[L] = _live(Q[L], LQ[L])
         for t in range(L - 1, -1, -1):
             xt, et, pt = X[t], E[t], post[t]
-            shift = M[t, n] + wshift
+            shift = Mrow[t] + wshift
             # frame t + k relative to frame t + 1: d = OB_{t+k} - OB_{t+1}
             d = 0.0
             for k in range(1, K + 1):
@@ -1164,10 +1218,13 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             z = 0.0
             for k in range(K + 1):
                 gs[k] = 0.0
+            if need_post:  # written before the arcs add to it: a fresh page is mapped once, not read then copied
+                for c in range(cs0, cs1):
+                    pt[c] = 0.0
             for i in range(W):
                 ai = Pt[i] if live[t] else 0.0
-                v, maybe = _span_out_post(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, xt, r, s0,
-                                          s0 + i, ai, pt, gs)
+                v, maybe = _span_out_post(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, cs0, xt, r,
+                                          s0, s0 + i, ai, pt, gs)
                 if v >= _SAFE or v != v or (v == 0.0 and not maybe):
                     BP[i] = v
                     BL[i] = ninf
@@ -1194,7 +1251,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             if not live[t]:
                 continue
             xt, pt = X[t], post[t]
-            shift = M[t, n] + wshift
+            shift = Mrow[t] + wshift
             R = Rb[t]
             d = 0.0
             for k in range(1, K + 1):
@@ -1226,7 +1283,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                         db -= incb[f - 1]
                     fl[dd, k] = da + db - shift - R
                     if live[s] and liveb[f] and has_span[k]:
-                        ef[dd, k] = fl[dd, k] + M[s, n] + wshift
+                        ef[dd, k] = fl[dd, k] + Mrow[s] + wshift
                         if ef[dd, k] > ref or ef[dd, k] != ef[dd, k]:
                             ref = ef[dd, k]
             zs = 0.0
@@ -1370,8 +1427,12 @@ def _span_arrays(lat: Lattice) -> tuple:
 def _emission_frames(X, col_off, M, E, t0, t1):
     """Frames ``t0 <= t < t1`` of :func:`_emissions`: ``M[t, n]`` the largest
     of sequence ``n``'s scores (NaN if one is NaN; 0 if all are ``-inf`` or
-    it has no column) and ``E[t, c] = X[t, c] - M[t, n]``."""
+    it has no column) and ``E[t, c] = exp(X[t, c] - M[t, n])``."""
     N = col_off.shape[0] - 1
+    width = 0
+    for n in range(N):
+        width = max(width, col_off[n + 1] - col_off[n])
+    bits = np.empty(width, np.int64)
     for t in range(t0, t1):
         xt, et = X[t], E[t]
         for n in range(N):
@@ -1387,8 +1448,7 @@ def _emission_frames(X, col_off, M, E, t0, t1):
             if m == -np.inf:
                 m = 0.0
             M[t, n] = m
-            for c in range(c0, c1):
-                et[c] = xt[c] - m
+            _exp_row(xt[c0:c1], m, et[c0:c1], bits)
 
 
 # score entries below which one thread computes the emissions
@@ -1398,9 +1458,8 @@ _MIN_PARALLEL_EMISSIONS = 100_000
 def _emissions(lat: Lattice, X: np.ndarray, T: int):
     """``E = exp(X - M[t, seq])`` ``[T, C]`` and ``M [T, N]``, each frame's
     largest score per sequence (0 where all are ``-inf``; NaN or ``+inf``
-    where a score is, so that they propagate): the maxima and differences
-    compiled, frames split over :func:`~chainfb.engines.get_num_threads`
-    threads, then one in-place exponential."""
+    where a score is, so that they propagate): compiled, frames split over
+    :func:`~chainfb.engines.get_num_threads` threads."""
     N = lat.num_sequences
     M = np.zeros((T, N))
     E = np.zeros(X.shape)  # a column of no sequence (none in practice) is never read
@@ -1410,9 +1469,7 @@ def _emissions(lat: Lattice, X: np.ndarray, T: int):
         _emission_frames(X, col_off, M, E, 0, T)
     else:
         edges = np.linspace(0, T, nt + 1).astype(np.int64).tolist()
-        list(pool(nt).map(lambda r: _emission_frames(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:])))
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.exp(E, out=E)  # NumPy's vectorised exp
+        parallel(lambda r: _emission_frames(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:]))
     return E, M
 
 
@@ -1472,13 +1529,11 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
         run = _run_spans
-        args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws,
-                X, *_emissions(lat, X, T))
+        args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws, X)
         work = work * lat.max_span
     ranges = _split(work, max(1, get_num_threads()))
     if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)
     else:
-        list(pool(len(ranges)).map(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post),
-                                    ranges))
+        parallel(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post), ranges)
     return loglike, (post if need_posteriors else None)

@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..lattice import Lattice
-from .threads import get_num_threads, pool
+from .threads import get_num_threads, parallel
 
 try:  # y += A @ x for a CSR matrix, without scipy.sparse's per-call overhead
     from scipy.sparse._sparsetools import csr_matvec as _csr_matvec
@@ -271,7 +271,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         lk = None if leaky is None else (leaky[0], np.asarray(leaky[1])[states])
         return _forward_backward_serial(sub, X[:, cols], lengths[seqs], need_posteriors, lk)
 
-    results = list(pool(len(parts)).map(run, parts))
+    results = parallel(run, parts)
     loglike = np.concatenate([r[0] for r in results])
     if not need_posteriors:
         return loglike, None

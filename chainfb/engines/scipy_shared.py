@@ -54,7 +54,7 @@ import scipy.sparse as sp
 
 from ..fst import Fst
 from ..lattice import Lattice
-from .threads import get_num_threads, pool
+from .threads import get_num_threads, parallel
 
 __all__ = ["forward_backward", "best_path", "shared_graph", "is_exact", "MAX_SPREAD", "ALPHA_BYTES"]
 
@@ -238,7 +238,7 @@ class _SharedGraph:
         if threads == 1:
             res = run(0, N)
         else:
-            res = [r for part in pool(threads).map(run, bounds[:-1], bounds[1:]) for r in part]
+            res = [r for part in parallel(lambda ab: run(*ab), zip(bounds[:-1], bounds[1:])) for r in part]
         if len(res) == 1:
             return res[0]
         if not res:

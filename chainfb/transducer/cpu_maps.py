@@ -1,6 +1,7 @@
 """Compiled CPU score maps of the transducer family (RNN-T, multi-blank
-RNN-T, TDT): the gather and the gradient of
-:mod:`~chainfb.transducer.criterion` and :mod:`~chainfb.transducer.tdt` as
+RNN-T, TDT, and the ``(px, py)`` grids' score plans): the gather and the
+gradient of :mod:`~chainfb.transducer.criterion`,
+:mod:`~chainfb.transducer.tdt` and :mod:`~chainfb.transducer.grid` as
 one pass each over the logits, compiled by Numba (the ``jit`` extra) and run
 on :func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
 ``(b, t, u)``.
@@ -40,14 +41,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..engines import numba_log
-from ..engines.threads import get_num_threads, pool
+from ..engines.threads import get_num_threads, parallel
 
-__all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient"]
+__all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
+           "planned_scores", "planned_gradient"]
 
 numba = numba_log.numba
 
 # cells per thread below which one thread does the whole batch
 _MIN_PARALLEL_CELLS = 256
+# ... and single scores (the score plans' moves)
+_MIN_PARALLEL_ELEMENTS = 1 << 17
 
 
 def available(dtype=None) -> bool:
@@ -487,6 +491,23 @@ def _move(S, colidx, counts, T, X, to_steps, c0, c1):
                         S[cell, j] = X[n, colidx[b, u, j]] if read else 0.0
 
 
+@_compile
+def _put(src, entry, X, c0, c1):
+    """``X[entry[i]] = src[i]`` for ``c0 <= i < c1`` where ``entry[i] >= 0`` (flat arrays)."""
+    for i in range(c0, c1):
+        e = entry[i]
+        if e >= 0:
+            X[e] = src[i]
+
+
+@_compile
+def _take(post, entry, out, c0, c1):
+    """``out[i] = post[entry[i]]`` for ``c0 <= i < c1``, 0 where ``entry[i] < 0`` (flat arrays)."""
+    for i in range(c0, c1):
+        e = entry[i]
+        out[i] = post[e] if e >= 0 else 0.0
+
+
 def _blocks(B: int, T: int) -> int:
     """How many blocks of :func:`_move` a batch has."""
     return B * ((T + _TB - 1) // _TB)
@@ -498,12 +519,13 @@ def _cells(fn, ncells: int, *args) -> None:
     compiled kernels release the GIL)."""
     n = max(1, get_num_threads())
     blocks = fn is _move or fn is _tdt_gather or fn is _tdt_grad
-    grain = 2 if blocks else _MIN_PARALLEL_CELLS  # blocks of cells, or cells
+    # blocks of cells, single elements, or cells
+    grain = 2 if blocks else _MIN_PARALLEL_ELEMENTS if fn is _put or fn is _take else _MIN_PARALLEL_CELLS
     if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
         return
     edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
-    list(pool(n).map(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:])))
+    parallel(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:]), n)
 
 
 def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
@@ -613,4 +635,26 @@ def tdt_gradient(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero
     post = np.ascontiguousarray(post, dtype=np.float64)
     _cells(_tdt_grad, _blocks(B, T), int(V), int(blank), labels, layout.slot_counts(), layout.colidx, inv, post,
            np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp), out)
+    return out
+
+
+def planned_scores(sources, entries, shape) -> np.ndarray:
+    """The engine's scores ``X`` float64 ``shape`` of a score plan
+    (:class:`~chainfb.transducer.grid._ScorePlan`): element ``i`` of each
+    C-contiguous NumPy source (float32/float64) at ``X.flat[entry[i]]``
+    (``entry[i] < 0``: on no arc), ``-inf`` elsewhere."""
+    X = np.full(shape, -np.inf)
+    flat = X.reshape(-1)
+    for src, entry in zip(sources, entries):
+        _cells(_put, entry.shape[0], src.reshape(-1), entry, flat)
+    return X
+
+
+def planned_gradient(post: np.ndarray, entry: np.ndarray, shape, dtype) -> np.ndarray:
+    """A source's gradient ``shape`` in NumPy ``dtype`` from the engine's
+    posteriors: ``post.flat[entry[i]]`` at element ``i``, 0 where
+    ``entry[i] < 0`` (see :func:`planned_scores`)."""
+    out = np.empty(shape, dtype=dtype)
+    _cells(_take, entry.shape[0], np.ascontiguousarray(post, dtype=np.float64).reshape(-1), entry,
+           out.reshape(-1))
     return out

@@ -45,6 +45,7 @@ from .. import checks
 from .._arrays import as_array, wrap_like
 from ..criterion import Criterion, apply
 from ..lattice import concat_ranges
+from . import cpu_maps
 from .graphs import compile_layout
 
 __all__ = ["GridCriterion", "BandGridCriterion", "grid_loglike", "band_loglike", "band_start", "check_boundary"]
@@ -163,7 +164,11 @@ class _PlannedCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         px, py = x
-        X = _scores((px, py), self.plan.on(px.device)[0], (self.plan.num_rows, self.lattice.num_columns))
+        shape = (self.plan.num_rows, self.lattice.num_columns)
+        if _compiled(px):  # one compiled pass from the sources to the scores
+            return cpu_maps.planned_scores([t.detach().contiguous().numpy() for t in x],
+                                           (self.plan.px, self.plan.py), shape)
+        X = _scores((px, py), self.plan.on(px.device)[0], shape)
         return as_array(X, self._name)[0]
 
     def finish(self, x, loglike, post):
@@ -171,6 +176,11 @@ class _PlannedCriterion(Criterion):
         value = _value(loglike, px)
         if post is None:
             return value, None
+        if _compiled(px) and isinstance(post, np.ndarray):
+            self.last_grads = tuple(
+                torch.from_numpy(cpu_maps.planned_gradient(post, entry, src.shape, src.numpy().dtype))
+                for src, entry in zip((px.detach(), py.detach()), (self.plan.px, self.plan.py)))
+            return value, self.last_grads
         P = _posteriors(post, px)
         grads = []
         for src, entry in zip(x, self.plan.on(px.device)[1:]):
@@ -178,6 +188,11 @@ class _PlannedCriterion(Criterion):
             grads.append(g.to(src.dtype).view(src.shape))
         self.last_grads = tuple(grads)
         return value, self.last_grads
+
+
+def _compiled(px) -> bool:
+    """Whether the compiled CPU score map serves a plan over ``px``'s device and dtype."""
+    return px.device.type == "cpu" and cpu_maps.available(px.dtype)
 
 
 class GridCriterion(_PlannedCriterion):
