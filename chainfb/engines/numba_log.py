@@ -50,9 +50,11 @@ posterior is ``alpha w E beta exp(R_alpha + R_beta - log Z_t)``, one factor
 product is exact unless it underflows below ``DBL_MIN``); an arc with a cell
 kept as a log takes the log domain, unless a bound on its posterior (cells
 and ``w E`` at most 1) is below ``1e-88`` of the frame's total, the terms the
-scaled products leave out.  Emissions of up to ``_EMISSIONS_BYTES``
-(float64) are computed beforehand; larger ones are formed a frame's row at
-a time inside the pass, so no second ``[T, C]`` array is held.  Float32
+scaled products leave out.  The emissions are formed inside the pass,
+with a compiled vector exponential: a sequence's, at its start, into a
+work array that the next sequence reuses (it stays in cache) when they
+take up to ``_EMISSIONS_BYTES``; a longer sequence's a frame's row at a
+time where it is read.  No second ``[T, C]`` array is held.  Float32
 scores are read as they are (each widened exactly where it is read: the
 numbers of a float64 copy at half its memory).
 
@@ -164,8 +166,9 @@ _MAX_BLOCK_SPREAD = 4.0
 # ... and only in lattices with a sequence of more states than this (below it, the frame's one
 # scale leaves few cells to the log-domain escape, and blocks would cost more than they save)
 _MIN_BLOCKED_STATES = 512
-# emissions [T, C] (float64) up to this size: the span-1 pass reads them computed beforehand
-# (a compiled exponential, frames split over the threads); larger ones, it forms each frame's row itself (no second [T, C] array)
+# a sequence's emissions (float64, frames x columns) up to this size: the span-1 pass forms them at
+# the sequence's start into a work array the next sequence reuses; larger ones, a frame's row at a
+# time where it is read (twice, once per direction)
 _EMISSIONS_BYTES = 8 << 20
 
 
@@ -386,7 +389,7 @@ def _renorm(R):
 
 
 @_inline
-def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, shift, sh, bmin, bmax, fac):
+def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, cb, base, shift, sh, bmin, bmax, fac):
     """One frame of either direction over bands of blocks: cell ``j`` of
     ``Pn`` (state ``base + nlo + j``) from the far ends in ``Pp`` (state
     ``base + plo + i``; those outside the band are zero).  Block ``kb`` (of
@@ -395,8 +398,9 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
     product taken ``exp(Rp[its block] - ref) <= 1`` times: the scaled sum
     when it is safe (or NaN), else the exact log-domain value; then the
     block is divided by its largest cell and ``Rn[block]`` set to ``ref``
-    plus its log (``-inf``: all zero).  ``fac``: a work array of ``Pp``'s
-    block count."""
+    plus its log (``-inf``: all zero).  Column ``c``'s emission is ``E[c -
+    cb]``, its score ``xt[c]``.  ``fac``: a work array of ``Pp``'s block
+    count."""
     pw = Pp.shape[0]
     nw = Pn.shape[0]
     pb0 = plo >> sh
@@ -433,7 +437,7 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
                     p = Pp[i]  # a zero far end adds an exact 0 (w E is finite)
                     if p < 0.0:
                         p = np.exp(p + _LOG_SAFE)
-                    s += p * w[a] * E[col[a]]
+                    s += p * w[a] * E[col[a] - cb]
             else:
                 for a in range(ptr[k], ptr[k + 1]):
                     i = other[a] - base - plo
@@ -442,7 +446,7 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
                     p = Pp[i]
                     if p < 0.0:
                         p = np.exp(p + _LOG_SAFE)
-                    s += p * w[a] * E[col[a]] * fac[((i + plo) >> sh) - pb0]
+                    s += p * w[a] * E[col[a] - cb] * fac[((i + plo) >> sh) - pb0]
             if s >= _SAFE or s != s:
                 Pn[j] = s
                 if s > c:
@@ -460,7 +464,7 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, base, s
 
 
 @_inline
-def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, base, shift, sh, pt, slow):
+def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, cb, base, shift, sh, pt, slow):
     """The backward frame of a sequence whose frames are one block each, fused
     with its arc posteriors: ``B_t`` into ``Bt`` (from ``beta_{t+1}`` in
     ``Qn``, one block of reference ``Rq[0]``; divided by its largest, whose log is
@@ -469,7 +473,8 @@ def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, base, sh
     times the frame's total, which is returned first (``sum_i alpha_t(i)
     B_t(i)`` over the scaled cells, before the division).  The states whose
     posteriors need more (an alpha or a far end kept as a log, or NaN) go to
-    ``slow``; their count is returned third."""
+    ``slow``; their count is returned third.  Column ``c``'s emission is
+    ``et[c - cb]``."""
     qw = Qn.shape[0]
     c = 0.0
     z = 0.0
@@ -486,9 +491,9 @@ def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, base, sh
             qv = Qn[d]  # a zero far end adds an exact 0 (w E is finite)
             if qv < 0.0:
                 logs = True
-                s += w[a] * et[col[a]] * np.exp(qv + _LOG_SAFE)
+                s += w[a] * et[col[a] - cb] * np.exp(qv + _LOG_SAFE)
             else:
-                u = w[a] * et[col[a]] * qv
+                u = w[a] * et[col[a] - cb] * qv
                 s += u
                 if p > 0.0:
                     pt[col[a]] += p * u
@@ -617,11 +622,12 @@ def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
 
 
 @_compile
-def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, et, shift):
+def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, et, cb, shift):
     """The arc posteriors of state ``k`` (alpha cell ``p``, ``fast``: scaled)
     that its scaled loop left: a far end kept as a log (or NaN), a factor
     ``gb`` out of range, or an emission ``et`` that underflowed -- in the
-    log domain, those below 1e-88 left out."""
+    log domain, those below 1e-88 left out (column ``c``'s emission is
+    ``et[c - cb]``)."""
     qw = Qn.shape[0]
     qb0 = qlo >> sh
     for a in range(ptr[k], ptr[k + 1]):
@@ -630,7 +636,7 @@ def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, x
             continue
         qv = Qn[d]
         qb = ((d + qlo) >> sh) - qb0
-        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf and (et[col[a]] > 0.0 or xt[col[a]] == -np.inf)):
+        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf and (et[col[a] - cb] > 0.0 or xt[col[a]] == -np.inf)):
             continue
         lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
         if p < 0.0:
@@ -697,14 +703,15 @@ if numba is not None:  # fused multiply-adds allowed, no reassociation (it would
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
          out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, blk_off, in_bmin, in_bmax,
-         out_bmin, out_bmax, X, E, M, lengths, need_post,
+         out_bmin, out_bmax, X, ebytes, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
     their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
-    (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``) and the
-    emissions ``E = exp(X - M[t, n])`` ``[T, C]`` with ``M [T, N]`` each
-    frame's largest score in the sequence -- or, where ``E`` and ``M`` are
-    empty (``[0, 0]``), both formed here a frame at a time.
+    (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``).  The
+    emissions ``exp(X[t, c] - m_t)`` (``m_t`` the frame's largest score in
+    the sequence) are formed at the sequence's start into a work array of
+    its frames and columns when that takes at most ``ebytes`` (the next
+    sequence reuses it), else a frame's row at a time where it is read.
     Only the cells of each frame's live band (:func:`_bands`) are computed
     and stored (ragged, one float64 each), in blocks of ``2**sh`` states
     with a log reference each (sequence ``n``'s blocks ``blk_off[n] ..
@@ -755,9 +762,16 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     RB = np.empty(nb)
     fac = np.empty(nb)
     gb = np.empty(nb)
-    own = E.shape[0] == 0  # no emissions given: each frame's row formed in ``ew``
-    ew = np.empty(X.shape[1] if own else 0)
-    bits = np.empty(X.shape[1] if own else 0, np.int64)  # the exponential's scratch
+    cw = 0  # the widest sequence (columns), and the largest emissions held
+    held = 0
+    for n in range(n0, n1):
+        w = col_off[n + 1] - col_off[n]
+        cw = max(cw, w)
+        if 8 * lengths[n] * w <= ebytes:
+            held = max(held, lengths[n] * w)
+    Ebuf = np.empty(held)
+    ew = np.empty(cw)  # one frame's row, for a sequence whose emissions are not held
+    bits = np.empty(cw, np.int64)  # the exponential's scratch
     Mrow = np.empty(maxL)
     f0 = 0
     for n in range(n0, n1):
@@ -773,7 +787,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         f0 += L + 1
         bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
         for t in range(L):
-            Mrow[t] = _frame_max(X[t], c0, c1) if own else M[t, n]
+            Mrow[t] = _frame_max(X[t], c0, c1)
             if Mrow[t] != Mrow[t] or Mrow[t] == np.inf:
                 bad = True
         if bad:
@@ -790,6 +804,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         if empty:  # no path of exactly L arcs reaches a final state
             loglike[n] = ninf
             continue
+        own = 8 * L * (c1 - c0) > ebytes  # each frame's row formed where it is read
+        Es = Ebuf[:0].reshape((0, c1 - c0)) if own else Ebuf[:L * (c1 - c0)].reshape((L, c1 - c0))
+        if not own:
+            for t in range(L):
+                _exp_row(X[t, c0:c1], Mrow[t], Es[t], bits)
         P0 = A[0:off[1]]
         for j in range(P0.shape[0]):
             P0[j] = 0.0
@@ -801,14 +820,14 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         offset = 0.0
         for t in range(L):
             shift = Mrow[t] + wshift
-            et = ew
             if own:
-                _exp_row(X[t, c0:c1], Mrow[t], ew[c0:c1], bits)
+                et = ew[:c1 - c0]
+                _exp_row(X[t, c0:c1], Mrow[t], et, bits)
             else:
-                et = E[t]
+                et = Es[t]
             Rn = RA[rof[t + 1]:rof[t + 2]]
             _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
-                        in_ptr, in_src, in_w, in_lp, in_col, X[t], et, s0, shift, sh, ib0, ib1, fac)
+                        in_ptr, in_src, in_w, in_lp, in_col, X[t], et, c0, s0, shift, sh, ib0, ib1, fac)
             offset += shift + _renorm(Rn)
         fmax = _final_max(final, s0, W)
         m = ninf
@@ -833,11 +852,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         for t in range(L - 1, -1, -1):
             xt, pt = X[t], post[t]
             shift = Mrow[t] + wshift
-            et = ew
             if own:
-                _exp_row(xt[c0:c1], Mrow[t], ew[c0:c1], bits)
+                et = ew[:c1 - c0]
+                _exp_row(xt[c0:c1], Mrow[t], et, bits)
             else:
-                et = E[t]
+                et = Es[t]
             Qn = Q[:qw]
             Rq = RQ[:nqb]
             qb0 = qlo >> sh
@@ -856,7 +875,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                 for c in range(c0, c1):
                     pt[c] = 0.0
                 z, lc, ns = _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et,
-                                        s0, shift, sh, pt, left)
+                                        c0, s0, shift, sh, pt, left)
                 Rb[0] = Rq[0] + lc
                 if z >= _SAFE_TOTAL and z < np.inf:
                     # every term left out of z is below 1e-88 of it, and every posterior p above 1e-88
@@ -874,13 +893,13 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         if p == 0.0 or (p < 0.0 and ra + p + _LOG_SAFE < _LOG_NEGLIGIBLE):
                             continue
                         _post_slow(pt, p, p > 0.0, ra, s0 + tlo + i, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb,
-                                   s0, qlo, sh, xt, et, shift)
+                                   s0, qlo, sh, xt, et, c0, shift)
                 else:  # a small total: start the frame's posteriors again below
                     for c in range(c0, c1):
                         pt[c] = 0.0
             else:
-                _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, s0, shift,
-                            sh, ob0, ob1, fac)
+                _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, c0, s0,
+                            shift, sh, ob0, ob1, fac)
             if not fused:
                 # the frame's total Z = sum_i alpha_t(i) B_t(i), block by block (log lz)
                 m = ninf
@@ -938,16 +957,16 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                                 continue
                             g = gb[((d + qlo) >> sh) - qb0]
                             c = out_col[a]
-                            if fast and qv > 0.0 and g < np.inf and (et[c] > 0.0 or xt[c] == ninf):
+                            if fast and qv > 0.0 and g < np.inf and (et[c - c0] > 0.0 or xt[c] == ninf):
                                 # g * p is finite and the other factors are <= 1: the product is exact
                                 # unless it underflows, and then it is below DBL_MIN (an emission that
                                 # underflowed, times a large g, may not be: the log domain takes it)
-                                pt[c] += g * p * out_w[a] * et[c] * qv
+                                pt[c] += g * p * out_w[a] * et[c - c0] * qv
                             else:
                                 slow = True
                         if slow:
                             _post_slow(pt, p, fast, ra, k, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb, s0, qlo,
-                                       sh, xt, et, shift)
+                                       sh, xt, et, c0, shift)
             Q, BP = BP, Q  # B_t becomes the next frame's beta_{t+1}
             RQ, RB = RB, RQ
             _renorm(RQ[:ntb])
@@ -1423,56 +1442,6 @@ def _span_arrays(lat: Lattice) -> tuple:
     return arrs
 
 
-@_compile
-def _emission_frames(X, col_off, M, E, t0, t1):
-    """Frames ``t0 <= t < t1`` of :func:`_emissions`: ``M[t, n]`` the largest
-    of sequence ``n``'s scores (NaN if one is NaN; 0 if all are ``-inf`` or
-    it has no column) and ``E[t, c] = exp(X[t, c] - M[t, n])``."""
-    N = col_off.shape[0] - 1
-    width = 0
-    for n in range(N):
-        width = max(width, col_off[n + 1] - col_off[n])
-    bits = np.empty(width, np.int64)
-    for t in range(t0, t1):
-        xt, et = X[t], E[t]
-        for n in range(N):
-            c0, c1 = col_off[n], col_off[n + 1]
-            m = -np.inf
-            for c in range(c0, c1):
-                v = xt[c]
-                if v > m:
-                    m = v
-                elif v != v:
-                    m = v
-                    break
-            if m == -np.inf:
-                m = 0.0
-            M[t, n] = m
-            _exp_row(xt[c0:c1], m, et[c0:c1], bits)
-
-
-# score entries below which one thread computes the emissions
-_MIN_PARALLEL_EMISSIONS = 100_000
-
-
-def _emissions(lat: Lattice, X: np.ndarray, T: int):
-    """``E = exp(X - M[t, seq])`` ``[T, C]`` and ``M [T, N]``, each frame's
-    largest score per sequence (0 where all are ``-inf``; NaN or ``+inf``
-    where a score is, so that they propagate): compiled, frames split over
-    :func:`~chainfb.engines.get_num_threads` threads."""
-    N = lat.num_sequences
-    M = np.zeros((T, N))
-    E = np.zeros(X.shape)  # a column of no sequence (none in practice) is never read
-    col_off = np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
-    nt = max(1, get_num_threads())
-    if nt == 1 or X.size < _MIN_PARALLEL_EMISSIONS or T < 2 * nt:
-        _emission_frames(X, col_off, M, E, 0, T)
-    else:
-        edges = np.linspace(0, T, nt + 1).astype(np.int64).tolist()
-        parallel(lambda r: _emission_frames(X, col_off, M, E, r[0], r[1]), zip(edges[:-1], edges[1:]))
-    return E, M
-
-
 def _split(work: np.ndarray, parts: int) -> list:
     """At most ``parts`` contiguous ``(start, stop)`` ranges of the
     sequences, ``work [N]`` each one's cost: each cut is the one whose
@@ -1519,12 +1488,10 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
     arrs = _arrays(lat)
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
-    if lat.max_span == 1:  # large inputs: emissions formed inside the pass, one frame at a time
+    if lat.max_span == 1:
         run = _run
         args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
-                                               *_block_arrays(lat, _BLOCK_SHIFT), X,
-                                               *(_emissions(lat, X, T) if 8 * X.size <= _EMISSIONS_BYTES else
-                                                 (np.zeros((0, 0)), np.zeros((0, 0)))))
+                                               *_block_arrays(lat, _BLOCK_SHIFT), X, _EMISSIONS_BYTES)
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
         (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
             _span_arrays(lat), arrs
