@@ -32,6 +32,16 @@ def _both(lat, X, lengths, need=True):
     return a, b
 
 
+def _assert_same(got, ref, ll_atol=0.0):
+    """``(loglike, posteriors)`` against a reference: the same impossible
+    sequences, the finite loglikes to 1e-12, the posteriors to 1e-12."""
+    (ll, post), (ll_ref, post_ref) = got, ref
+    np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
+    fin = np.isfinite(ll_ref)
+    np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12, atol=ll_atol)
+    np.testing.assert_allclose(post, post_ref, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_matches_numpy_engine(seed):
     lat, rng = _lattice(seed)
@@ -39,10 +49,8 @@ def test_matches_numpy_engine(seed):
     X = _scores(lat, rng, T)
     lengths = rng.integers(0, T + 1, size=lat.num_sequences)
     (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
-    np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
+    _assert_same((ll, post), (ll_ref, post_ref), ll_atol=1e-12)
     fin = np.isfinite(ll_ref)
-    np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(post, post_ref, atol=1e-12)
     assert not post[:, np.isin(lat.col_seq, np.flatnonzero(~fin))].any()  # impossible: zero posteriors
     ll_only, none = numba_log.forward_backward(lat, X.copy(), lengths, need_posteriors=False)
     assert none is None
@@ -159,11 +167,7 @@ def test_wide_score_ranges_mix_scaled_and_log_cells(scale):
         lat, rng = _lattice(seed, n=4, states=8, arcs=20)
         X = _scores(lat, rng, 12, scale=scale)
         lengths = np.array([12, 7, 3, 12])
-        (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
-        np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
-        fin = np.isfinite(ll_ref)
-        np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12)
-        np.testing.assert_allclose(post, post_ref, atol=1e-12)
+        _assert_same(*_both(lat, X, lengths))
 
 
 @pytest.mark.parametrize("emissions_inside", [False, True])
@@ -291,7 +295,7 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0)
     for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_largest", "_final_max", "_divide1", "_slow1",
                  "_block_norm", "_block_div", "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max",
-                 "_exp_row", "_post_slow", "_run"):
+                 "_exp_row", "_sequence_emissions", "_emission_row", "_scaled_arc", "_post_slow", "_run"):
         monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
     monkeypatch.setattr(numba_log, "_SAFE", 1e300)
     monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))
@@ -300,11 +304,7 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     X = _scores(lat, rng, 9, scale=5.0)
     X[2, 3] = -np.inf
     lengths = np.array([9, 4, 0, 7])
-    (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
-    np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
-    fin = np.isfinite(ll_ref)
-    np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12)
-    np.testing.assert_allclose(post, post_ref, atol=1e-12)
+    _assert_same(*_both(lat, X, lengths))
 
 
 # ---------------------------------------------------------------------------
@@ -376,11 +376,7 @@ def test_spans_match_numpy_engine_on_several_graphs(seed):
     assert lat.max_span == 3
     X = _scores(lat, rng, 15)
     lengths = rng.integers(0, 16, size=6)
-    (ll, post), (ll_ref, post_ref) = _both(lat, X, lengths)
-    np.testing.assert_array_equal(np.isneginf(ll), np.isneginf(ll_ref))
-    fin = np.isfinite(ll_ref)
-    np.testing.assert_allclose(ll[fin], ll_ref[fin], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(post, post_ref, atol=1e-12)
+    _assert_same(*_both(lat, X, lengths), ll_atol=1e-12)
 
 
 @pytest.mark.parametrize("engine", ["numba", "shared"])

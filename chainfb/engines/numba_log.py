@@ -621,6 +621,16 @@ def _distances(start, final, in_ptr, in_src, out_ptr, out_dst):
     return dist[0], dist[1]
 
 
+@_inline
+def _scaled_arc(fast, qv, g, e, x):
+    """Whether an arc's posterior is taken from the scaled product ``g p w e
+    qv`` (alpha cell scaled, beta cell ``qv`` scaled, factor ``g`` finite,
+    and the emission ``e`` nonzero unless the score ``x`` is ``-inf``: an
+    emission that underflowed, times a large ``g``, need not be negligible);
+    else :func:`_post_slow` takes it in the log domain."""
+    return fast and qv > 0.0 and g < np.inf and (e > 0.0 or x == -np.inf)
+
+
 @_compile
 def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, xt, et, cb, shift):
     """The arc posteriors of state ``k`` (alpha cell ``p``, ``fast``: scaled)
@@ -636,7 +646,7 @@ def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, x
             continue
         qv = Qn[d]
         qb = ((d + qlo) >> sh) - qb0
-        if qv == 0.0 or (fast and qv > 0.0 and gb[qb] < np.inf and (et[col[a] - cb] > 0.0 or xt[col[a]] == -np.inf)):
+        if qv == 0.0 or _scaled_arc(fast, qv, gb[qb], et[col[a] - cb], xt[col[a]]):
             continue
         lb = ra + Rq[qb]  # a bound on the log (w E <= 1, scaled cells <= 1)
         if p < 0.0:
@@ -698,6 +708,25 @@ def _exp_row(x, m, e, bits):
 
 if numba is not None:  # fused multiply-adds allowed, no reassociation (it would undo the split of ln 2)
     _exp_row = numba.njit(nogil=True, cache=True, fastmath={"contract"})(_exp_row)
+
+
+@_inline
+def _sequence_emissions(X, c0, c1, Mrow, E, bits):
+    """A sequence's emissions ``E[t, c - c0] = exp(X[t, c] - Mrow[t])`` for
+    its columns ``c0 .. c1`` and the frames ``t < len(E)``."""
+    for t in range(E.shape[0]):
+        _exp_row(X[t, c0:c1], Mrow[t], E[t], bits)
+
+
+@_inline
+def _emission_row(X, t, c0, c1, Mrow, Es, ew, bits):
+    """Frame ``t``'s emissions of a sequence: its row of ``Es`` when they are
+    held (``Es`` has rows), else formed now in ``ew``."""
+    if Es.shape[0] == 0:
+        et = ew[:c1 - c0]
+        _exp_row(X[t, c0:c1], Mrow[t], et, bits)
+        return et
+    return Es[t]
 
 
 @_compile
@@ -762,14 +791,14 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
     RB = np.empty(nb)
     fac = np.empty(nb)
     gb = np.empty(nb)
-    cw = 0  # the widest sequence (columns), and the largest emissions held
-    held = 0
+    cw = 0  # the widest sequence (columns), and the most emissions held
+    most = 0
     for n in range(n0, n1):
         w = col_off[n + 1] - col_off[n]
         cw = max(cw, w)
         if 8 * lengths[n] * w <= ebytes:
-            held = max(held, lengths[n] * w)
-    Ebuf = np.empty(held)
+            most = max(most, lengths[n] * w)
+    Ebuf = np.empty(most)
     ew = np.empty(cw)  # one frame's row, for a sequence whose emissions are not held
     bits = np.empty(cw, np.int64)  # the exponential's scratch
     Mrow = np.empty(maxL)
@@ -804,11 +833,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         if empty:  # no path of exactly L arcs reaches a final state
             loglike[n] = ninf
             continue
-        own = 8 * L * (c1 - c0) > ebytes  # each frame's row formed where it is read
-        Es = Ebuf[:0].reshape((0, c1 - c0)) if own else Ebuf[:L * (c1 - c0)].reshape((L, c1 - c0))
-        if not own:
-            for t in range(L):
-                _exp_row(X[t, c0:c1], Mrow[t], Es[t], bits)
+        held = 8 * L * (c1 - c0) <= ebytes  # else each frame's row is formed where it is read
+        Es = Ebuf[:L * (c1 - c0) if held else 0].reshape((L if held else 0, c1 - c0))
+        _sequence_emissions(X, c0, c1, Mrow, Es, bits)
         P0 = A[0:off[1]]
         for j in range(P0.shape[0]):
             P0[j] = 0.0
@@ -820,11 +847,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         offset = 0.0
         for t in range(L):
             shift = Mrow[t] + wshift
-            if own:
-                et = ew[:c1 - c0]
-                _exp_row(X[t, c0:c1], Mrow[t], et, bits)
-            else:
-                et = Es[t]
+            et = _emission_row(X, t, c0, c1, Mrow, Es, ew, bits)
             Rn = RA[rof[t + 1]:rof[t + 2]]
             _band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
                         in_ptr, in_src, in_w, in_lp, in_col, X[t], et, c0, s0, shift, sh, ib0, ib1, fac)
@@ -852,11 +875,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         for t in range(L - 1, -1, -1):
             xt, pt = X[t], post[t]
             shift = Mrow[t] + wshift
-            if own:
-                et = ew[:c1 - c0]
-                _exp_row(xt[c0:c1], Mrow[t], et, bits)
-            else:
-                et = Es[t]
+            et = _emission_row(X, t, c0, c1, Mrow, Es, ew, bits)
             Qn = Q[:qw]
             Rq = RQ[:nqb]
             qb0 = qlo >> sh
@@ -957,10 +976,9 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                                 continue
                             g = gb[((d + qlo) >> sh) - qb0]
                             c = out_col[a]
-                            if fast and qv > 0.0 and g < np.inf and (et[c - c0] > 0.0 or xt[c] == ninf):
+                            if _scaled_arc(fast, qv, g, et[c - c0], xt[c]):
                                 # g * p is finite and the other factors are <= 1: the product is exact
-                                # unless it underflows, and then it is below DBL_MIN (an emission that
-                                # underflowed, times a large g, may not be: the log domain takes it)
+                                # unless it underflows, and then it is below DBL_MIN
                                 pt[c] += g * p * out_w[a] * et[c - c0] * qv
                             else:
                                 slow = True
@@ -1152,10 +1170,10 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         s0 = state_off[n]
         W = state_off[n + 1] - s0
         L = lengths[n]
-        E = Ebuf[:L * (cs1 - cs0)].reshape((L, cs1 - cs0))  # E[t, c - cs0] = exp(X[t, c] - Mrow[t])
         for t in range(L):
             Mrow[t] = _frame_max(X[t], cs0, cs1)
-            _exp_row(X[t, cs0:cs1], Mrow[t], E[t], bits)
+        E = Ebuf[:L * (cs1 - cs0)].reshape((L, cs1 - cs0))  # E[t, c - cs0] = exp(X[t, c] - Mrow[t])
+        _sequence_emissions(X, cs0, cs1, Mrow, E, bits)
         P = np.zeros((L + 1, W))
         LV = np.full((L + 1, W), ninf)
         live = np.zeros(L + 1, np.bool_)

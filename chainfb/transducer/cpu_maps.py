@@ -50,8 +50,6 @@ numba = numba_log.numba
 
 # cells per thread below which one thread does the whole batch
 _MIN_PARALLEL_CELLS = 256
-# ... and single scores (the score plans' moves)
-_MIN_PARALLEL_ELEMENTS = 1 << 17
 
 
 def available(dtype=None) -> bool:
@@ -518,14 +516,17 @@ def _cells(fn, ncells: int, *args) -> None:
     ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
     compiled kernels release the GIL)."""
     n = max(1, get_num_threads())
-    blocks = fn is _move or fn is _tdt_gather or fn is _tdt_grad
-    # blocks of cells, single elements, or cells
-    grain = 2 if blocks else _MIN_PARALLEL_ELEMENTS if fn is _put or fn is _take else _MIN_PARALLEL_CELLS
+    grain = _GRAIN.get(fn, _MIN_PARALLEL_CELLS)
     if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
         return
     edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
     parallel(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:]), n)
+
+
+# units per thread below which one thread does it all, for the kernels not over cells:
+# blocks of cells, and single scores (the score plans' moves)
+_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _put: 1 << 17, _take: 1 << 17}
 
 
 def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
