@@ -4,8 +4,11 @@ chainfb's :mod:`chainfb.compat.fast_rnnt` against ``fast_rnnt`` when it is
 installed, measured in one run.
 
 Shapes: LibriSpeech after 4x subsampling as ``tools/bench_transducer.py
---pruned`` draws them (B = 8, V = 500, H = 256, T <= 250, U <= 71, fixed
-seed), float32.  ``am = Linear(H, V)(enc)``, ``lm = Linear(H, V)(dec)``,
+--pruned`` draws them (B = 8, V = 500, H = 256, T <= 250, U <= 71),
+float32.  Each repeat draws a new batch (seed ``--seed + r``), as a training
+loop meets a new batch every step, and both methods run it; with
+``--same-batch`` every repeat runs the first batch again (chainfb then finds
+its per-batch plans -- layouts, score plans -- in its caches).  ``am = Linear(H, V)(enc)``, ``lm = Linear(H, V)(dec)``,
 the joiner ``Linear(H, V)(tanh(enc_p + dec_p))`` on the band.  The parts,
 as icefall calls them:
 
@@ -25,6 +28,7 @@ runs (after one warm-up; ``--stat min`` for the least disturbed run on a
 busy machine), with ``--threads`` torch and engine threads (default 2).
 
     PYTHONPATH=$PWD python tools/bench_pruned.py [--repeat 7] [--threads 2] [--s-range 5] [--stat median|min]
+        [--same-batch]
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="each part's time over the repeats (min: least disturbed by other load)")
+    ap.add_argument("--same-batch", action="store_true", help="every repeat runs the first batch again")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     set_engine_threads(args.threads)
@@ -122,10 +127,13 @@ def main():
     _, _, _, T, U, _ = case
     ms = methods()
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, B={len(T)} H=256 V=500 "
-          f"s_range={args.s_range}, float32; T={T.tolist()} U={U.tolist()}")
+          f"s_range={args.s_range}, float32; " + (f"every repeat T={T.tolist()} U={U.tolist()}" if args.same_batch
+                                                  else f"a new batch each repeat (first T={T.tolist()} U={U.tolist()})"))
     results = {m: {p: [] for p in PARTS} for m in ms}
     values = {}
     for r in range(args.repeat + 1):  # the first pass warms up
+        if r and not args.same_batch:
+            case = pruned_case(args.seed + r)
         for name, mod in ms.items():
             times, values[name] = parts(mod, case, args.s_range)
             if r:
@@ -145,7 +153,7 @@ def main():
         if peer:
             row += f" {med[peer][p]:16.4f} {med['chainfb'][p] / med[peer][p]:6.2f}x"
         print(row)
-    print("# whole-step loss: " + ", ".join(f"{m} {v:.3f}" for m, v in values.items()))
+    print("# whole-step loss of the last batch: " + ", ".join(f"{m} {v:.3f}" for m, v in values.items()))
     if not peer:
         print("# fast_rnnt is not installed: no ratios (pip install fast_rnnt built against this torch)")
 

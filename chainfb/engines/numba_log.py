@@ -321,10 +321,13 @@ def _divide1(A, c):
         return 0.0
     if lc == 0.0:  # the largest is 1: every cell stays as it is
         return lc
+    # c is a sum of products of factors <= 1 (cells, weights, emissions), so at most
+    # an arc count: 1 / c is normal, and each product within an ulp of the quotient
+    inv = 1.0 / c if c > 0.0 else 0.0  # (c == 0: no cell is scaled)
     for j in range(A.shape[0]):
         v = A[j]
         if v > 0.0:
-            A[j] = v / c
+            A[j] = v * inv
         elif v < 0.0:
             _store1(v + _LOG_SAFE - lc, A, j)
     return lc
@@ -662,14 +665,26 @@ def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, x
 @_inline
 def _frame_max(xt, c0, c1):
     """A sequence's largest score in one frame (its columns ``c0 .. c1``):
-    0 when all are ``-inf``; NaN or ``+inf`` when a score is."""
-    m = -np.inf
-    for c in range(c0, c1):
-        x = xt[c]
-        if x != x:
-            return x
-        if x > m:
-            m = x
+    0 when all are ``-inf``; NaN or ``+inf`` when a score is.  Four
+    independent maxima and a NaN count, so the compiler can overlap them."""
+    m0 = m1 = m2 = m3 = -np.inf
+    nan = 0
+    c = c0
+    while c + 4 <= c1:
+        x0, x1, x2, x3 = xt[c], xt[c + 1], xt[c + 2], xt[c + 3]
+        nan += (x0 != x0) + (x1 != x1) + (x2 != x2) + (x3 != x3)
+        m0 = x0 if x0 > m0 else m0
+        m1 = x1 if x1 > m1 else m1
+        m2 = x2 if x2 > m2 else m2
+        m3 = x3 if x3 > m3 else m3
+        c += 4
+    for k in range(c, c1):
+        x = xt[k]
+        nan += x != x
+        m0 = x if x > m0 else m0
+    if nan:
+        return np.nan
+    m = max(max(m0, m1), max(m2, m3))
     return m if m > -np.inf else 0.0
 
 

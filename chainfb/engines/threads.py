@@ -5,10 +5,12 @@ The NumPy engine (:mod:`~chainfb.engines.numpy_log`), the compiled engine
 (:mod:`~chainfb.engines.scipy_shared`) split a batch's sequences between
 this many threads (NumPy, SciPy and the compiled code release the GIL).
 Default: the ``CHAINFB_NUM_THREADS`` environment variable, else the CPUs
-this process may run on.  The threads are pools started once per process
-and size (:func:`pool`); a forked child starts its own.  :func:`parallel`
-runs one part in the calling thread and the others on a pool, so a call
-split in two wakes one worker, not two, while the caller works.
+this process may run on.  :func:`parallel` runs the parts on torch's
+OpenMP threads where it can (:mod:`~chainfb.engines.openmp`: they are awake
+after torch's operations, and no extra thread competes with them for the
+cores), else on a pool started once per process and size (:func:`pool`; a
+forked child starts its own).  Either way the calling thread takes parts
+too, so a call split in two wakes one worker, not two.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from . import openmp
 
 __all__ = ["set_num_threads", "get_num_threads", "pool", "parallel"]
 
@@ -54,26 +58,35 @@ def pool(n: int) -> ThreadPoolExecutor:
 
 def parallel(fn, parts, threads: int | None = None) -> list:
     """``[fn(p) for p in parts]`` on ``threads`` threads (default: one per
-    part): the calling thread and ``threads - 1`` workers of :func:`pool`,
-    each taking the next part not yet taken.  Every part has finished when
-    it returns; an exception of a part is raised then."""
+    part): the calling thread and ``threads - 1`` workers, of torch's OpenMP
+    team (module docstring) or of :func:`pool`, each taking the next part not
+    yet taken.  Every part has finished when it returns; the first exception
+    of a part is raised then (a thread whose part raised takes no more; the
+    others run the rest)."""
     parts = list(parts)
     n = min(len(parts), threads or len(parts))
     if n <= 1:
         return [fn(p) for p in parts]
     out = [None] * len(parts)
+    errors = []
     taken = itertools.count()  # next() on it is atomic under the GIL
 
     def work():
-        i = next(taken)
-        while i < len(parts):
-            out[i] = fn(parts[i])
+        try:
             i = next(taken)
+            while i < len(parts):
+                out[i] = fn(parts[i])
+                i = next(taken)
+        except BaseException as e:  # noqa: B036 -- raised again by the caller
+            errors.append(e)
 
-    futures = [pool(n - 1).submit(work) for _ in range(n - 1)]
-    try:
+    if openmp.team() is not None:
+        openmp.run_region(work, n)
+    else:
+        futures = [pool(n - 1).submit(work) for _ in range(n - 1)]
         work()
-    finally:
         for f in futures:
             f.result()
+    if errors:
+        raise errors[0]
     return out

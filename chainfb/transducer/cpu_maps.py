@@ -640,11 +640,14 @@ def tdt_gradient(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero
 
 
 def planned_scores(sources, entries, shape) -> np.ndarray:
-    """The engine's scores ``X`` float64 ``shape`` of a score plan
+    """The engine's scores ``X`` of ``shape`` from a score plan
     (:class:`~chainfb.transducer.grid._ScorePlan`): element ``i`` of each
     C-contiguous NumPy source (float32/float64) at ``X.flat[entry[i]]``
-    (``entry[i] < 0``: on no arc), ``-inf`` elsewhere."""
-    X = np.full(shape, -np.inf)
+    (``entry[i] < 0``: on no arc), ``-inf`` elsewhere.  float32 when every
+    source is (the compiled engine reads float32 scores as they are: half
+    the memory, the same numbers), else float64."""
+    f32 = all(src.dtype == np.float32 for src in sources)
+    X = np.full(shape, -np.inf, dtype=np.float32 if f32 else np.float64)
     flat = X.reshape(-1)
     for src, entry in zip(sources, entries):
         _cells(_put, entry.shape[0], src.reshape(-1), entry, flat)

@@ -141,12 +141,19 @@ def tdt_step_graph(num_labels: int, durations: Sequence[int], max_frames: int | 
 
 def _builder(family: str, durations: tuple, sigma: float, logit_lengths) -> Callable[[int, bool], Fst]:
     """``build(num_labels, possible)`` of a family's step graph for a batch
-    whose frame counts are ``logit_lengths`` (None: unknown)."""
+    whose frame counts are ``logit_lengths`` (None: unknown).  The graphs
+    are kept (thread-safe LRU), so a new batch builds only the lengths no
+    recent batch had."""
     if family == "tdt":
         max_frames = None if logit_lengths is None else int(np.max(logit_lengths, initial=0))
-        return lambda u, ok: tdt_step_graph(u, durations, max_frames, possible=ok)
+        return lambda u, ok: _STEP_GRAPHS.get((family, u, ok, durations, max_frames),
+                                              lambda: tdt_step_graph(u, durations, max_frames, possible=ok))
     cap = None if logit_lengths is None or not len(logit_lengths) else max(int(np.max(logit_lengths)), 1)
-    return lambda u, ok: step_graph(u, durations, sigma, possible=ok, max_duration=cap)
+    return lambda u, ok: _STEP_GRAPHS.get((family, u, ok, durations, sigma, cap),
+                                          lambda: step_graph(u, durations, sigma, possible=ok, max_duration=cap))
+
+
+_STEP_GRAPHS = checks.LRU(1024)
 
 
 def _batch_graphs(target_lengths, logit_lengths, build) -> FstBatch:

@@ -73,15 +73,29 @@ def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
 class _ScorePlan:
     """Where each arc score goes in the engine's scores ``[rows, C]``:
 
-    - ``gather`` ``[rows * C]``: for every entry of the engine's scores, its
-      index into ``px.flat ++ py.flat ++ [-inf]`` (the last: no arc), so the
-      scores are one gather;
     - ``px``, ``py``: for every element of ``px`` / ``py``, its entry in the
-      scores (``-1``: the arc is on no path), so each gradient is one gather
-      from the posteriors;
-    - ``num_rows`` and ``lengths`` (the engine's steps per sequence).
+      scores (``-1``: the arc is on no path), so the compiled score map moves
+      each score in and each gradient out in one pass;
+    - ``gather`` ``[rows * C]`` (formed when first asked for: the torch
+      score map's): for every entry of the engine's scores, its index into
+      ``px.flat ++ py.flat ++ [-inf]`` (the last: no arc), so the scores are
+      one gather;
+    - ``num_rows``, ``num_columns`` and ``lengths`` (the engine's steps per
+      sequence).
 
     Index tensors are kept per device (:meth:`on`)."""
+
+    @property
+    def gather(self):
+        g = self.__dict__.get("_gather")
+        if g is None:
+            n_px, n_py = self.px.shape[0], self.py.shape[0]
+            g = np.full(self.num_rows * self.num_columns, n_px + n_py, dtype=np.int64)
+            sx, sy = np.flatnonzero(self.px >= 0), np.flatnonzero(self.py >= 0)
+            g[self.px[sx]] = sx
+            g[self.py[sy]] = n_px + sy
+            self._gather = g
+        return g
 
     def on(self, dev):
         """``(gather, px, py)`` as torch index tensors on ``dev``."""
@@ -94,35 +108,35 @@ class _ScorePlan:
 class _GridGatherPlan(_ScorePlan):
     """The :class:`_ScorePlan` of the grid for one (layout, boundary, shape,
     topology).  It holds its layout, so the layout's ``id`` in the cache key
-    stays its own while the plan is cached."""
+    stays its own while the plan is cached.
+
+    Sequence ``b``'s symbol arc at grid cell ``(s, t)`` (relative to its
+    boundary's start) is read at step ``t + s`` (regular) or ``t``
+    (modified), in the column of its ``(s, symbol)`` arc; the blank arc in
+    the column of ``(s, blank)``: one slice of ``px`` / ``py`` per sequence."""
 
     def __init__(self, lay, bd, S, T, modified):
         self.layout = lay
+        B = len(bd)
+        C = self.num_columns = lay.lat.num_columns
         r = lay.real
-        b, s, j = lay.col_b[r], lay.col_u[r], lay.col_j[r]
+        col = np.full((B, S + 1, 2), -1, dtype=np.int64)  # the column of (b, s, blank / symbol)
+        col[lay.col_b[r], lay.col_u[r], lay.col_j[r]] = r
         s0, t0, s1, t1 = (bd[:, k] for k in range(4))
-        Tb = (t1 - t0)[b]
-        n_t = np.where(j == 1, Tb + (0 if modified else 1), Tb)  # frames each column reads
-        which = np.repeat(np.arange(len(r)), n_t)
-        t = concat_ranges(np.zeros(len(r), dtype=np.int64), n_t) if len(r) else np.zeros(0, np.int64)
-        bw, sw, jw = b[which], s[which], j[which]
-        rows = t if modified else t + sw
-        gs, gt = s0[bw] + sw, t0[bw] + t  # grid coordinates
-        Tx = T if modified else T + 1
-        is_px = jw == 1
         S_b, T_b = s1 - s0, t1 - t0
+        Tx = T if modified else T + 1
         self.lengths = T_b if modified else S_b + T_b
-        self.num_rows = int(self.lengths.max()) if len(self.lengths) else 0
-        C = lay.lat.num_columns
-        entry = rows * C + r[which]
-        n_px, n_py = len(bd) * S * Tx, len(bd) * (S + 1) * T
-        px_el = (bw[is_px] * S + gs[is_px]) * Tx + gt[is_px]
-        py_el = (bw[~is_px] * (S + 1) + gs[~is_px]) * T + gt[~is_px]
-        self.px, self.py = np.full(n_px, -1, dtype=np.int64), np.full(n_py, -1, dtype=np.int64)
-        self.px[px_el], self.py[py_el] = entry[is_px], entry[~is_px]
-        self.gather = np.full(self.num_rows * C, n_px + n_py, dtype=np.int64)
-        self.gather[entry[is_px]] = px_el
-        self.gather[entry[~is_px]] = n_px + py_el
+        self.num_rows = int(self.lengths.max()) if B else 0
+        px = np.full((B, S, Tx), -1, dtype=np.int64)
+        py = np.full((B, S + 1, T), -1, dtype=np.int64)
+        for b in range(B):
+            sb, tb, a, c = int(S_b[b]), int(T_b[b]), int(s0[b]), int(t0[b])
+            s = np.arange(sb + 1)[:, None]
+            rows = np.arange(tb + 1)[None, :] + (0 if modified else s)  # [S_b + 1, T_b + 1]: the step
+            py[b, a:a + sb + 1, c:c + tb] = rows[:, :tb] * C + col[b, :sb + 1, 0][:, None]
+            n = tb if modified else tb + 1
+            px[b, a:a + sb, c:c + n] = rows[:sb, :n] * C + col[b, :sb, 1][:, None]
+        self.px, self.py = px.reshape(-1), py.reshape(-1)
         self._on = {}
 
 
@@ -283,11 +297,7 @@ class _BandPlan(_ScorePlan):
         self.py = np.where(blank_ok, row0 + step + blank_col + np.minimum(d[:, :, None], k), -1).reshape(-1)
         self.lengths = (S_b + T_b).astype(np.int64)
         self.num_rows = int(self.lengths.max())
-        m = B * T * R
-        self.gather = np.full(self.num_rows * C, 2 * m, dtype=np.int64)
-        sx, sy = np.flatnonzero(self.px >= 0), np.flatnonzero(self.py >= 0)
-        self.gather[self.px[sx]] = sx
-        self.gather[self.py[sy]] = m + sy
+        self.num_columns = C
         self.lattice = _band_lattice(R, tuple((S_b - st[np.arange(B), T_b - 1]).tolist()))
         self._on = {}
 

@@ -112,12 +112,13 @@ def _finish(px, py, bd, rnnt_type, delay_penalty, T):
     """k2's post-processing of (px, py): the regular topology's ``-inf`` at
     ``t_end``, the constrained blank folded into the symbol arcs, and the
     delay penalty on the symbol arcs."""
-    B = px.shape[0]
     if rnnt_type == "regular":
-        px = torch.cat([px, px.new_full((B, px.shape[1], 1), -np.inf)], dim=2)
-        t_end = torch.as_tensor(bd[:, 3], device=px.device)
-        cols = torch.arange(T + 1, device=px.device)
-        px = px.masked_fill((cols[None, :] == t_end[:, None])[:, None, :], -np.inf)
+        px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)  # the column t = T
+        rows = np.flatnonzero(bd[:, 3] < T)  # and t = t_end, where that is earlier
+        if rows.size and px.shape[1]:
+            dev = px.device
+            px[torch.as_tensor(rows, device=dev)[:, None], torch.arange(px.shape[1], device=dev)[None, :],
+               torch.as_tensor(bd[rows, 3], device=dev)[:, None]] = -np.inf
     elif rnnt_type == "constrained":
         px = px + py[:, 1:, :]
     return add_delay_penalty(px, bd, delay_penalty, T), py
