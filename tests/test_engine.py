@@ -411,19 +411,3 @@ def test_batch_with_sequences_shares_graphs():
     with pytest.raises(ValueError, match="seq_to_graph"):
         base.with_sequences([0, 2])
 
-
-def test_parallel_runs_every_part_in_order_with_the_caller():
-    import threading
-
-    from chainfb.engines.threads import parallel
-
-    seen = []
-    out = parallel(lambda p: seen.append(threading.current_thread().name) or p * p, range(7), 3)
-    assert out == [p * p for p in range(7)]
-    assert threading.current_thread().name in seen  # the calling thread takes parts too
-    assert len(set(seen)) <= 3
-    assert parallel(lambda p: p, []) == [] and parallel(lambda p: -p, [4]) == [-4]
-    done = []
-    with pytest.raises(ZeroDivisionError):
-        parallel(lambda p: done.append(p) or 1 / p, [2, 0, 1, 3], 2)
-    assert sorted(done) == [0, 1, 2, 3]  # the other parts still ran to the end

@@ -41,26 +41,31 @@ def test_the_team_is_torchs_on_linux():
     assert openmp.team() is not None
 
 
-def test_parts_run_at_once_on_two_threads(where):
-    """Two parts that each wait for the other finish only when two threads
-    run them at the same time; the calling thread is one of them."""
-    meet = threading.Barrier(2, timeout=60)
+def test_parallel_runs_every_part_in_order_with_the_caller(where):
+    """The first three parts wait for each other, so they finish only when
+    three threads run them at the same time, the calling thread among them (a
+    thread takes no part while it runs one)."""
     seen = []
+    meet = threading.Barrier(3, timeout=60)
 
     def part(p):
         seen.append(threading.get_ident())
-        meet.wait()
-        return p + 1
+        if p < 3:
+            meet.wait()
+        return p * p
 
-    assert engine_threads.parallel(part, [10, 20], 2) == [11, 21]
-    assert len(set(seen)) == 2 and threading.get_ident() in seen
+    out = engine_threads.parallel(part, range(7), 3)
+    assert out == [p * p for p in range(7)]
+    assert threading.get_ident() in seen  # the calling thread takes parts too
+    assert len(set(seen)) == 3
+    assert engine_threads.parallel(lambda p: p, []) == [] and engine_threads.parallel(lambda p: -p, [4]) == [-4]
 
 
 def test_a_failing_part_raises_in_the_caller(where):
     done = []
     with pytest.raises(ZeroDivisionError):
-        engine_threads.parallel(lambda p: done.append(p) or 1 / p, [2, 0, 1, 3, 5, 7], 2)
-    assert 0 in done
+        engine_threads.parallel(lambda p: done.append(p) or 1 / p, [2, 0, 1, 3], 2)
+    assert sorted(done) == [0, 1, 2, 3]  # the other thread still ran the rest
     assert engine_threads.parallel(lambda p: -p, range(5), 2) == [0, -1, -2, -3, -4]  # still usable afterwards
 
 

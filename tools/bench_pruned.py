@@ -5,11 +5,12 @@ installed, measured in one run.
 
 Shapes: LibriSpeech after 4x subsampling as ``tools/bench_transducer.py
 --pruned`` draws them (B = 8, V = 500, H = 256, T <= 250, U <= 71),
-float32.  Each repeat draws a new batch (seed ``--seed + r``), as a training
-loop meets a new batch every step, and both methods run it; with
-``--same-batch`` every repeat runs the first batch again (chainfb then finds
-its per-batch plans -- layouts, score plans -- in its caches).  ``am = Linear(H, V)(enc)``, ``lm = Linear(H, V)(dec)``,
-the joiner ``Linear(H, V)(tanh(enc_p + dec_p))`` on the band.  The parts,
+float32.  Each repeat draws a new batch for the parts and another for the
+whole step, as a training loop meets a new batch every step, and both
+methods run them; with ``--same-batch`` every repeat runs the first batch
+again (chainfb then finds its per-batch plans -- layouts, score plans -- in
+its caches).  ``am = Linear(H, V)(enc)``, ``lm = Linear(H, V)(dec)``, the
+joiner ``Linear(H, V)(tanh(enc_p + dec_p))`` on the band.  The parts,
 as icefall calls them:
 
 - simple fwd: ``rnnt_loss_simple(lm, am, ..., return_grad=True)`` (the
@@ -70,7 +71,7 @@ def _timed(times, part, fn):
 
 
 def parts(ft, case, s_range):
-    """One pass over the parts with the module ``ft``: ``({part: seconds}, loss value)``."""
+    """One pass over the loss parts with the module ``ft``: ``{part: seconds}``."""
     enc, dec, targets, T, U, layers = case
     symbols = targets.long()
     boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
@@ -90,25 +91,32 @@ def parts(ft, case, s_range):
     pruned = _timed(times, "pruned fwd", lambda: ft.rnnt_loss_pruned(
         logits=logits, symbols=symbols, ranges=ranges, termination_symbol=0, boundary=boundary, reduction="sum"))
     _timed(times, "pruned bwd", pruned.backward)
-    del px_grad, py_grad, logits
-
-    def step():
-        e, d = enc.clone().requires_grad_(), dec.clone().requires_grad_()
-        am, lm = layers["am"](e), layers["lm"](d)
-        simple, grads = ft.rnnt_loss_simple(lm=lm, am=am, symbols=symbols, termination_symbol=0,
-                                            boundary=boundary, reduction="sum", return_grad=True)
-        ranges = ft.get_rnnt_prune_ranges(grads[0], grads[1], boundary, s_range)
-        enc_p, dec_p = ft.do_rnnt_pruning(e, d, ranges)
-        logits = layers["joiner"](torch.tanh(enc_p + dec_p))
-        loss = 0.5 * simple + ft.rnnt_loss_pruned(logits=logits, symbols=symbols, ranges=ranges,
-                                                  termination_symbol=0, boundary=boundary, reduction="sum")
-        loss.backward()
-        return float(loss)
-
-    value = _timed(times, "whole step", step)
     for layer in layers.values():
         layer.zero_grad(set_to_none=True)
-    return times, value
+    return times
+
+
+def whole_step(ft, case, s_range):
+    """One training step's loss and backward with the module ``ft``, through
+    the layers: ``(seconds, loss value)``."""
+    enc, dec, targets, T, U, layers = case
+    symbols = targets.long()
+    boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+    t0 = time.perf_counter()
+    e, d = enc.clone().requires_grad_(), dec.clone().requires_grad_()
+    am, lm = layers["am"](e), layers["lm"](d)
+    simple, grads = ft.rnnt_loss_simple(lm=lm, am=am, symbols=symbols, termination_symbol=0,
+                                        boundary=boundary, reduction="sum", return_grad=True)
+    ranges = ft.get_rnnt_prune_ranges(grads[0], grads[1], boundary, s_range)
+    enc_p, dec_p = ft.do_rnnt_pruning(e, d, ranges)
+    logits = layers["joiner"](torch.tanh(enc_p + dec_p))
+    loss = 0.5 * simple + ft.rnnt_loss_pruned(logits=logits, symbols=symbols, ranges=ranges,
+                                              termination_symbol=0, boundary=boundary, reduction="sum")
+    loss.backward()
+    seconds = time.perf_counter() - t0
+    for layer in layers.values():
+        layer.zero_grad(set_to_none=True)
+    return seconds, float(loss)
 
 
 def main():
@@ -126,16 +134,19 @@ def main():
     case = pruned_case(args.seed)
     _, _, _, T, U, _ = case
     ms = methods()
+    shapes = f"T={T.tolist()} U={U.tolist()}"
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, B={len(T)} H=256 V=500 "
-          f"s_range={args.s_range}, float32; " + (f"every repeat T={T.tolist()} U={U.tolist()}" if args.same_batch
-                                                  else f"a new batch each repeat (first T={T.tolist()} U={U.tolist()})"))
+          f"s_range={args.s_range}, float32; "
+          + (f"every repeat {shapes}" if args.same_batch else f"new batches each repeat (first {shapes})"))
     results = {m: {p: [] for p in PARTS} for m in ms}
     values = {}
+    step_case = case
     for r in range(args.repeat + 1):  # the first pass warms up
-        if r and not args.same_batch:
-            case = pruned_case(args.seed + r)
+        if r and not args.same_batch:  # a new batch for the parts, another for the whole step
+            case, step_case = pruned_case(args.seed + r), pruned_case(args.seed + args.repeat + r)
         for name, mod in ms.items():
-            times, values[name] = parts(mod, case, args.s_range)
+            times = parts(mod, case, args.s_range)
+            times["whole step"], values[name] = whole_step(mod, step_case, args.s_range)
             if r:
                 for p in PARTS:
                     results[name][p].append(times[p])

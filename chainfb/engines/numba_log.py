@@ -662,29 +662,59 @@ def _post_slow(pt, p, fast, ra, k, ptr, dst, lp, col, Qn, Rq, gb, s0, qlo, sh, x
         pt[c] += np.exp(_log1(p) + lp[a] + xt[c] - shift + _log1(qv) + ra + Rq[qb])
 
 
+def _row_max(row, lo, n):
+    """The largest of ``row[lo:lo + n]`` (``n >= 1``), a NaN skipped unless it
+    comes first (callers that care look for one with :func:`_has_nan`); eight
+    independent maxima, so the compiler vectorises them."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[lo]
+    k = lo
+    end = lo + n
+    while k + 8 <= end:
+        v = row[k]
+        m0 = v if v > m0 else m0
+        v = row[k + 1]
+        m1 = v if v > m1 else m1
+        v = row[k + 2]
+        m2 = v if v > m2 else m2
+        v = row[k + 3]
+        m3 = v if v > m3 else m3
+        v = row[k + 4]
+        m4 = v if v > m4 else m4
+        v = row[k + 5]
+        m5 = v if v > m5 else m5
+        v = row[k + 6]
+        m6 = v if v > m6 else m6
+        v = row[k + 7]
+        m7 = v if v > m7 else m7
+        k += 8
+    for j in range(k, end):
+        v = row[j]
+        m0 = v if v > m0 else m0
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+_row_max = _compile(_row_max)
+
+
+@_inline
+def _has_nan(row, lo, n):
+    """Whether ``row[lo:lo + n]`` holds a NaN."""
+    for k in range(lo, lo + n):
+        if row[k] != row[k]:
+            return True
+    return False
+
+
 @_inline
 def _frame_max(xt, c0, c1):
     """A sequence's largest score in one frame (its columns ``c0 .. c1``):
-    0 when all are ``-inf``; NaN or ``+inf`` when a score is.  Four
-    independent maxima and a NaN count, so the compiler can overlap them."""
-    m0 = m1 = m2 = m3 = -np.inf
-    nan = 0
-    c = c0
-    while c + 4 <= c1:
-        x0, x1, x2, x3 = xt[c], xt[c + 1], xt[c + 2], xt[c + 3]
-        nan += (x0 != x0) + (x1 != x1) + (x2 != x2) + (x3 != x3)
-        m0 = x0 if x0 > m0 else m0
-        m1 = x1 if x1 > m1 else m1
-        m2 = x2 if x2 > m2 else m2
-        m3 = x3 if x3 > m3 else m3
-        c += 4
-    for k in range(c, c1):
-        x = xt[k]
-        nan += x != x
-        m0 = x if x > m0 else m0
-    if nan:
+    0 when all are ``-inf`` (or it has no column); NaN or ``+inf`` when a
+    score is."""
+    if c1 <= c0:
+        return 0.0
+    m = _row_max(xt, c0, c1 - c0)
+    if m != m or _has_nan(xt, c0, c1 - c0):
         return np.nan
-    m = max(max(m0, m1), max(m2, m3))
     return m if m > -np.inf else 0.0
 
 

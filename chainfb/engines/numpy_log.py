@@ -51,7 +51,6 @@ beta(j)``.  Arc posteriors use ``alpha'_t`` and ``beta'_{t+1}``.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..lattice import Lattice

@@ -31,25 +31,26 @@ thread pool, :mod:`~chainfb.engines.threads`):
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
 import sys
-import threading
 
 __all__ = ["team", "run_region"]
 
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_state = {"lib": None, "looked": False, "forked": False}
-_lock = threading.Lock()
+_RUNTIMES = ("libgomp", "libiomp5", "libomp")
+_forked = False
 _regions: dict = {}  # key -> the region's work, for the callback
 _keys = itertools.count(1)  # next() on it is atomic under the GIL
 
 
-def _forked():
-    _state["forked"] = True
+def _after_fork_in_child():
+    global _forked
+    _forked = True
 
 
-os.register_at_fork(after_in_child=_forked)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _candidates():
@@ -58,22 +59,23 @@ def _candidates():
     import torch
 
     here = os.path.dirname(os.path.abspath(torch.__file__))
-    root = (here + os.sep, here + ".libs" + os.sep)  # torch/lib, or a wheel's torch.libs
-    seen = []
+    roots = (here + os.sep, here + ".libs" + os.sep)  # torch/lib, or a wheel's torch.libs
+    seen = {}  # an ordered set
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 path = line.rstrip("\n").split(maxsplit=5)[-1]
                 name = os.path.basename(path)
-                if (path.startswith("/") and path not in seen
-                        and any(name.startswith(p) for p in ("libgomp", "libiomp5", "libomp")) and ".so" in name):
-                    seen.append(path)
+                if path.startswith("/") and name.startswith(_RUNTIMES) and ".so" in name:
+                    seen[path] = None
     except OSError:
-        return [], root
-    return sorted(seen, key=lambda p: not p.startswith(root)), root
+        return [], roots
+    return sorted(seen, key=lambda p: not p.startswith(roots)), roots
 
 
+@functools.lru_cache(maxsize=None)
 def _find():
+    """The runtime's ``GOMP_parallel`` (looked for once), or None."""
     if not sys.platform.startswith("linux") or os.environ.get("CHAINFB_OPENMP", "1") == "0":
         return None
     import torch
@@ -95,14 +97,7 @@ def _find():
 def team():
     """The runtime's ``GOMP_parallel``, or None where it is not used (module
     docstring)."""
-    if _state["forked"]:
-        return None
-    if not _state["looked"]:
-        with _lock:
-            if not _state["looked"]:
-                _state["lib"] = _find()
-                _state["looked"] = True
-    return _state["lib"]
+    return None if _forked else _find()
 
 
 def _enter(key):
@@ -112,14 +107,14 @@ def _enter(key):
 _ENTRY = _CALLBACK(_enter)  # kept alive for the life of the module
 
 
-def run_region(work, n: int) -> None:
+def run_region(region, work, n: int) -> None:
     """Run ``work()`` on ``n`` threads of the OpenMP runtime's team, the
-    calling thread one of them; returns when every thread has returned.
-    ``work`` must catch its own exceptions (a callback cannot raise).
-    Requires :func:`team` to be not None."""
+    calling thread one of them, through ``region`` (what :func:`team`
+    returned); returns when every thread has returned.  ``work`` must catch
+    its own exceptions (a callback cannot raise)."""
     key = next(_keys)
     _regions[key] = work
     try:
-        team()(_ENTRY, key, n, 0)
+        region(_ENTRY, key, n, 0)
     finally:
         del _regions[key]

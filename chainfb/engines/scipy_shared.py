@@ -217,7 +217,6 @@ class _SharedGraph:
         sparse products and NumPy release the GIL), and each thread runs its
         sequences in groups whose alphas fit in :data:`ALPHA_BYTES`.  See
         :meth:`_run`."""
-
         X = np.asarray(X)
         if X.ndim != 3:
             return self._run(X, lengths, need_posteriors, leaky)

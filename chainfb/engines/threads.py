@@ -80,8 +80,9 @@ def parallel(fn, parts, threads: int | None = None) -> list:
         except BaseException as e:  # noqa: B036 -- raised again by the caller
             errors.append(e)
 
-    if openmp.team() is not None:
-        openmp.run_region(work, n)
+    region = openmp.team()
+    if region is not None:
+        openmp.run_region(region, work, n)
     else:
         futures = [pool(n - 1).submit(work) for _ in range(n - 1)]
         work()

@@ -37,10 +37,10 @@ bfloat16) stay on the torch score maps.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..engines import numba_log
+from ..engines.numba_log import _has_nan, _row_max
 from ..engines.threads import get_num_threads, parallel
 
 __all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
@@ -130,41 +130,6 @@ def _exp_into(row, lo, n, m, scale, out, ib, fast):
     return s
 
 
-def _row_max(row, lo, n):
-    """The largest of ``row[lo:lo + n]``, NaN skipped (:func:`_log_norm`
-    finds a NaN either way); eight independent maxima, so the compiler
-    vectorises them."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[lo]
-    k = lo
-    end = lo + n
-    while k + 8 <= end:
-        v = row[k]
-        m0 = v if v > m0 else m0
-        v = row[k + 1]
-        m1 = v if v > m1 else m1
-        v = row[k + 2]
-        m2 = v if v > m2 else m2
-        v = row[k + 3]
-        m3 = v if v > m3 else m3
-        v = row[k + 4]
-        m4 = v if v > m4 else m4
-        v = row[k + 5]
-        m5 = v if v > m5 else m5
-        v = row[k + 6]
-        m6 = v if v > m6 else m6
-        v = row[k + 7]
-        m7 = v if v > m7 else m7
-        k += 8
-    for j in range(k, end):
-        v = row[j]
-        m0 = v if v > m0 else m0
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-
-
-if numba is not None:
-    _row_max = numba.njit(nogil=True, cache=True)(_row_max)
-
-
 @_compile
 def _log_norm(row, lo, n, buf, ib, fast):
     """``(log sum_k exp(row[lo + k]), 1 / sum_k exp(row[lo + k] - max))``,
@@ -193,19 +158,8 @@ if numba is not None:
     _cell_used = numba.njit(nogil=True, cache=True, inline="always")(_cell_used)
 
 
-def _has_nan(row, lo, n):
-    """Whether ``row[lo:lo + n]`` holds a NaN."""
-    for k in range(lo, lo + n):
-        if row[k] != row[k]:
-            return True
-    return False
-
-
 def _inline(fn):
     return numba.njit(nogil=True, cache=True, inline="always")(fn) if numba is not None else fn
-
-
-_has_nan = _inline(_has_nan)
 
 
 @_compile

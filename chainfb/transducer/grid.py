@@ -38,13 +38,14 @@ the band) that runs the same ``S_b + T_b`` steps, so the engine's work is
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from .. import checks
 from .._arrays import as_array, wrap_like
 from ..criterion import Criterion, apply
-from ..lattice import concat_ranges
 from . import cpu_maps
 from .graphs import compile_layout
 
@@ -85,16 +86,16 @@ class _ScorePlan:
 
     Index tensors are kept per device (:meth:`on`)."""
 
-    @property
+    def __init__(self):
+        self._on = {}
+
+    @functools.cached_property
     def gather(self):
-        g = self.__dict__.get("_gather")
-        if g is None:
-            n_px, n_py = self.px.shape[0], self.py.shape[0]
-            g = np.full(self.num_rows * self.num_columns, n_px + n_py, dtype=np.int64)
-            sx, sy = np.flatnonzero(self.px >= 0), np.flatnonzero(self.py >= 0)
-            g[self.px[sx]] = sx
-            g[self.py[sy]] = n_px + sy
-            self._gather = g
+        n_px, n_py = self.px.shape[0], self.py.shape[0]
+        g = np.full(self.num_rows * self.num_columns, n_px + n_py, dtype=np.int64)
+        sx, sy = np.flatnonzero(self.px >= 0), np.flatnonzero(self.py >= 0)
+        g[self.px[sx]] = sx
+        g[self.py[sy]] = n_px + sy
         return g
 
     def on(self, dev):
@@ -116,6 +117,7 @@ class _GridGatherPlan(_ScorePlan):
     the column of ``(s, blank)``: one slice of ``px`` / ``py`` per sequence."""
 
     def __init__(self, lay, bd, S, T, modified):
+        super().__init__()
         self.layout = lay
         B = len(bd)
         C = self.num_columns = lay.lat.num_columns
@@ -137,7 +139,6 @@ class _GridGatherPlan(_ScorePlan):
             n = tb if modified else tb + 1
             px[b, a:a + sb, c:c + n] = rows[:sb, :n] * C + col[b, :sb, 1][:, None]
         self.px, self.py = px.reshape(-1), py.reshape(-1)
-        self._on = {}
 
 
 #: the gather plans of the most recent batches (thread-safe)
@@ -275,6 +276,7 @@ class _BandPlan(_ScorePlan):
     places of ``px``, ``py``)."""
 
     def __init__(self, st, bd, R):
+        super().__init__()
         B, T = st.shape
         P = _band_pdfs(R)
         C = B * P
@@ -299,7 +301,6 @@ class _BandPlan(_ScorePlan):
         self.num_rows = int(self.lengths.max())
         self.num_columns = C
         self.lattice = _band_lattice(R, tuple((S_b - st[np.arange(B), T_b - 1]).tolist()))
-        self._on = {}
 
 
 def _band_pdfs(R: int) -> int:

@@ -115,7 +115,7 @@ def _finish(px, py, bd, rnnt_type, delay_penalty, T):
     if rnnt_type == "regular":
         px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)  # the column t = T
         rows = np.flatnonzero(bd[:, 3] < T)  # and t = t_end, where that is earlier
-        if rows.size and px.shape[1]:
+        if rows.size:
             dev = px.device
             px[torch.as_tensor(rows, device=dev)[:, None], torch.arange(px.shape[1], device=dev)[None, :],
                torch.as_tensor(bd[rows, 3], device=dev)[:, None]] = -np.inf
