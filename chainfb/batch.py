@@ -98,13 +98,33 @@ class FstBatch:
 
     def graph_columns(self, g: int):
         """``(pdfs [K_g], local_col [A_g])`` of graph ``g``: its distinct pdfs,
-        sorted, and each of its arcs' index into them (cached per graph)."""
-        key = ("columns", int(g))
-        got = self.graph_cache.get(key)
+        sorted, and each of its arcs' index into them (:meth:`columns`)."""
+        ptr, pdfs, local = self.columns()
+        a0, a1 = self.arc_offsets[g], self.arc_offsets[g + 1]
+        return pdfs[ptr[g]:ptr[g + 1]], local[a0:a1]
+
+    def columns(self):
+        """Every graph's distinct pdfs at once: ``(ptr [G+1], pdfs [K],
+        local_col [A])`` -- graph ``g``'s sorted distinct pdfs are
+        ``pdfs[ptr[g]:ptr[g+1]]`` and each arc's index among its graph's is
+        ``local_col`` (one sort for the batch, cached in ``graph_cache``)."""
+        got = self.graph_cache.get("columns")
         if got is None:
-            a0, a1 = self.arc_offsets[g], self.arc_offsets[g + 1]
-            pdfs, local = np.unique(self.pdf[a0:a1], return_inverse=True)
-            got = self.graph_cache[key] = (pdfs, local.reshape(-1).astype(np.int64))
+            G = self.num_graphs
+            graph = np.repeat(np.arange(G, dtype=np.int64), np.diff(self.arc_offsets))
+            P = int(self.pdf.max()) + 1 if self.pdf.size else 1
+            if G * P < 2**62:  # (graph, pdf) as one int64 key
+                keys, inverse = np.unique(graph * P + self.pdf, return_inverse=True)
+                ptr = np.searchsorted(keys, np.arange(G + 1, dtype=np.int64) * P)
+                pdfs = keys - np.repeat(np.arange(G, dtype=np.int64) * P, np.diff(ptr))
+                local = inverse.reshape(-1).astype(np.int64) - ptr[graph]
+            else:  # pdf ids too large for one key: graph by graph
+                parts = [np.unique(self.pdf[a:z], return_inverse=True)
+                         for a, z in zip(self.arc_offsets[:-1], self.arc_offsets[1:])]
+                ptr = np.concatenate([[0], np.cumsum([len(p) for p, _ in parts])]).astype(np.int64)
+                pdfs = np.concatenate([p for p, _ in parts]).astype(np.int64)
+                local = np.concatenate([i.reshape(-1) for _, i in parts]).astype(np.int64)
+            got = self.graph_cache["columns"] = (ptr, pdfs, local)
         return got
 
     @property

@@ -104,19 +104,15 @@ class Lattice:
         self.max_span = batch.max_span
 
         # compact columns: the distinct pdfs of each graph, replicated per sequence
-        used = np.unique(g)
-        pdfs = {int(gi): batch.graph_columns(gi)[0] for gi in used}
-        per_graph = np.zeros(batch.num_graphs, dtype=np.int64)
-        for gi, p in pdfs.items():
-            per_graph[gi] = len(p)
-        ncols = per_graph[g]
+        cptr, cpdf, _ = batch.columns()
+        ncols = np.diff(cptr)[g]
         self.col_offsets = _offsets(ncols)
         self.num_columns = int(self.col_offsets[-1])
         self.col_seq = np.repeat(np.arange(N, dtype=np.int64), ncols)
         if self.graph is not None:
-            self.col_pdf = np.tile(pdfs[self.graph], N)
+            self.col_pdf = np.tile(cpdf[cptr[self.graph]:cptr[self.graph + 1]], N)
         else:
-            self.col_pdf = np.concatenate([pdfs[int(gi)] for gi in g]) if N else np.zeros(0, dtype=np.int64)
+            self.col_pdf = cpdf[concat_ranges(cptr[g], cptr[g + 1])]
 
     @cached_property
     def seq_of_state(self) -> np.ndarray:
@@ -143,10 +139,7 @@ class Lattice:
         seq = np.repeat(np.arange(N, dtype=np.int64), np.diff(self.arc_offsets))
         shift = (self.state_offsets[:-1] - so[g])[seq]
         src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
-        local_col = np.empty(batch.num_arcs, dtype=np.int64)
-        for gi in np.unique(g):
-            local_col[batch.arc_offsets[gi]:batch.arc_offsets[gi + 1]] = batch.graph_columns(gi)[1]
-        col = self.col_offsets[:-1][seq] + local_col[arc]
+        col = self.col_offsets[:-1][seq] + batch.columns()[2][arc]
         counts = np.diff(ptr)[self._graph_states]
         return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts, batch.span[arc])
 

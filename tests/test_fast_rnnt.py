@@ -495,3 +495,32 @@ class TestPrunedCUDA(PrunedPipelineTests, OnCUDA):
 
 class TestPrunedEmulated(PrunedPipelineTests, OnEmulatedKernels):
     pass
+
+
+@pytest.mark.parametrize("modified", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grid_score_map_moves_what_the_entries_say(modified, dtype):
+    """The grid's compiled score map (rules per sequence) against its
+    per-element entries (what the torch score map gathers by), on random
+    boundaries: the same scores in, the same gradients out."""
+    from chainfb.transducer import cpu_maps, grid
+
+    if not cpu_maps.available(dtype):
+        pytest.skip("no compiled score maps")
+    rng = np.random.default_rng(27)
+    for _ in range(40):
+        B, S, T = int(rng.integers(1, 5)), int(rng.integers(0, 6)), int(rng.integers(1, 7))
+        s0, t0 = rng.integers(0, S + 1, B), rng.integers(0, T + 1, B)
+        bd = torch.tensor(np.stack([s0, t0, [rng.integers(a, S + 1) for a in s0],
+                                    [rng.integers(a, T + 1) for a in t0]], 1))
+        px = torch.randn(B, S, T if modified else T + 1, dtype=dtype)
+        py = torch.randn(B, S + 1, T, dtype=dtype)
+        crit = grid.GridCriterion(px, py, bd)
+        plan = crit.plan
+        X = plan.scores(px.numpy(), py.numpy())
+        want = grid._ScorePlan.scores(plan, px.numpy(), py.numpy())
+        assert X.dtype == want.dtype and np.array_equal(X, want)
+        post = rng.random((plan.num_rows, plan.num_columns))
+        for got, exp in zip(plan.gradients(post, px.numpy(), py.numpy()),
+                            grid._ScorePlan.gradients(plan, post, px.numpy(), py.numpy())):
+            assert got.dtype == exp.dtype and np.array_equal(got, exp)

@@ -163,6 +163,24 @@ def test_batch_csr(rng):
         assert np.all(b.src[b.bwd_order[b.out_ptr[s]:b.out_ptr[s + 1]]] == s)
 
 
+@pytest.mark.parametrize("largest_pdf", [6, 2**61])
+def test_batch_columns_are_each_graphs_distinct_pdfs(rng, largest_pdf):
+    """One sort for the batch gives every graph's sorted distinct pdfs and
+    each arc's index among them, as np.unique graph by graph (pdf ids too
+    large for one (graph, pdf) key included); graphs with no arcs too."""
+    for _ in range(20):
+        fsts = []
+        for _ in range(int(rng.integers(1, 5))):
+            A = int(rng.integers(0, 6))
+            fsts.append(Fst(3, 0, rng.integers(0, 3, A), rng.integers(0, 3, A), rng.integers(0, largest_pdf + 1, A),
+                            np.zeros(A), np.zeros(3)))
+        b = FstBatch(fsts)
+        for g, f in enumerate(fsts):
+            pdfs, local = b.graph_columns(g)
+            want, inverse = np.unique(f.pdf, return_inverse=True)
+            assert np.array_equal(pdfs, want) and np.array_equal(local, inverse.reshape(-1))
+
+
 def test_batch_errors(rng):
     f = random_fst(rng)
     with pytest.raises(ValueError, match="seq_to_graph"):

@@ -146,22 +146,69 @@ def _additive_reference(am, lm, sy, blank):
     return px, am[:, :, blank][:, None, :] + lm[:, :, blank][:, :, None] - norm
 
 
+def _regular_reference(px, t_end):
+    """The regular topology's px: the column t = T and t = t_end at -inf."""
+    px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)
+    keep = torch.ones_like(px, dtype=torch.bool)
+    for b, t in enumerate(t_end):
+        keep[b, :, t] = False
+    return torch.where(keep, px, torch.full_like(px, -np.inf))
+
+
 @pytest.mark.parametrize("S", [0, 1, 4])
-def test_additive_logprobs_and_gradient_match_autograd(S):
+@pytest.mark.parametrize("regular", [False, True])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_additive_logprobs_and_gradient_match_autograd(S, regular, compiled, monkeypatch):
+    """Both score maps of the additive joiner (compiled and torch), with and
+    without the regular topology's -inf column, against plain autograd: the
+    same numbers, and the same gradient (none through the -inf entries)."""
+    from chainfb.transducer import cpu_maps
+
+    if compiled and not cpu_maps.available(torch.float64):
+        pytest.skip("no compiled score maps")
+    if not compiled:
+        monkeypatch.setattr(cpu_maps, "available", lambda dtype=None: False)
     g = torch.Generator().manual_seed(S)
     am = torch.randn(3, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
     lm = (3 * torch.randn(3, S + 1, 6, generator=g, dtype=torch.float64)).requires_grad_()
     sy = torch.randint(0, 6, (3, S), generator=g)
-    got = pruned._AdditiveLogprobs.apply(am, lm, sy, 2)
+    bd = np.array([[0, 0, S, 5], [0, 0, S, 3], [0, 1, S, 5]]) if regular else None
+    got = pruned._AdditiveLogprobs.apply(am, lm, sy, 2, bd)
     want = _additive_reference(am, lm, sy, 2)
+    if regular:
+        want = (_regular_reference(want[0], bd[:, 3]), want[1])
     grads = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in want]
-    for a, b, w in zip(got, want, grads):
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
         close(a, b)
     d_got = torch.autograd.grad(got, (am, lm), grads)
     d_want = torch.autograd.grad(want, (am, lm), grads)
     for a, b in zip(d_got, d_want):
         close(a, b)
-    assert torch.autograd.gradcheck(lambda a, m: pruned._AdditiveLogprobs.apply(a, m, sy, 2), (am, lm))
+    assert torch.autograd.gradcheck(lambda a, m: pruned._AdditiveLogprobs.apply(a, m, sy, 2, bd)[1], (am, lm))
+    if not regular:  # (the -inf entries of the regular px defeat finite differences)
+        assert torch.autograd.gradcheck(lambda a, m: pruned._AdditiveLogprobs.apply(a, m, sy, 2, bd), (am, lm))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_additive_score_maps_agree_to_the_bit(dtype, monkeypatch):
+    """The compiled additive joiner does torch's operations in torch's order."""
+    from chainfb.transducer import cpu_maps
+
+    if not cpu_maps.available(dtype):
+        pytest.skip("no compiled score maps")
+    g = torch.Generator().manual_seed(5)
+    B, T, S, C = 4, 37, 9, 23
+    am, lm = torch.randn(B, T, C, generator=g, dtype=dtype), torch.randn(B, S + 1, C, generator=g, dtype=dtype)
+    sy = torch.randint(0, C, (B, S), generator=g)
+    bd = np.array([[0, 0, S, T], [0, 0, 3, 20], [0, 0, S, 1], [0, 0, 0, 36]])
+    for b in (bd, None):
+        got = pruned._AdditiveLogprobs.apply(am, lm, sy, 0, b)
+        with monkeypatch.context() as m:
+            m.setattr(cpu_maps, "available", lambda dtype=None: False)
+            want = pruned._AdditiveLogprobs.apply(am, lm, sy, 0, b)
+        for x, y in zip(got, want):
+            assert torch.equal(x, y)
 
 
 def test_band_logprobs_gradient_with_minus_inf_logits():
@@ -188,7 +235,7 @@ def test_fused_logprobs_refuse_second_derivatives():
     g = torch.Generator().manual_seed(8)
     am = torch.randn(2, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
     lm = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    px, py = pruned._AdditiveLogprobs.apply(am, lm, torch.ones(2, 2, dtype=torch.int64), 0)
+    px, py = pruned._AdditiveLogprobs.apply(am, lm, torch.ones(2, 2, dtype=torch.int64), 0, None)
     d_am, = torch.autograd.grad(px.sum() + py.sum(), am, create_graph=True)
     with pytest.raises(RuntimeError):
         d_am.sum().backward()

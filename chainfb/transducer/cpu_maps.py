@@ -44,7 +44,7 @@ from ..engines.numba_log import _has_nan, _row_max
 from ..engines.threads import get_num_threads, parallel
 
 __all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
-           "planned_scores", "planned_gradient"]
+           "planned_scores", "planned_gradient", "grid_scores", "grid_gradients", "additive_logprobs"]
 
 numba = numba_log.numba
 
@@ -460,6 +460,90 @@ def _take(post, entry, out, c0, c1):
         out[i] = post[e] if e >= 0 else 0.0
 
 
+@_compile
+def _additive(logr, am, lm, am_max, lm_max, sy, blank, t_end, px, py, c0, c1):
+    """The additive joiner's ``(px, py)`` (:func:`additive_logprobs`) for
+    blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance: the
+    block's rows of ``am`` stay in the cache while every ``s`` reads them.
+    The operations and their order are the torch score map's, so the
+    numbers are the same to the bit."""
+    B, S1, T = logr.shape
+    S = S1 - 1
+    pad = px.shape[2] > T
+    nblk = (T + _TB - 1) // _TB
+    for blk in range(c0, c1):
+        b = blk // nblk
+        ta = (blk % nblk) * _TB
+        tz = min(ta + _TB, T)
+        te = t_end[b]
+        for s in range(S1):
+            lmm = lm_max[b, s, 0]
+            lmb = lm[b, s, blank]
+            if s < S:
+                y = sy[b, s]
+                lmy = lm[b, s, y]
+                for t in range(ta, tz):
+                    n = logr[b, s, t] + lmm + am_max[b, t, 0]
+                    py[b, s, t] = -n + am[b, t, blank] + lmb
+                    px[b, s, t] = am[b, t, y] + (lmy - n)
+                if pad:
+                    if ta <= te and te < tz:
+                        px[b, s, te] = -np.inf
+                    if tz == T:
+                        px[b, s, T] = -np.inf
+            else:
+                for t in range(ta, tz):
+                    n = logr[b, s, t] + lmm + am_max[b, t, 0]
+                    py[b, s, t] = -n + am[b, t, blank] + lmb
+
+
+@_compile
+def _grid_put(px, py, bd, colidx, modified, X, c0, c1):
+    """The grid's scores (:mod:`~chainfb.transducer.grid`) into ``X`` for
+    the rows ``c0 <= r < c1`` of ``py`` (``r = b * (S + 1) + s``): cell
+    ``(s, t)`` of sequence ``b``, at ``k = s - s_begin`` and ``t - t_begin``
+    inside its boundary, reaches step ``t - t_begin + k`` (regular) or ``t -
+    t_begin`` (modified), column ``colidx[b, k, 0]`` (``py``) and
+    ``colidx[b, k, 1]`` (``px``, ``T_b + 1`` frames when regular)."""
+    S1 = py.shape[1]
+    for r in range(c0, c1):
+        b, s = r // S1, r % S1
+        s0, t0, s1, t1 = bd[b, 0], bd[b, 1], bd[b, 2], bd[b, 3]
+        if s < s0 or s > s1:
+            continue
+        k = s - s0
+        row0 = -t0 if modified else k - t0
+        cb = colidx[b, k, 0]
+        for t in range(t0, t1):
+            X[row0 + t, cb] = py[b, s, t]
+        if s < s1:
+            cs = colidx[b, k, 1]
+            for t in range(t0, t1 if modified else t1 + 1):
+                X[row0 + t, cs] = px[b, s, t]
+
+
+@_compile
+def _grid_take(post, bd, colidx, modified, gx, gy, c0, c1):
+    """The reverse of :func:`_grid_put`: every element of the rows ``c0 <= r
+    < c1`` of ``gy`` (and of ``gx`` where ``s < S``) written, the engine's
+    posterior of the cell's arc inside the boundary and 0 outside."""
+    S1 = gy.shape[1]
+    for r in range(c0, c1):
+        b, s = r // S1, r % S1
+        s0, t0, s1, t1 = bd[b, 0], bd[b, 1], bd[b, 2], bd[b, 3]
+        inside = s0 <= s <= s1
+        k = s - s0
+        row0 = -t0 if modified else k - t0
+        cb = colidx[b, k, 0] if inside else 0
+        for t in range(gy.shape[2]):
+            gy[b, s, t] = post[row0 + t, cb] if inside and t0 <= t < t1 else 0.0
+        if s < S1 - 1:
+            cs = colidx[b, k, 1] if inside and s < s1 else 0
+            t2 = t1 if modified else t1 + 1
+            for t in range(gx.shape[2]):
+                gx[b, s, t] = post[row0 + t, cs] if inside and s < s1 and t0 <= t < t2 else 0.0
+
+
 def _blocks(B: int, T: int) -> int:
     """How many blocks of :func:`_move` a batch has."""
     return B * ((T + _TB - 1) // _TB)
@@ -479,8 +563,8 @@ def _cells(fn, ncells: int, *args) -> None:
 
 
 # units per thread below which one thread does it all, for the kernels not over cells:
-# blocks of cells, and single scores (the score plans' moves)
-_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _put: 1 << 17, _take: 1 << 17}
+# blocks of cells, single scores (the score plans' moves) and rows of a grid
+_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _put: 1 << 17, _take: 1 << 17, _grid_put: 1 << 30, _grid_take: 1 << 30, _additive: 2}
 
 
 def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
@@ -616,3 +700,49 @@ def planned_gradient(post: np.ndarray, entry: np.ndarray, shape, dtype) -> np.nd
     _cells(_take, entry.shape[0], np.ascontiguousarray(post, dtype=np.float64).reshape(-1), entry,
            out.reshape(-1))
     return out
+
+
+def grid_scores(px: np.ndarray, py: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool,
+                shape) -> np.ndarray:
+    """The engine's scores ``X`` of ``shape`` for the grid lattice of
+    ``(px [B, S, T + 1] or [B, S, T], py [B, S + 1, T])`` (C-contiguous NumPy,
+    one float dtype), ``boundary`` int64 ``[B, 4]`` and the step graphs'
+    ``colidx [B, >= S + 1, 2]`` (:class:`~chainfb.transducer.grid.GridCriterion`):
+    ``-inf`` off the cells, float32 when the sources are."""
+    X = np.full(shape, -np.inf, dtype=py.dtype)
+    B, S1, _ = py.shape
+    _cells(_grid_put, B * S1, px, py, boundary, colidx, bool(modified), X)
+    return X
+
+
+def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool, px_shape,
+                   py_shape, dtype) -> tuple:
+    """``(px_grad, py_grad)`` in NumPy ``dtype`` from the engine's
+    posteriors ``[rows, C]``: the reverse of :func:`grid_scores`, 0 off the
+    cells."""
+    gx, gy = np.empty(px_shape, dtype=dtype), np.empty(py_shape, dtype=dtype)
+    B, S1, _ = py_shape
+    _cells(_grid_take, B * S1, np.ascontiguousarray(post, dtype=np.float64), boundary, colidx, bool(modified),
+           gx, gy)
+    return gx, gy
+
+
+def additive_logprobs(log_r: np.ndarray, am: np.ndarray, lm: np.ndarray, am_max: np.ndarray, lm_max: np.ndarray,
+                      symbols: np.ndarray, blank: int, t_end: np.ndarray | None) -> tuple:
+    """``(px, py)`` of the additive joiner ``am[t] + lm[s]`` from the log of
+    its normalisers' sums of exponentials ``log_r [B, S + 1, T]`` (C-contiguous
+    NumPy, one float dtype with the rest): ``norm = log_r + lm_max +
+    am_max``, ``py = -norm + am[t, blank] + lm[s, blank]``, ``px = am[t,
+    y_s] + (lm[s, y_s] - norm)``; ``am [B, T, C]``, ``lm [B, S + 1, C]``,
+    ``am_max [B, T, 1]``, ``lm_max [B, S + 1, 1]``, ``symbols`` int64 ``[B,
+    S]``.  With ``t_end`` (int64 ``[B]``, the regular topology) ``px`` is
+    ``[B, S, T + 1]``, ``-inf`` at ``t = T`` and at ``t = t_end``; without,
+    ``[B, S, T]``."""
+    B, S1, T = log_r.shape
+    pad = t_end is not None
+    px = np.empty((B, S1 - 1, T + 1 if pad else T), dtype=log_r.dtype)
+    py = np.empty((B, S1, T), dtype=log_r.dtype)
+    te = np.ascontiguousarray(t_end if pad else np.full(B, T), dtype=np.int64)
+    _cells(_additive, _blocks(B, T), log_r, am, lm, am_max, lm_max, np.ascontiguousarray(symbols, dtype=np.int64),
+           int(blank), te, px, py)
+    return px, py

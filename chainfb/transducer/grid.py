@@ -84,10 +84,21 @@ class _ScorePlan:
     - ``num_rows``, ``num_columns`` and ``lengths`` (the engine's steps per
       sequence).
 
-    Index tensors are kept per device (:meth:`on`)."""
+    :meth:`scores` and :meth:`gradients` are the compiled score map (NumPy
+    in, NumPy out); index tensors for the torch one are kept per device
+    (:meth:`on`)."""
 
     def __init__(self):
         self._on = {}
+
+    def scores(self, px: np.ndarray, py: np.ndarray) -> np.ndarray:
+        """The engine's scores from C-contiguous NumPy ``px``, ``py`` (compiled)."""
+        return cpu_maps.planned_scores((px, py), (self.px, self.py), (self.num_rows, self.num_columns))
+
+    def gradients(self, post: np.ndarray, px: np.ndarray, py: np.ndarray) -> tuple:
+        """``(px_grad, py_grad)`` NumPy from the engine's posteriors (compiled)."""
+        return tuple(cpu_maps.planned_gradient(post, entry, src.shape, src.dtype)
+                     for src, entry in zip((px, py), (self.px, self.py)))
 
     @functools.cached_property
     def gather(self):
@@ -113,23 +124,39 @@ class _GridGatherPlan(_ScorePlan):
 
     Sequence ``b``'s symbol arc at grid cell ``(s, t)`` (relative to its
     boundary's start) is read at step ``t + s`` (regular) or ``t``
-    (modified), in the column of its ``(s, symbol)`` arc; the blank arc in
-    the column of ``(s, blank)``: one slice of ``px`` / ``py`` per sequence."""
+    (modified), in the column ``colidx[b, s, 1]`` of its ``(s, symbol)``
+    arc; the blank arc in ``colidx[b, s, 0]``.  The compiled score map
+    (:meth:`scores`, :meth:`gradients`) moves them by these rules; the
+    per-element entries ``px``, ``py`` (one slice per sequence) are formed
+    when first asked for, by the torch score map."""
 
     def __init__(self, lay, bd, S, T, modified):
         super().__init__()
-        self.layout = lay
-        B = len(bd)
-        C = self.num_columns = lay.lat.num_columns
-        r = lay.real
-        col = np.full((B, S + 1, 2), -1, dtype=np.int64)  # the column of (b, s, blank / symbol)
-        col[lay.col_b[r], lay.col_u[r], lay.col_j[r]] = r
+        self.layout, self.boundary = lay, bd
+        self.shape, self.modified = (S, T), modified
+        self.num_columns = lay.lat.num_columns
+        S_b, T_b = bd[:, 2] - bd[:, 0], bd[:, 3] - bd[:, 1]
+        self.lengths = T_b if modified else S_b + T_b
+        self.num_rows = int(self.lengths.max()) if len(bd) else 0
+
+    def scores(self, px: np.ndarray, py: np.ndarray) -> np.ndarray:
+        """The engine's scores from C-contiguous NumPy ``px``, ``py`` (compiled)."""
+        return cpu_maps.grid_scores(px, py, self.boundary, self.layout.colidx, self.modified,
+                                    (self.num_rows, self.num_columns))
+
+    def gradients(self, post: np.ndarray, px: np.ndarray, py: np.ndarray) -> tuple:
+        """``(px_grad, py_grad)`` NumPy from the engine's posteriors (compiled)."""
+        return cpu_maps.grid_gradients(post, self.boundary, self.layout.colidx, self.modified, px.shape, py.shape,
+                                       py.dtype)
+
+    @functools.cached_property
+    def _entries(self):
+        lay, bd, (S, T), modified = self.layout, self.boundary, self.shape, self.modified
+        B, C = len(bd), self.num_columns
+        col = lay.colidx  # the column of (b, s, blank / symbol)
         s0, t0, s1, t1 = (bd[:, k] for k in range(4))
         S_b, T_b = s1 - s0, t1 - t0
-        Tx = T if modified else T + 1
-        self.lengths = T_b if modified else S_b + T_b
-        self.num_rows = int(self.lengths.max()) if B else 0
-        px = np.full((B, S, Tx), -1, dtype=np.int64)
+        px = np.full((B, S, T if modified else T + 1), -1, dtype=np.int64)
         py = np.full((B, S + 1, T), -1, dtype=np.int64)
         for b in range(B):
             sb, tb, a, c = int(S_b[b]), int(T_b[b]), int(s0[b]), int(t0[b])
@@ -138,7 +165,15 @@ class _GridGatherPlan(_ScorePlan):
             py[b, a:a + sb + 1, c:c + tb] = rows[:, :tb] * C + col[b, :sb + 1, 0][:, None]
             n = tb if modified else tb + 1
             px[b, a:a + sb, c:c + n] = rows[:sb, :n] * C + col[b, :sb, 1][:, None]
-        self.px, self.py = px.reshape(-1), py.reshape(-1)
+        return px.reshape(-1), py.reshape(-1)
+
+    @property
+    def px(self):
+        return self._entries[0]
+
+    @property
+    def py(self):
+        return self._entries[1]
 
 
 #: the gather plans of the most recent batches (thread-safe)
@@ -181,8 +216,7 @@ class _PlannedCriterion(Criterion):
         px, py = x
         shape = (self.plan.num_rows, self.lattice.num_columns)
         if _compiled(px):  # one compiled pass from the sources to the scores
-            return cpu_maps.planned_scores([t.detach().contiguous().numpy() for t in x],
-                                           (self.plan.px, self.plan.py), shape)
+            return self.plan.scores(*(t.detach().contiguous().numpy() for t in x))
         X = _scores((px, py), self.plan.on(px.device)[0], shape)
         return as_array(X, self._name)[0]
 
@@ -192,9 +226,8 @@ class _PlannedCriterion(Criterion):
         if post is None:
             return value, None
         if _compiled(px) and isinstance(post, np.ndarray):
-            self.last_grads = tuple(
-                torch.from_numpy(cpu_maps.planned_gradient(post, entry, src.shape, src.numpy().dtype))
-                for src, entry in zip((px.detach(), py.detach()), (self.plan.px, self.plan.py)))
+            self.last_grads = tuple(map(torch.from_numpy, self.plan.gradients(post, px.detach().numpy(),
+                                                                               py.detach().numpy())))
             return value, self.last_grads
         P = _posteriors(post, px)
         grads = []

@@ -57,6 +57,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import checks
+from . import cpu_maps
 from .grid import band_loglike, band_start, check_boundary, grid_loglike
 
 __all__ = [
@@ -110,18 +111,27 @@ def _check_frames(rnnt_type, S, T):
 
 def _finish(px, py, bd, rnnt_type, delay_penalty, T):
     """k2's post-processing of (px, py): the regular topology's ``-inf`` at
-    ``t_end``, the constrained blank folded into the symbol arcs, and the
+    ``t_end`` (:func:`_regular_column`, unless ``px`` already has the column
+    ``t = T``), the constrained blank folded into the symbol arcs, and the
     delay penalty on the symbol arcs."""
-    if rnnt_type == "regular":
-        px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)  # the column t = T
-        rows = np.flatnonzero(bd[:, 3] < T)  # and t = t_end, where that is earlier
-        if rows.size:
-            dev = px.device
-            px[torch.as_tensor(rows, device=dev)[:, None], torch.arange(px.shape[1], device=dev)[None, :],
-               torch.as_tensor(bd[rows, 3], device=dev)[:, None]] = -np.inf
+    if rnnt_type == "regular" and px.shape[2] == T:
+        px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)
+        _regular_column(px, bd, T)
     elif rnnt_type == "constrained":
         px = px + py[:, 1:, :]
     return add_delay_penalty(px, bd, delay_penalty, T), py
+
+
+def _regular_column(px, bd, T, value=-np.inf):
+    """``px [B, S, >= T]`` gets ``value`` at ``t = t_end`` where that is
+    before ``T``: the regular topology's ``-inf`` there (no symbol after the
+    last frame; the column ``t = T`` is ``-inf`` already), or its gradient's
+    0."""
+    rows = np.flatnonzero(bd[:, 3] < T)
+    if rows.size:
+        dev = px.device
+        px[torch.as_tensor(rows, device=dev)[:, None], torch.arange(px.shape[1], device=dev)[None, :],
+           torch.as_tensor(bd[rows, 3], device=dev)[:, None]] = value
 
 
 def add_delay_penalty(px, boundary, delay_penalty: float, num_frames: int):
@@ -145,16 +155,21 @@ class _AdditiveLogprobs(torch.autograd.Function):
     lm[s]`` (``am [B, T, C]``, ``lm [B, S + 1, C]``, one dtype): ``px = am[t,
     y_s] + lm[s, y_s] - norm``, ``py = am[t, blank] + lm[s, blank] - norm``,
     ``norm = log R + lm_max + am_max`` with ``R = exp(lm - lm_max) exp(am -
-    am_max)^T`` (one batched matrix product).
+    am_max)^T`` (one batched matrix product).  With ``bd`` (the boundary
+    ``[B, 4]`` NumPy, the regular topology) ``px`` is ``[B, S, T + 1]``:
+    ``-inf`` at ``t = T`` and at ``t = t_end``.  After the product, the
+    compiled score map (:func:`~chainfb.transducer.cpu_maps.additive_logprobs`,
+    CPU float32 / float64) forms both in one pass, else torch does.
 
     Backward, with ``g_n = -(g_x + g_y)`` the gradient of ``norm`` and ``W =
     g_n / R``: ``d am = exp(am - am_max) * (W^T exp(lm - lm_max))`` and ``d
     lm = exp(lm - lm_max) * (W exp(am - am_max))`` (two matrix products; the
     maxima's terms cancel), plus ``g_x`` scattered to the symbols and the
-    sums of ``g_y`` to the blank."""
+    sums of ``g_y`` to the blank (``g_x`` at the ``-inf`` entries, constants,
+    left out)."""
 
     @staticmethod
-    def forward(ctx, am, lm, sy, blank):
+    def forward(ctx, am, lm, sy, blank, bd):
         B, T, C = am.shape
         S = lm.shape[1] - 1
         am_max = am.amax(dim=2, keepdim=True)
@@ -162,15 +177,24 @@ class _AdditiveLogprobs(torch.autograd.Function):
         am_e = torch.sub(am, am_max).exp_()
         lm_e = torch.sub(lm, lm_max).exp_()
         R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
-        norm = torch.log(R).add_(lm_max).add_(am_max.transpose(1, 2))
-        py = norm.neg().add_(am[:, :, blank][:, None, :]).add_(lm[:, :, blank][:, :, None])
-        if S:
-            px = torch.gather(am, 2, sy[:, None, :].expand(B, T, S)).transpose(1, 2)
-            px = px + (torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S])
+        if am.device.type == "cpu" and cpu_maps.available(am.dtype):
+            px, py = cpu_maps.additive_logprobs(
+                torch.log(R).numpy(), am.detach().contiguous().numpy(), lm.detach().contiguous().numpy(),
+                am_max.numpy(), lm_max.numpy(), sy.numpy(), blank, None if bd is None else bd[:, 3])
+            px, py = torch.from_numpy(px), torch.from_numpy(py)
         else:
-            px = am.new_zeros((B, 0, T))
+            norm = torch.log(R).add_(lm_max).add_(am_max.transpose(1, 2))
+            py = norm.neg().add_(am[:, :, blank][:, None, :]).add_(lm[:, :, blank][:, :, None])
+            if S:
+                px = torch.gather(am, 2, sy[:, None, :].expand(B, T, S)).transpose(1, 2)
+                px = px + (torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S])
+            else:
+                px = am.new_zeros((B, 0, T))
+            if bd is not None:
+                px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)
+                _regular_column(px, bd, T)
         ctx.save_for_backward(am_e, lm_e, R, sy)
-        ctx.blank = blank
+        ctx.blank, ctx.bd = blank, bd
         return px, py
 
     @staticmethod
@@ -179,7 +203,11 @@ class _AdditiveLogprobs(torch.autograd.Function):
         am_e, lm_e, R, sy = ctx.saved_tensors
         B, T, C = am_e.shape
         S = lm_e.shape[1] - 1
-        gx = R.new_zeros((B, S, T)) if gx is None else gx
+        gx = R.new_zeros((B, S, T)) if gx is None else gx[:, :, :T]
+        bd = ctx.bd
+        if bd is not None and (bd[:, 3] < T).any():  # the -inf at t_end: a constant
+            gx = gx.clone()
+            _regular_column(gx, bd, T, 0.0)
         gy = torch.zeros_like(R) if gy is None else gy
         gn = gy.clone()
         gn[:, :S] += gx
@@ -191,7 +219,7 @@ class _AdditiveLogprobs(torch.autograd.Function):
             g_lm[:, :S].scatter_add_(2, sy[:, :, None], gx.sum(dim=2, keepdim=True))
         g_am[:, :, ctx.blank] += gy.sum(dim=1)
         g_lm[:, :, ctx.blank] += gy.sum(dim=2)
-        return g_am, g_lm, None, None
+        return g_am, g_lm, None, None, None
 
 
 def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0,
@@ -230,7 +258,7 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     _check_frames(rnnt_type, S, T)
     bd = check_boundary(boundary, B, S, T)
     if not (lm_only_scale or am_only_scale):
-        px, py = _AdditiveLogprobs.apply(am, lm, sy, blank)
+        px, py = _AdditiveLogprobs.apply(am, lm, sy, blank, bd if rnnt_type == "regular" else None)
         return _finish(px, py, bd, rnnt_type, delay_penalty, T)
     am_max = am.amax(dim=2, keepdim=True)
     lm_max = lm.amax(dim=2, keepdim=True)
