@@ -20,8 +20,9 @@ picks one from where ``x`` lives.
 :func:`apply` is the differentiable entry point: it computes value and
 gradient in the forward pass (the gradient is saved, like torchaudio's
 RNN-T), and backward scales the saved gradient per sequence by the
-incoming gradient, in place (a non-finite incoming gradient for a
-sequence counts as 0, so impossible sequences keep a zero gradient).  A
+incoming gradient, in place unless the criterion ``shares_grad`` (a
+non-finite incoming gradient for a sequence counts as 0, so impossible
+sequences keep a zero gradient).  A
 second backward through the same graph recomputes it.  Second derivatives
 are not implemented: differentiating the gradient (e.g. a gradient penalty
 built with ``create_graph=True``) raises a ``RuntimeError``
@@ -48,12 +49,15 @@ class Criterion:
     lengths : int64 NumPy ``[N]`` -- frames (steps) each sequence runs.
     leaky : ``(c, log_init [S])`` or None
     engine : engine name for :func:`chainfb.engines.select` (``"auto"``).
+    shares_grad : the gradient ``finish`` gives is also handed to the caller
+        (the grid's ``return_grad``): backward scales it out of place.
     """
 
     lattice = None
     lengths = None
     leaky = None
     engine = "auto"
+    shares_grad = False
 
     def gather(self, x, need_grad: bool = True):
         """Compact engine scores ``X [T, C]`` from ``x`` (``need_grad``: a
@@ -116,9 +120,11 @@ class _CriterionFunction(torch.autograd.Function):
         go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
         scale = not bool((go == 1).all())
         out = []
+        shared = ctx.criterion.shares_grad
         for g in grads:
             if g is not None and scale:
-                g.mul_(go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)))
+                factor = go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
+                g = g * factor if shared else g.mul_(factor)
             out.append(g)
         return (None, *out)
 

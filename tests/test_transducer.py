@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import chainfb
+from chainfb.lattice import Lattice
 from chainfb.transducer import TransducerCriterion, compile_layout, multiblank_graphs, rnnt_graphs, step_graph
 
 from devices import OnCPU, OnCUDA, OnEmulatedKernels
@@ -343,7 +344,8 @@ def test_big_blank_costs_one_arc_whatever_its_duration():
     capped = step_graph(3, durations=(2, 10 ** 6), max_duration=50)
     assert capped.num_arcs == 4 + 3 + 4 and capped.max_span == 2
     lay = compile_layout([3, 1], [6, 4], durations=(2, 4, 999))
-    assert lay.batch.fsts[0].num_states + lay.batch.fsts[1].num_states == 2 + 4
+    used = [lay.batch.fsts[g] for g in lay.batch.seq_to_graph]
+    assert [f.num_states for f in used] == [4, 2] and max(f.max_span for f in used) == 4
     assert len(lay.real) == lay.lat.num_columns and (lay.col_j >= 0).all()
 
 
@@ -754,3 +756,29 @@ class TestTransducerCUDA(TransducerTests, OnCUDA):
 
 class TestTransducerEmulated(TransducerTests, OnEmulatedKernels):
     pass
+
+
+@pytest.mark.parametrize("family,durations", [("rnnt", ()), ("rnnt", (2, 40)), ("tdt", (0, 1, 3, 40))])
+def test_packed_step_graphs_are_the_batch_graphs(family, durations):
+    """compile_layout's graphs, taken from one packing of every label count,
+    are each sequence's own step graph (frameless utterances impossible,
+    durations longer than every utterance without arcs), and the lattice's
+    columns follow; label counts past the packing bound take the batch's
+    own graphs."""
+    from chainfb.transducer import graphs
+
+    rng = np.random.default_rng(31)
+    for top in (20, graphs._PACKED_MAX + 3):
+        U = rng.integers(0, top, 6)
+        U[0] = top - 1
+        T = rng.integers(0, 30, 6)
+        T[1] = 0
+        lay = compile_layout(U, T, durations, umax=top - 1, family=family)
+        own = graphs._batch_graphs(U, T, graphs._builder(family, durations, 0.0, T))
+        for n in range(6):
+            g, h = lay.batch.fsts[lay.batch.seq_to_graph[n]], own.fsts[own.seq_to_graph[n]]
+            assert g == h
+        lat = lay.lat
+        assert lat.num_columns == Lattice(own).num_columns
+        np.testing.assert_array_equal(lat.col_pdf, Lattice(own).col_pdf)
+        np.testing.assert_array_equal(lat.final, Lattice(own).final)

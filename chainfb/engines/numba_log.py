@@ -100,9 +100,10 @@ the arcs read at the frame; the frames' totals, which need the arcs read at
 earlier frames, and the division by them follow the backward.
 
 Sequences are independent: the compiled function releases the GIL and
-contiguous ranges of sequences run on :func:`chainfb.engines.get_num_threads`
-threads; columns belong to one sequence, so the threads never write the
-same posterior.  NaN in a sequence's scores gives NaN out for that sequence
+contiguous ranges of sequences, a few per thread of about equal work, run
+on :func:`chainfb.engines.get_num_threads` threads, the largest first, each
+thread taking the next range left; columns belong to one sequence, so the
+threads never write the same posterior.  NaN in a sequence's scores gives NaN out for that sequence
 only.  ``CHAINFB_NUMBA=0`` in the environment leaves Numba unused (``auto``
 then picks the NumPy engine).  No leaky HMM and no Viterbi here (those run
 on the NumPy engines; :func:`chainfb.engines.select` knows).
@@ -128,6 +129,10 @@ if os.environ.get("CHAINFB_NUMBA", "1") == "0":  # opt out: the NumPy engine eve
 
 # sequences' total arcs * frames below which one thread does the whole batch
 _MIN_PARALLEL_WORK = 200_000
+
+# parts of the batch per thread (taken largest first, each by the next free thread: the
+# threads finish together, and a thread held up by other load leaves its parts to the others)
+_PARTS_PER_THREAD = 4
 
 
 def available() -> bool:
@@ -1561,9 +1566,11 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         run = _run_spans
         args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws, X)
         work = work * lat.max_span
-    ranges = _split(work, max(1, get_num_threads()))
-    if len(ranges) < 2 or work.sum() < _MIN_PARALLEL_WORK:
+    threads = max(1, get_num_threads())
+    if threads < 2 or N < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)
-    else:
-        parallel(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post), ranges)
+    else:  # a few parts per thread, the largest first, each thread taking the next one left
+        cum = np.concatenate([[0.0], np.cumsum(work)])
+        ranges = sorted(_split(work, _PARTS_PER_THREAD * threads), key=lambda r: cum[r[0]] - cum[r[1]])
+        parallel(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post), ranges, threads)
     return loglike, (post if need_posteriors else None)

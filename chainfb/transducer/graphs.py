@@ -168,6 +168,34 @@ def _batch_graphs(target_lengths, logit_lengths, build) -> FstBatch:
     return FstBatch(fsts, np.array([index[k] for k in keys], dtype=np.int64))
 
 
+#: label counts below which a family's step graphs are packed once for every count
+_PACKED_MAX = 256
+
+_PACKED = checks.LRU(8)
+
+
+def _packed_graphs(family: str, durations: tuple, sigma: float, target_lengths, logit_lengths) -> FstBatch:
+    """The step graphs of a batch as a sequence-to-graph map on one
+    :class:`FstBatch` holding the family's graph for every label count
+    ``u`` below a power of two above ``max(U_b)``, possible and not (graph
+    ``2 u + possible``), packed once per family, durations kept, sigma and
+    that bound (thread-safe LRU): a new batch's graphs cost no packing.
+    Past :data:`_PACKED_MAX` labels (the packed arcs grow with its square),
+    the batch's distinct graphs as :func:`_batch_graphs` packs them."""
+    U = np.asarray(target_lengths, dtype=np.int64).reshape(-1)
+    ok = np.asarray(logit_lengths).reshape(-1) > 0
+    top = int(U.max()) if len(U) else 0
+    build = _builder(family, durations, sigma, logit_lengths)
+    if not len(U) or top >= _PACKED_MAX:
+        return _batch_graphs(U, logit_lengths, build)
+    cap = 1 << max(top, 15).bit_length()  # > max(U_b), at least 16
+    longest = max(int(np.max(logit_lengths)), 1 if family == "rnnt" else 0)
+    kept = tuple(d <= longest for d in durations)  # the durations the graphs have arcs for
+    packed = _PACKED.get((family, durations, kept, sigma, cap),
+                         lambda: FstBatch([build(u, o) for u in range(cap) for o in (False, True)]))
+    return packed.with_sequences(2 * U + ok)
+
+
 def _durations(value, name: str, lo: int) -> tuple:
     return tuple(checks.durations(value, name, lo, MAX_DURATION))
 
@@ -332,7 +360,7 @@ def compile_layout(target_lengths, logit_lengths, durations=(), sigma: float = 0
     key = (family, U.tobytes(), T.tobytes(), durations, float(sigma), umax)
 
     def build():
-        batch = _batch_graphs(U, T, _builder(family, durations, float(sigma), T))
+        batch = _packed_graphs(family, durations, float(sigma), U, T)
         width = 2 * len(durations) if family == "tdt" else len(durations) + 2
         return TransducerLayout(batch, U, T, width, umax, family, durations)
 

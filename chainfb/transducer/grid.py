@@ -453,13 +453,15 @@ def band_loglike(px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray
 
 def _total_and_grads(crit, x, return_grad: bool):
     """``crit``'s total ``[B]``, differentiable w.r.t. the tensors ``x``,
-    and with ``return_grad`` its gradients (copies, the arc occupancies)
-    from the same engine run -- one run whether or not ``x`` requires
-    grad."""
+    and with ``return_grad`` its gradients (the arc occupancies) from the
+    same engine run -- one run whether or not ``x`` requires grad.  The
+    gradients returned are the ones autograd keeps, so the criterion is
+    marked ``shares_grad`` (its backward scales them out of place)."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in x):
         total, grads = crit.run(x, return_grad)  # nothing to differentiate
     else:
         crit.last_grads = None
+        crit.shares_grad = return_grad
         total = apply(x, crit)
         grads = crit.last_grads
-    return total, (tuple(g.detach().clone() for g in grads) if return_grad else None)
+    return total, (tuple(g.detach() for g in grads) if return_grad else None)
