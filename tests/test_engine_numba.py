@@ -57,6 +57,38 @@ def test_matches_numpy_engine(seed):
     np.testing.assert_array_equal(ll_only, ll)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_every_posterior_is_written(monkeypatch, seed):
+    """The one-frame pass starts from uninitialised posteriors: every entry
+    of every sequence's columns is written -- past its length, for an
+    impossible sequence, a sequence without frames and one with a NaN score
+    -- so memory holding garbage gives the NumPy engine's numbers."""
+    lat, rng = _lattice(seed, n=7)
+    T = 9
+    X = _scores(lat, rng, T)
+    lengths = rng.integers(1, T + 1, size=lat.num_sequences)
+    lengths[0] = 0
+    lengths[1] = T
+    X[2, lat.col_seq == 3] = np.nan
+
+    class Garbage:  # numpy, with empty() filled with a value no engine writes
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def empty(shape, dtype=float):
+            return np.full(shape, 12345.0, dtype=dtype)
+
+    monkeypatch.setattr(numba_log, "np", Garbage())
+    got = numba_log.forward_backward(lat, X.copy(), lengths)
+    monkeypatch.undo()
+    ref = numpy_log.forward_backward(lat, X.copy(), lengths)
+    assert not (got[1] == 12345.0).any()
+    np.testing.assert_array_equal(np.isnan(got[1]), np.isnan(ref[1]))
+    ok = ~np.isnan(ref[1])
+    np.testing.assert_allclose(got[1][ok], ref[1][ok], atol=1e-12)
+
+
 def test_ctc_graphs_and_minus_inf_scores():
     rng = np.random.default_rng(3)
     g = ctc_graph([[1, 1, 2], [3], [], [2, 4, 2, 4]], blank=0)

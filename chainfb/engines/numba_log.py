@@ -779,13 +779,21 @@ def _emission_row(X, t, c0, c1, Mrow, Es, ew, bits):
     return Es[t]
 
 
+@_inline
+def _zero_columns(post, t0, t1, c0, c1):
+    """``post[t0:t1, c0:c1] = 0`` (one sequence's columns over some frames)."""
+    for t in range(t0, t1):
+        for c in range(c0, c1):
+            post[t, c] = 0.0
+
+
 @_compile
 def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
          out_ptr, out_dst, out_lp, out_w, out_col, wshift, dstart, dfinal, col_off, sh, blk_off, in_bmin, in_bmax,
          out_bmin, out_bmax, X, ebytes, lengths, need_post,
          loglike, post):
     """Sequences ``n0 <= n < n1``: ``loglike[n]`` and, if ``need_post``,
-    their columns of ``post [T, C]`` (zero on entry), from the scores ``X``
+    their columns of ``post [T, C]`` (every row written), from the scores ``X``
     (sequence ``n``'s columns are ``col_off[n] .. col_off[n + 1]``).  The
     emissions ``exp(X[t, c] - m_t)`` (``m_t`` the frame's largest score in
     the sequence) are formed at the sequence's start into a work array of
@@ -864,6 +872,8 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         off = boff[f0 + n - n0:f0 + n - n0 + L + 2]
         rof = roff[f0 + n - n0:f0 + n - n0 + L + 2]
         f0 += L + 1
+        if need_post:  # the frames past the sequence's length: zero posteriors
+            _zero_columns(post, L, post.shape[0], c0, c1)
         bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
         for t in range(L):
             Mrow[t] = _frame_max(X[t], c0, c1)
@@ -882,6 +892,8 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                 empty = True
         if empty:  # no path of exactly L arcs reaches a final state
             loglike[n] = ninf
+            if need_post:
+                _zero_columns(post, 0, L, c0, c1)
             continue
         held = 8 * L * (c1 - c0) <= ebytes  # else each frame's row is formed where it is read
         Es = Ebuf[:L * (c1 - c0) if held else 0].reshape((L if held else 0, c1 - c0))
@@ -911,8 +923,11 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         for j in range(PL.shape[0]):  # loglike: the log-sum-exp of alpha_L + final
             m, acc = _lse_push(m, acc, _log1(PL[j]) + RL[((lo[L] + j) >> sh) - lb] + final[s0 + lo[L] + j] - fmax)
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
-        if not need_post or loglike[n] == ninf:
-            continue  # no complete path: zero posteriors
+        if not need_post:
+            continue
+        if loglike[n] == ninf:  # no complete path: zero posteriors
+            _zero_columns(post, 0, L, c0, c1)
+            continue
         qw = PL.shape[0]
         qlo = lo[L]
         nqb = RL.shape[0]
@@ -938,11 +953,10 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             Bt = BP[:tw]
             Rb = RB[:ntb]
             fused = False
+            for c in range(c0, c1):  # the frame's columns, before the arcs add to them
+                pt[c] = 0.0
             if ntb == 1 and nqb == 1 and Ra[0] > ninf and Rq[0] > ninf:
-                # one block each: B_t and the posteriors times Z in one pass over the arcs (the frame's
-                # columns written before the arcs add to them: a fresh page is mapped once, not read then copied)
-                for c in range(c0, c1):
-                    pt[c] = 0.0
+                # one block each: B_t and the posteriors times Z in one pass over the arcs
                 z, lc, ns = _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et,
                                         c0, s0, shift, sh, pt, left)
                 Rb[0] = Rq[0] + lc
@@ -1553,7 +1567,8 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     N = lat.num_sequences
     T, C = X.shape
     loglike = np.empty(N)
-    post = np.zeros((T, C)) if need_posteriors else np.zeros((0, 0))
+    # the one-frame pass writes every posterior of its sequences; the spanning one adds into zeros
+    post = (np.empty if lat.max_span == 1 else np.zeros)((T, C) if need_posteriors else (0, 0))
     arrs = _arrays(lat)
     work = np.diff(lat.arc_offsets) * (lengths + 1.0) + 1.0  # arcs x frames per sequence
     if lat.max_span == 1:
