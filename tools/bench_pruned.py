@@ -29,7 +29,11 @@ runs (after one warm-up; ``--stat min`` for the least disturbed run on a
 busy machine), with ``--threads`` torch and engine threads (default 2).
 
     PYTHONPATH=$PWD python tools/bench_pruned.py [--repeat 7] [--threads 2] [--s-range 5] [--stat median|min]
-        [--same-batch]
+        [--same-batch] [--recursion]
+
+``--recursion`` times only ``mutual_information_recursion(px, py, boundary,
+return_grad=True)`` (the grid's total and occupancies), every method on the
+same ``(px, py)``.
 """
 
 from __future__ import annotations
@@ -119,6 +123,28 @@ def whole_step(ft, case, s_range):
     return seconds, float(loss)
 
 
+def recursion(ms, seed, repeat):
+    """``{method: seconds}``: ``mutual_information_recursion(px, py, boundary,
+    return_grad=True)`` alone, every method on the same ``(px, py)`` (the
+    simple loss's, from chainfb), a new batch each repeat (median)."""
+    from chainfb.compat import fast_rnnt as ours
+
+    times = {m: [] for m in ms}
+    for r in range(repeat + 1):
+        enc, dec, targets, T, U, layers = pruned_case(seed + r)
+        boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+        with torch.no_grad():
+            px, py = ours.get_rnnt_logprobs(layers["lm"](dec), layers["am"](enc), targets.long(), 0,
+                                            boundary=boundary)
+        for name, mod in ms.items():
+            a, b = px.clone().requires_grad_(), py.clone().requires_grad_()
+            t0 = time.perf_counter()
+            mod.mutual_information_recursion(a, b, boundary, return_grad=True)
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=7)
@@ -128,12 +154,21 @@ def main():
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="each part's time over the repeats (min: least disturbed by other load)")
     ap.add_argument("--same-batch", action="store_true", help="every repeat runs the first batch again")
+    ap.add_argument("--recursion", action="store_true",
+                    help="time only the grid recursion with its occupancies, on the same (px, py) for every method")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     set_engine_threads(args.threads)
+    ms = methods()
+    if args.recursion:
+        got = recursion(ms, args.seed, args.repeat)
+        print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, mutual_information_recursion("
+              f"px, py, boundary, return_grad=True), new batch each repeat, median of {args.repeat}")
+        for name, sec in got.items():
+            print(f"{name:16s} {sec:8.4f} s" + ("" if name == "chainfb" else f"  chainfb {got['chainfb'] / sec:.2f}x"))
+        return
     case = pruned_case(args.seed)
     _, _, _, T, U, _ = case
-    ms = methods()
     shapes = f"T={T.tolist()} U={U.tolist()}"
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, B={len(T)} H=256 V=500 "
           f"s_range={args.s_range}, float32; "
