@@ -211,6 +211,19 @@ def test_additive_score_maps_agree_to_the_bit(dtype, monkeypatch):
             assert torch.equal(x, y)
 
 
+def test_softmax_scale_is_the_log_sum_exp():
+    """The joiner's rows as softmax and log-scale: exp(x) = softmax * exp(scale),
+    the scale being logsumexp (rows with -inf entries, large and small values)."""
+    g = torch.Generator().manual_seed(9)
+    x = 40 * torch.randn(3, 4, 7, generator=g, dtype=torch.float64)
+    x[0, 0, :3] = -np.inf
+    x[1, 2] = x[1, 2] - 800.0
+    e, scale = pruned._softmax_scale(x)
+    close(scale[..., 0], torch.logsumexp(x, dim=2), tol=1e-12)
+    close(e, torch.softmax(x, dim=2), tol=1e-15)
+    assert e.shape == x.shape and scale.shape == (3, 4, 1)
+
+
 def test_band_logprobs_gradient_with_minus_inf_logits():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64)

@@ -132,7 +132,7 @@ _MIN_PARALLEL_WORK = 200_000
 
 # parts of the batch per thread (taken largest first, each by the next free thread: the
 # threads finish together, and a thread held up by other load leaves its parts to the others)
-_PARTS_PER_THREAD = 4
+_PARTS_PER_THREAD = 2
 
 
 def available() -> bool:

@@ -564,7 +564,7 @@ def _cells(fn, ncells: int, *args) -> None:
 
 # units per thread below which one thread does it all, for the kernels not over cells:
 # blocks of cells, single scores (the score plans' moves) and rows of a grid
-_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _put: 1 << 17, _take: 1 << 17, _grid_put: 1 << 30, _grid_take: 1 << 30, _additive: 2}
+_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _put: 1 << 17, _take: 1 << 17, _grid_put: 64, _grid_take: 64, _additive: 2}
 
 
 def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
@@ -730,12 +730,13 @@ def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, m
 def additive_logprobs(log_r: np.ndarray, am: np.ndarray, lm: np.ndarray, am_max: np.ndarray, lm_max: np.ndarray,
                       symbols: np.ndarray, blank: int, t_end: np.ndarray | None) -> tuple:
     """``(px, py)`` of the additive joiner ``am[t] + lm[s]`` from the log of
-    its normalisers' sums of exponentials ``log_r [B, S + 1, T]`` (C-contiguous
-    NumPy, one float dtype with the rest): ``norm = log_r + lm_max +
-    am_max``, ``py = -norm + am[t, blank] + lm[s, blank]``, ``px = am[t,
-    y_s] + (lm[s, y_s] - norm)``; ``am [B, T, C]``, ``lm [B, S + 1, C]``,
-    ``am_max [B, T, 1]``, ``lm_max [B, S + 1, 1]``, ``symbols`` int64 ``[B,
-    S]``.  With ``t_end`` (int64 ``[B]``, the regular topology) ``px`` is
+    its normalisers' scaled sums of exponentials ``log_r [B, S + 1, T]``
+    (C-contiguous NumPy, one float dtype with the rest): ``norm = log_r +
+    lm_max + am_max``, ``py = -norm + am[t, blank] + lm[s, blank]``, ``px =
+    am[t, y_s] + (lm[s, y_s] - norm)``; ``am [B, T, C]``, ``lm [B, S + 1,
+    C]``, ``am_max [B, T, 1]`` and ``lm_max [B, S + 1, 1]`` the rows' log
+    scales (their maxima, or the log-sum-exps when ``log_r`` sums softmax
+    products), ``symbols`` int64 ``[B, S]``.  With ``t_end`` (int64 ``[B]``, the regular topology) ``px`` is
     ``[B, S, T + 1]``, ``-inf`` at ``t = T`` and at ``t = t_end``; without,
     ``[B, S, T]``."""
     B, S1, T = log_r.shape

@@ -150,32 +150,42 @@ def _penalty(delay_penalty):
     return checks.number(delay_penalty, "delay_penalty")
 
 
+def _softmax_scale(x):
+    """``(softmax(x), log_scale)`` over the last axis of ``x [B, N, C]``:
+    ``exp(x) = softmax(x) * exp(log_scale)``, ``log_scale [B, N, 1] =
+    max(x) - log(max(softmax(x)))`` (the largest softmax entry is ``exp(0) /
+    Z``, so this is ``log sum exp(x)`` without a pass of its own): torch's
+    fused softmax and two maxima, where the exponentials ``exp(x - max)``
+    take a maximum, a subtraction and an exponential over the whole tensor."""
+    e = torch.softmax(x, dim=2)
+    return e, x.amax(dim=2, keepdim=True).sub_(e.amax(dim=2, keepdim=True).log_())
+
+
 class _AdditiveLogprobs(torch.autograd.Function):
     """``(px [B, S, T], py [B, S + 1, T])`` of the additive joiner ``am[t] +
     lm[s]`` (``am [B, T, C]``, ``lm [B, S + 1, C]``, one dtype): ``px = am[t,
     y_s] + lm[s, y_s] - norm``, ``py = am[t, blank] + lm[s, blank] - norm``,
-    ``norm = log R + lm_max + am_max`` with ``R = exp(lm - lm_max) exp(am -
-    am_max)^T`` (one batched matrix product).  With ``bd`` (the boundary
-    ``[B, 4]`` NumPy, the regular topology) ``px`` is ``[B, S, T + 1]``:
-    ``-inf`` at ``t = T`` and at ``t = t_end``.  After the product, the
-    compiled score map (:func:`~chainfb.transducer.cpu_maps.additive_logprobs`,
-    CPU float32 / float64) forms both in one pass, else torch does.
+    ``norm = log R + l_s + a_t`` with ``R = softmax(lm) softmax(am)^T`` (one
+    batched matrix product) and ``l``, ``a`` the rows' log-scales
+    (:func:`_softmax_scale`: ``norm`` is ``log sum_c exp(am[t, c] + lm[s,
+    c])``).  With ``bd`` (the boundary ``[B, 4]`` NumPy, the regular
+    topology) ``px`` is ``[B, S, T + 1]``: ``-inf`` at ``t = T`` and at ``t =
+    t_end``.  After the product, the compiled score map
+    (:func:`~chainfb.transducer.cpu_maps.additive_logprobs`, CPU float32 /
+    float64) forms both in one pass, else torch does.
 
     Backward, with ``g_n = -(g_x + g_y)`` the gradient of ``norm`` and ``W =
-    g_n / R``: ``d am = exp(am - am_max) * (W^T exp(lm - lm_max))`` and ``d
-    lm = exp(lm - lm_max) * (W exp(am - am_max))`` (two matrix products; the
-    maxima's terms cancel), plus ``g_x`` scattered to the symbols and the
-    sums of ``g_y`` to the blank (``g_x`` at the ``-inf`` entries, constants,
-    left out)."""
+    g_n / R``: ``d am = softmax(am) * (W^T softmax(lm))`` and ``d lm =
+    softmax(lm) * (W softmax(am))`` (two matrix products; each row's scale
+    cancels), plus ``g_x`` scattered to the symbols and the sums of ``g_y``
+    to the blank (``g_x`` at the ``-inf`` entries, constants, left out)."""
 
     @staticmethod
     def forward(ctx, am, lm, sy, blank, bd):
         B, T, C = am.shape
         S = lm.shape[1] - 1
-        am_max = am.amax(dim=2, keepdim=True)
-        lm_max = lm.amax(dim=2, keepdim=True)
-        am_e = torch.sub(am, am_max).exp_()
-        lm_e = torch.sub(lm, lm_max).exp_()
+        am_e, am_max = _softmax_scale(am)  # (the log-scales in the places of the maxima)
+        lm_e, lm_max = _softmax_scale(lm)
         R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
         if am.device.type == "cpu" and cpu_maps.available(am.dtype):
             px, py = cpu_maps.additive_logprobs(
