@@ -1490,10 +1490,12 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
         while True:
             off, imin, imax = _block_ranges(so, ip, isrc, s)
             _, omin, omax = _block_ranges(so, op, od, s)
+            if s >= 62:  # one block per sequence: nothing to weigh
+                break
             has = (imax >= imin) & (omax >= omin)
             spread = max(float(np.mean((imax - imin + 1)[has])), float(np.mean((omax - omin + 1)[has]))) \
                 if has.any() else 1.0
-            if spread <= _MAX_BLOCK_SPREAD or s >= 62:
+            if spread <= _MAX_BLOCK_SPREAD:
                 break
             s = 62
         b = cache[sh, _MAX_BLOCK_SPREAD, _MIN_BLOCKED_STATES] = (s, off, imin, imax, omin, omax)

@@ -558,9 +558,13 @@ def _cells(fn, ncells: int, *args) -> None:
     if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
         return
-    edges = np.linspace(0, ncells, 4 * n + 1).astype(np.int64).tolist()
+    parts = _PARTS_PER_THREAD * n
+    edges = [ncells * k // parts for k in range(parts + 1)]
     parallel(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:]), n)
 
+
+# ranges per thread a kernel's units are split into (each thread taking the next range left)
+_PARTS_PER_THREAD = 2
 
 # units per thread below which one thread does it all, for the kernels not over cells:
 # blocks of cells, single scores (the score plans' moves) and rows of a grid
