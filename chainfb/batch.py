@@ -110,20 +110,16 @@ class FstBatch:
         ``local_col`` (one sort for the batch, cached in ``graph_cache``)."""
         got = self.graph_cache.get("columns")
         if got is None:
-            G = self.num_graphs
-            graph = np.repeat(np.arange(G, dtype=np.int64), np.diff(self.arc_offsets))
-            P = int(self.pdf.max()) + 1 if self.pdf.size else 1
-            if G * P < 2**62:  # (graph, pdf) as one int64 key
-                keys, inverse = np.unique(graph * P + self.pdf, return_inverse=True)
-                ptr = np.searchsorted(keys, np.arange(G + 1, dtype=np.int64) * P)
-                pdfs = keys - np.repeat(np.arange(G, dtype=np.int64) * P, np.diff(ptr))
-                local = inverse.reshape(-1).astype(np.int64) - ptr[graph]
-            else:  # pdf ids too large for one key: graph by graph
-                parts = [np.unique(self.pdf[a:z], return_inverse=True)
-                         for a, z in zip(self.arc_offsets[:-1], self.arc_offsets[1:])]
-                ptr = np.concatenate([[0], np.cumsum([len(p) for p, _ in parts])]).astype(np.int64)
-                pdfs = np.concatenate([p for p, _ in parts]).astype(np.int64)
-                local = np.concatenate([i.reshape(-1) for _, i in parts]).astype(np.int64)
+            graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
+            order = np.lexsort((self.pdf, graph))  # by graph, then pdf
+            g, p = graph[order], self.pdf[order]
+            first = np.ones(len(order), dtype=bool)  # the first arc of each distinct (graph, pdf)
+            first[1:] = (g[1:] != g[:-1]) | (p[1:] != p[:-1])
+            pdfs = p[first].astype(np.int64)
+            ptr = np.searchsorted(g[first], np.arange(self.num_graphs + 1))
+            local = np.empty(len(order), dtype=np.int64)
+            local[order] = np.cumsum(first) - 1
+            local -= ptr[graph]
             got = self.graph_cache["columns"] = (ptr, pdfs, local)
         return got
 

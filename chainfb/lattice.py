@@ -109,10 +109,7 @@ class Lattice:
         self.col_offsets = _offsets(ncols)
         self.num_columns = int(self.col_offsets[-1])
         self.col_seq = np.repeat(np.arange(N, dtype=np.int64), ncols)
-        if self.graph is not None:
-            self.col_pdf = np.tile(cpdf[cptr[self.graph]:cptr[self.graph + 1]], N)
-        else:
-            self.col_pdf = cpdf[concat_ranges(cptr[g], cptr[g + 1])]
+        self.col_pdf = cpdf[concat_ranges(cptr[g], cptr[g + 1])]
 
     @cached_property
     def seq_of_state(self) -> np.ndarray:

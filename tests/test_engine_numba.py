@@ -166,7 +166,7 @@ def test_threads_match_one_thread(monkeypatch, spans):
         monkeypatch.setattr(numba_log, name, lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
         three = numba_log.forward_backward(lat, X.copy(), lengths)
         parts = sorted(calls)  # a few ranges per thread, covering the sequences once
-        assert 3 < len(parts) <= 3 * numba_log._PARTS_PER_THREAD
+        assert 3 < len(parts) <= 3 * engines.threads.PARTS_PER_THREAD
         assert parts[0][0] == 0 and parts[-1][1] == 9 and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
     finally:
         engines.set_num_threads(before)

@@ -46,7 +46,7 @@ import warnings
 import torch
 
 from chainfb.engines import set_num_threads as set_engine_threads
-from bench_transducer import pruned_case  # noqa: E402 -- tools/ is the script's directory
+from bench_transducer import case_boundary, pruned_case  # noqa: E402 -- tools/ is the script's directory
 
 warnings.filterwarnings("ignore")
 
@@ -78,7 +78,7 @@ def parts(ft, case, s_range):
     """One pass over the loss parts with the module ``ft``: ``{part: seconds}``."""
     enc, dec, targets, T, U, layers = case
     symbols = targets.long()
-    boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+    boundary = case_boundary(T, U)
     with torch.no_grad():
         am0, lm0 = layers["am"](enc), layers["lm"](dec)
     times = {}
@@ -105,7 +105,7 @@ def whole_step(ft, case, s_range):
     the layers: ``(seconds, loss value)``."""
     enc, dec, targets, T, U, layers = case
     symbols = targets.long()
-    boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+    boundary = case_boundary(T, U)
     t0 = time.perf_counter()
     e, d = enc.clone().requires_grad_(), dec.clone().requires_grad_()
     am, lm = layers["am"](e), layers["lm"](d)
@@ -132,7 +132,7 @@ def recursion(ms, seed, repeat):
     times = {m: [] for m in ms}
     for r in range(repeat + 1):
         enc, dec, targets, T, U, layers = pruned_case(seed + r)
-        boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+        boundary = case_boundary(T, U)
         with torch.no_grad():
             px, py = ours.get_rnnt_logprobs(layers["lm"](dec), layers["am"](enc), targets.long(), 0,
                                             boundary=boundary)

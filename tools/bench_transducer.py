@@ -174,6 +174,11 @@ def pruned_case(seed, batch=8, H=256, V=500, max_T=250, max_U=71):
     return enc, dec, targets, torch.from_numpy(T).to(torch.int32), torch.from_numpy(U).to(torch.int32), layers
 
 
+def case_boundary(T, U):
+    """k2's ``boundary [B, 4]`` (``[0, 0, U_b, T_b]`` rows) of a :func:`pruned_case` batch."""
+    return torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+
+
 def pruned_step(method, case, s_range):
     """One loss + backward of ``method``; returns the loss value."""
     from chainfb.transducer import prune, prune_ranges, pruned_rnnt_loss, simple_rnnt_loss
@@ -183,7 +188,7 @@ def pruned_step(method, case, s_range):
     if method == "chainfb pruned":
         am, lm = layers["am"](enc), layers["lm"](dec)
         simple, grads = simple_rnnt_loss(am, lm, targets, T, U, blank=0, reduction="sum", return_grad=True)
-        boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], 1).long()
+        boundary = case_boundary(T, U)
         ranges = prune_ranges(*grads, boundary, s_range)
         enc_p, dec_p = prune(enc, dec, ranges)
         logits = layers["joiner"](torch.tanh(enc_p + dec_p))

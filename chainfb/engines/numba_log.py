@@ -116,7 +116,7 @@ import os
 import numpy as np
 
 from ..lattice import Lattice
-from .threads import get_num_threads, parallel
+from .threads import PARTS_PER_THREAD, get_num_threads, parallel
 
 __all__ = ["available", "forward_backward", "require"]
 
@@ -129,10 +129,6 @@ if os.environ.get("CHAINFB_NUMBA", "1") == "0":  # opt out: the NumPy engine eve
 
 # sequences' total arcs * frames below which one thread does the whole batch
 _MIN_PARALLEL_WORK = 200_000
-
-# parts of the batch per thread (taken largest first, each by the next free thread: the
-# threads finish together, and a thread held up by other load leaves its parts to the others)
-_PARTS_PER_THREAD = 2
 
 
 def available() -> bool:
@@ -953,8 +949,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             Bt = BP[:tw]
             Rb = RB[:ntb]
             fused = False
-            for c in range(c0, c1):  # the frame's columns, before the arcs add to them
-                pt[c] = 0.0
+            _zero_columns(post, t, t + 1, c0, c1)  # the frame's columns, before the arcs add to them
             if ntb == 1 and nqb == 1 and Ra[0] > ninf and Rq[0] > ninf:
                 # one block each: B_t and the posteriors times Z in one pass over the arcs
                 z, lc, ns = _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et,
@@ -978,8 +973,7 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
                         _post_slow(pt, p, p > 0.0, ra, s0 + tlo + i, out_ptr, out_dst, out_lp, out_col, Qn, Rq, gb,
                                    s0, qlo, sh, xt, et, c0, shift)
                 else:  # a small total: start the frame's posteriors again below
-                    for c in range(c0, c1):
-                        pt[c] = 0.0
+                    _zero_columns(post, t, t + 1, c0, c1)
             else:
                 _band_frame(Qn, Rq, qlo, Bt, Rb, tlo, out_ptr, out_dst, out_w, out_lp, out_col, xt, et, c0, s0,
                             shift, sh, ob0, ob1, fac)
@@ -1320,8 +1314,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             for k in range(K + 1):
                 gs[k] = 0.0
             if need_post:  # written before the arcs add to it: a fresh page is mapped once, not read then copied
-                for c in range(cs0, cs1):
-                    pt[c] = 0.0
+                _zero_columns(post, t, t + 1, cs0, cs1)
             for i in range(W):
                 ai = Pt[i] if live[t] else 0.0
                 v, maybe = _span_out_post(Q, LQ, t, L, out_ptr, out_dst, out_span, out_w, out_col, et, cs0, xt, r,
@@ -1408,8 +1401,7 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 for a in range(out_ptr[s0], out_ptr[s0 + W]):
                     pt[out_col[a]] = np.nan
             else:  # a small total: the frame in the log domain (B_t from its normalised betas)
-                for c in range(cs0, cs1):
-                    pt[c] = 0.0
+                _zero_columns(post, t, t + 1, cs0, cs1)
                 Pt, LVt, Qt, LQt = P[t], LV[t], Q[t], LQ[t]
                 m = ninf
                 acc = 0.0
@@ -1586,8 +1578,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     threads = max(1, get_num_threads())
     if threads < 2 or N < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)
-    else:  # a few parts per thread, the largest first, each thread taking the next one left
-        cum = np.concatenate([[0.0], np.cumsum(work)])
-        ranges = sorted(_split(work, _PARTS_PER_THREAD * threads), key=lambda r: cum[r[0]] - cum[r[1]])
+    else:  # a few parts per thread, the largest first
+        ranges = sorted(_split(work, PARTS_PER_THREAD * threads), key=lambda r: -work[r[0]:r[1]].sum())
         parallel(lambda r: run(r[0], r[1], *args, lengths, need_posteriors, loglike, post), ranges, threads)
     return loglike, (post if need_posteriors else None)

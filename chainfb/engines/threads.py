@@ -22,7 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import openmp
 
-__all__ = ["set_num_threads", "get_num_threads", "pool", "parallel"]
+__all__ = ["set_num_threads", "get_num_threads", "pool", "parallel", "PARTS_PER_THREAD"]
+
+#: parts a batch is cut into per thread, for :func:`parallel` to hand out (each thread taking the next
+#: part left: the threads finish together, and a thread held up by other load leaves its parts to others)
+PARTS_PER_THREAD = 2
 
 _num_threads = int(os.environ.get("CHAINFB_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
 

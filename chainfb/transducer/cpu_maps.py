@@ -41,7 +41,7 @@ import numpy as np
 
 from ..engines import numba_log
 from ..engines.numba_log import _has_nan, _row_max
-from ..engines.threads import get_num_threads, parallel
+from ..engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
 
 __all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
            "planned_scores", "planned_gradient", "grid_scores", "grid_gradients", "additive_logprobs"]
@@ -461,7 +461,7 @@ def _take(post, entry, out, c0, c1):
 
 
 @_compile
-def _additive(logr, am, lm, am_max, lm_max, sy, blank, t_end, px, py, c0, c1):
+def _additive(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1):
     """The additive joiner's ``(px, py)`` (:func:`additive_logprobs`) for
     blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance: the
     block's rows of ``am`` stay in the cache while every ``s`` reads them.
@@ -475,26 +475,20 @@ def _additive(logr, am, lm, am_max, lm_max, sy, blank, t_end, px, py, c0, c1):
         b = blk // nblk
         ta = (blk % nblk) * _TB
         tz = min(ta + _TB, T)
-        te = t_end[b]
         for s in range(S1):
-            lmm = lm_max[b, s, 0]
-            lmb = lm[b, s, blank]
-            if s < S:
-                y = sy[b, s]
-                lmy = lm[b, s, y]
-                for t in range(ta, tz):
-                    n = logr[b, s, t] + lmm + am_max[b, t, 0]
-                    py[b, s, t] = -n + am[b, t, blank] + lmb
+            symbol = s < S  # the last row has only the blank
+            y = sy[b, s] if symbol else blank
+            lms, lmb, lmy = lm_scale[b, s, 0], lm[b, s, blank], lm[b, s, y]
+            for t in range(ta, tz):
+                n = logr[b, s, t] + lms + am_scale[b, t, 0]
+                py[b, s, t] = -n + am[b, t, blank] + lmb
+                if symbol:
                     px[b, s, t] = am[b, t, y] + (lmy - n)
-                if pad:
-                    if ta <= te and te < tz:
-                        px[b, s, te] = -np.inf
-                    if tz == T:
-                        px[b, s, T] = -np.inf
-            else:
-                for t in range(ta, tz):
-                    n = logr[b, s, t] + lmm + am_max[b, t, 0]
-                    py[b, s, t] = -n + am[b, t, blank] + lmb
+            if symbol and pad:
+                if ta <= t_end[b] < tz:
+                    px[b, s, t_end[b]] = -np.inf
+                if tz == T:
+                    px[b, s, T] = -np.inf
 
 
 @_compile
@@ -558,17 +552,15 @@ def _cells(fn, ncells: int, *args) -> None:
     if n == 1 or ncells < n * grain:
         fn(*args, 0, ncells)
         return
-    parts = _PARTS_PER_THREAD * n
+    parts = PARTS_PER_THREAD * n
     edges = [ncells * k // parts for k in range(parts + 1)]
     parallel(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:]), n)
 
 
-# ranges per thread a kernel's units are split into (each thread taking the next range left)
-_PARTS_PER_THREAD = 2
-
 # units per thread below which one thread does it all, for the kernels not over cells:
 # blocks of cells, single scores (the score plans' moves) and rows of a grid
-_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _put: 1 << 17, _take: 1 << 17, _grid_put: 64, _grid_take: 64, _additive: 2}
+_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _additive: 2, _put: 1 << 17, _take: 1 << 17,
+          _grid_put: 64, _grid_take: 64}
 
 
 def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
@@ -731,23 +723,22 @@ def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, m
     return gx, gy
 
 
-def additive_logprobs(log_r: np.ndarray, am: np.ndarray, lm: np.ndarray, am_max: np.ndarray, lm_max: np.ndarray,
-                      symbols: np.ndarray, blank: int, t_end: np.ndarray | None) -> tuple:
+def additive_logprobs(log_r: np.ndarray, am: np.ndarray, lm: np.ndarray, am_scale: np.ndarray,
+                      lm_scale: np.ndarray, symbols: np.ndarray, blank: int, t_end: np.ndarray | None) -> tuple:
     """``(px, py)`` of the additive joiner ``am[t] + lm[s]`` from the log of
     its normalisers' scaled sums of exponentials ``log_r [B, S + 1, T]``
     (C-contiguous NumPy, one float dtype with the rest): ``norm = log_r +
-    lm_max + am_max``, ``py = -norm + am[t, blank] + lm[s, blank]``, ``px =
-    am[t, y_s] + (lm[s, y_s] - norm)``; ``am [B, T, C]``, ``lm [B, S + 1,
-    C]``, ``am_max [B, T, 1]`` and ``lm_max [B, S + 1, 1]`` the rows' log
-    scales (their maxima, or the log-sum-exps when ``log_r`` sums softmax
-    products), ``symbols`` int64 ``[B, S]``.  With ``t_end`` (int64 ``[B]``, the regular topology) ``px`` is
-    ``[B, S, T + 1]``, ``-inf`` at ``t = T`` and at ``t = t_end``; without,
-    ``[B, S, T]``."""
+    lm_scale + am_scale``, ``py = -norm + am[t, blank] + lm[s, blank]``,
+    ``px = am[t, y_s] + (lm[s, y_s] - norm)``; ``am [B, T, C]``, ``lm [B, S
+    + 1, C]``, the rows' log-scales ``am_scale [B, T, 1]`` and ``lm_scale
+    [B, S + 1, 1]``, ``symbols`` int64 ``[B, S]``.  With ``t_end`` (int64
+    ``[B]``, the regular topology) ``px`` is ``[B, S, T + 1]``, ``-inf`` at
+    ``t = T`` and at ``t = t_end``; without, ``[B, S, T]``."""
     B, S1, T = log_r.shape
     pad = t_end is not None
     px = np.empty((B, S1 - 1, T + 1 if pad else T), dtype=log_r.dtype)
     py = np.empty((B, S1, T), dtype=log_r.dtype)
     te = np.ascontiguousarray(t_end if pad else np.full(B, T), dtype=np.int64)
-    _cells(_additive, _blocks(B, T), log_r, am, lm, am_max, lm_max, np.ascontiguousarray(symbols, dtype=np.int64),
-           int(blank), te, px, py)
+    _cells(_additive, _blocks(B, T), log_r, am, lm, am_scale, lm_scale,
+           np.ascontiguousarray(symbols, dtype=np.int64), int(blank), te, px, py)
     return px, py

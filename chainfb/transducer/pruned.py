@@ -115,11 +115,18 @@ def _finish(px, py, bd, rnnt_type, delay_penalty, T):
     ``t = T``), the constrained blank folded into the symbol arcs, and the
     delay penalty on the symbol arcs."""
     if rnnt_type == "regular" and px.shape[2] == T:
-        px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)
-        _regular_column(px, bd, T)
+        px = _with_regular_column(px, bd, T)
     elif rnnt_type == "constrained":
         px = px + py[:, 1:, :]
     return add_delay_penalty(px, bd, delay_penalty, T), py
+
+
+def _with_regular_column(px, bd, T):
+    """``px [B, S, T]`` of the regular topology with its column ``t = T``
+    and its ``t = t_end`` at ``-inf``: ``[B, S, T + 1]``."""
+    px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)
+    _regular_column(px, bd, T)
+    return px
 
 
 def _regular_column(px, bd, T, value=-np.inf):
@@ -184,16 +191,16 @@ class _AdditiveLogprobs(torch.autograd.Function):
     def forward(ctx, am, lm, sy, blank, bd):
         B, T, C = am.shape
         S = lm.shape[1] - 1
-        am_e, am_max = _softmax_scale(am)  # (the log-scales in the places of the maxima)
-        lm_e, lm_max = _softmax_scale(lm)
+        am_e, am_scale = _softmax_scale(am)
+        lm_e, lm_scale = _softmax_scale(lm)
         R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
         if am.device.type == "cpu" and cpu_maps.available(am.dtype):
             px, py = cpu_maps.additive_logprobs(
                 torch.log(R).numpy(), am.detach().contiguous().numpy(), lm.detach().contiguous().numpy(),
-                am_max.numpy(), lm_max.numpy(), sy.numpy(), blank, None if bd is None else bd[:, 3])
+                am_scale.numpy(), lm_scale.numpy(), sy.numpy(), blank, None if bd is None else bd[:, 3])
             px, py = torch.from_numpy(px), torch.from_numpy(py)
         else:
-            norm = torch.log(R).add_(lm_max).add_(am_max.transpose(1, 2))
+            norm = torch.log(R).add_(lm_scale).add_(am_scale.transpose(1, 2))
             py = norm.neg().add_(am[:, :, blank][:, None, :]).add_(lm[:, :, blank][:, :, None])
             if S:
                 px = torch.gather(am, 2, sy[:, None, :].expand(B, T, S)).transpose(1, 2)
@@ -201,8 +208,7 @@ class _AdditiveLogprobs(torch.autograd.Function):
             else:
                 px = am.new_zeros((B, 0, T))
             if bd is not None:
-                px = torch.nn.functional.pad(px, (0, 1), value=-np.inf)
-                _regular_column(px, bd, T)
+                px = _with_regular_column(px, bd, T)
         ctx.save_for_backward(am_e, lm_e, R, sy)
         ctx.blank, ctx.bd = blank, bd
         return px, py
