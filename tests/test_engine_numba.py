@@ -57,6 +57,24 @@ def test_matches_numpy_engine(seed):
     np.testing.assert_array_equal(ll_only, ll)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_instance_arrays_are_the_lattice_sides(seed):
+    """The CSR arrays the compiled engine builds in one pass per side are
+    ``lat.fwd`` / ``lat.bwd``'s, in their order: several graphs, sequences
+    sharing one, a graph used by no sequence, empty batches of arcs."""
+    rng = np.random.default_rng(seed)
+    fsts = [random_fst(rng, num_states=int(rng.integers(1, 7)), num_arcs=int(rng.integers(0, 15)), num_pdfs=5,
+                       num_finals=1) for _ in range(4)]
+    lat = Lattice.of(FstBatch(fsts, seq_to_graph=rng.integers(0, 3, size=int(rng.integers(1, 7)))))
+    so, st, fi, f_ptr, f_src, lp_in, w_in, f_col, b_ptr, b_dst, lp_out, w_out, b_col, wshift = numba_log._arrays(lat)
+    f, b = lat.fwd, lat.bwd
+    for got, want in ((f_ptr, f.ptr), (f_src, f.src), (lp_in, f.log_prob), (f_col, f.col),
+                      (b_ptr, b.ptr), (b_dst, b.dst), (lp_out, b.log_prob), (b_col, b.col)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(st, lat.start)
+    np.testing.assert_array_equal(fi, lat.final)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_every_posterior_is_written(monkeypatch, seed):
     """The one-frame pass starts from uninitialised posteriors: every entry

@@ -400,7 +400,9 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, cb, bas
     ``2**sh`` states) reads blocks ``bmin[kb] .. bmax[kb]`` of ``Pp`` and is
     computed relative to their largest reference ``ref``, each far end's
     product taken ``exp(Rp[its block] - ref) <= 1`` times: the scaled sum
-    when it is safe (or NaN), else the exact log-domain value; then the
+    when it is safe (or NaN), else the exact log-domain value (the sums in
+    one pass, the cells below the safe range in a second, when there are
+    any: the first pass's loop holds no escape); then the
     block is divided by its largest cell and ``Rn[block]`` set to ``ref``
     plus its log (``-inf``: all zero).  Column ``c``'s emission is ``E[c -
     cb]``, its score ``xt[c]``.  ``fac``: a work array of ``Pp``'s block
@@ -430,6 +432,7 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, cb, bas
             for q in range(q0, q1 + 1):
                 fac[q] = np.exp(Rp[q] - ref)
         c = 0.0  # the block's largest scaled cell
+        low = 0
         for j in range(j0, j1):
             k = base + nlo + j
             s = 0.0
@@ -451,12 +454,20 @@ def _band_frame(Pp, Rp, plo, Pn, Rn, nlo, ptr, other, w, lp, col, xt, E, cb, bas
                     if p < 0.0:
                         p = np.exp(p + _LOG_SAFE)
                     s += p * w[a] * E[col[a] - cb] * fac[((i + plo) >> sh) - pb0]
-            if s >= _SAFE or s != s:
-                Pn[j] = s
-                if s > c:
-                    c = s
-            else:
+            Pn[j] = s
+            if s > c:
+                c = s
+            low += s < _SAFE
+        if low:  # cells below the safe range: zero, or their exact value in the log domain
+            c = 0.0
+            for j in range(j0, j1):
+                s = Pn[j]
+                if s >= _SAFE or s != s:
+                    if s > c:
+                        c = s
+                    continue
                 Pn[j] = 0.0
+                k = base + nlo + j
                 for a in range(ptr[k], ptr[k + 1]):
                     i = other[a] - base - plo
                     if i >= 0 and i < pw and Pp[i] != 0.0:  # a path: its exact value in the log domain
@@ -477,12 +488,14 @@ def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, cb, base
     times the frame's total, which is returned first (``sum_i alpha_t(i)
     B_t(i)`` over the scaled cells, before the division).  The states whose
     posteriors need more (an alpha or a far end kept as a log, or NaN) go to
-    ``slow``; their count is returned third.  Column ``c``'s emission is
-    ``et[c - cb]``."""
+    ``slow``; their count is returned third.  The ``B_t`` cells below the
+    safe range, if any, take the log domain in a second pass.  Column
+    ``c``'s emission is ``et[c - cb]``."""
     qw = Qn.shape[0]
     c = 0.0
     z = 0.0
     ns = 0
+    low = 0
     for i in range(Bt.shape[0]):
         k = base + tlo + i
         p = Pt[i]
@@ -504,14 +517,23 @@ def _back_fused(Qn, Rq, qlo, Pt, Bt, tlo, ptr, dst, w, lp, col, xt, et, cb, base
         if logs:
             slow[ns] = i
             ns += 1
-        if s >= _SAFE or s != s:
-            Bt[i] = s
-            if s > c:
-                c = s
-            if p > 0.0:
-                z += p * s
-        else:
+        Bt[i] = s
+        if s > c:
+            c = s
+        if s < _SAFE:
+            low += 1
+        elif p > 0.0:  # (or s is NaN)
+            z += p * s
+    if low:  # cells below the safe range: zero, or their exact value in the log domain
+        c = 0.0
+        for i in range(Bt.shape[0]):
+            s = Bt[i]
+            if s >= _SAFE or s != s:
+                if s > c:
+                    c = s
+                continue
             Bt[i] = 0.0
+            k = base + tlo + i
             for a in range(ptr[k], ptr[k + 1]):
                 d = dst[a] - base - qlo
                 if d >= 0 and d < qw and Qn[d] != 0.0:  # a path: its exact value in the log domain
@@ -1437,23 +1459,56 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                                                      + _logval(Q[t + k, jd], LQ[t + k, jd]))
 
 
+@_compile
+def _instance_side(seq_to_graph, batch_so, lat_so, lat_co, num_arcs, ptr, order, other, log_prob, local_col):
+    """One side of every sequence's graph instance as CSR arrays, from the
+    batch's (``ptr``, ``order``: its arcs by the key end; ``other``: their
+    far ends): ``(ptr [S + 1], far end [A], log_prob [A], column [A])`` with
+    instance state and column ids -- :attr:`Lattice.fwd` / ``bwd``'s arrays,
+    in their order, in one pass over the arcs."""
+    N = seq_to_graph.shape[0]
+    out_ptr = np.empty(lat_so[N] + 1, np.int64)
+    out_other = np.empty(num_arcs, np.int64)
+    out_lp = np.empty(num_arcs)
+    out_col = np.empty(num_arcs, np.int64)
+    out_ptr[0] = 0
+    a = 0
+    for n in range(N):
+        g = seq_to_graph[n]
+        shift = lat_so[n] - batch_so[g]
+        for k in range(batch_so[g], batch_so[g + 1]):
+            for i in range(ptr[k], ptr[k + 1]):
+                arc = order[i]
+                out_other[a] = other[arc] + shift
+                out_lp[a] = log_prob[arc]
+                out_col[a] = lat_co[n] + local_col[arc]
+                a += 1
+            out_ptr[k + shift + 1] = a
+    return out_ptr, out_other, out_lp, out_col
+
+
 def _arrays(lat: Lattice) -> tuple:
-    """The lattice as CSR arrays (in-arcs by destination, out-arcs by source), cached on it."""
+    """The lattice as CSR arrays (in-arcs by destination, out-arcs by source),
+    cached on it: the arrays of ``lat.fwd`` and ``lat.bwd``, built by
+    :func:`_instance_side` without them (a new batch's lattice costs one
+    compiled pass per side, not a dozen array operations)."""
     arrs = lat.__dict__.get("_numba_arrays")
     if arrs is None:
-        f, b = lat.fwd, lat.bwd
-        lp_in = np.asarray(f.log_prob, dtype=np.float64)
-        lp_out = np.asarray(b.log_prob, dtype=np.float64)
+        batch = lat.batch
+        so, co = np.asarray(lat.state_offsets, dtype=np.int64), np.asarray(lat.col_offsets, dtype=np.int64)
+        g = np.asarray(batch.seq_to_graph, dtype=np.int64)
+        lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
+        f_ptr, f_src, lp_in, f_col = _instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.in_ptr,
+                                                    batch.fwd_order, batch.src, lp, local)
+        b_ptr, b_dst, lp_out, b_col = _instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.out_ptr,
+                                                     batch.bwd_order, batch.dst, lp, local)
         finite = lp_in[np.isfinite(lp_in)]
         # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
         wshift = float(finite.max()) if finite.size else 0.0
         arrs = (
-            np.asarray(lat.state_offsets, dtype=np.int64), np.asarray(lat.start, dtype=np.int64),
-            np.asarray(lat.final, dtype=np.float64),
-            f.ptr, np.asarray(f.src, dtype=np.int64),
-            lp_in, np.exp(lp_in - wshift), np.asarray(f.col, dtype=np.int64),
-            b.ptr, np.asarray(b.dst, dtype=np.int64),
-            lp_out, np.exp(lp_out - wshift), np.asarray(b.col, dtype=np.int64), wshift,
+            so, np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64),
+            f_ptr, f_src, lp_in, np.exp(lp_in - wshift), f_col,
+            b_ptr, b_dst, lp_out, np.exp(lp_out - wshift), b_col, wshift,
         )
         lat._numba_arrays = arrs
     return arrs
