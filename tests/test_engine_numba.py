@@ -133,12 +133,20 @@ def test_long_input_extreme_scores():
             np.testing.assert_allclose(sums, 1.0, atol=1e-9)
 
 
+@pytest.mark.parametrize("held", [True, False])
+@pytest.mark.parametrize("where", [0, 1, -1])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_nan_and_plus_inf_scores_give_nan(bad):
-    lat, rng = _lattice(2)
+def test_nan_and_plus_inf_scores_give_nan(monkeypatch, bad, where, held):
+    """A NaN or +inf score anywhere in a sequence's row (first, second or last
+    of its columns: the frame's maximum skips a NaN that is not first, and
+    the held emissions find it) gives NaN for that sequence only, with the
+    emissions held for the sequence or formed a row at a time."""
+    if not held:
+        monkeypatch.setattr(numba_log, "_EMISSIONS_BYTES", 0)
+    lat, rng = _lattice(3)  # every sequence has paths of 10 arcs
     X = _scores(lat, rng, 10)
     lengths = np.full(lat.num_sequences, 10)
-    hit = int(np.flatnonzero(lat.col_seq == 1)[0])
+    hit = int(np.flatnonzero(lat.col_seq == 1)[where])
     X[4, hit] = bad
     (ll, post), (ll_ref, _) = _both(lat, X, lengths)
     assert np.isnan(ll[1]) and np.isnan(ll_ref[1])
@@ -146,6 +154,25 @@ def test_nan_and_plus_inf_scores_give_nan(bad):
     np.testing.assert_allclose(ll[others], ll_ref[others], rtol=1e-12)  # no leak into other sequences
     assert np.isnan(post[:, lat.col_seq == 1]).any()
     assert not np.isnan(post[:, lat.col_seq != 1]).any()
+
+
+@pytest.mark.parametrize("held", [True, False])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_bad_score_on_a_dead_state_gives_nan(monkeypatch, bad, held):
+    """A NaN or +inf score in a column whose arcs are outside the frame's
+    live band (the last label's, at frame 0 of a CTC graph), and not first
+    in its row: NaN for that sequence, as the NumPy engine gives, with the
+    emissions held or formed a row at a time."""
+    if not held:
+        monkeypatch.setattr(numba_log, "_EMISSIONS_BYTES", 0)
+    rng = np.random.default_rng(3)
+    lat = Lattice.of(ctc_graph([[1, 2, 3, 4], [3, 1]], blank=0))
+    X = _scores(lat, rng, 12)
+    X[0, np.flatnonzero(lat.col_seq == 0)[-1]] = bad
+    (ll, post), (ll_ref, post_ref) = _both(lat, X, np.array([12, 12]))
+    assert np.isnan(ll[0]) and np.isnan(ll_ref[0])
+    np.testing.assert_allclose(ll[1], ll_ref[1], rtol=1e-12)
+    np.testing.assert_allclose(post[:, lat.col_seq == 1], post_ref[:, lat.col_seq == 1], atol=1e-12)
 
 
 def test_nan_past_a_length_is_ignored():
@@ -535,3 +562,5 @@ def test_exp_row_matches_numpy_exp():
             ref = np.exp(v[:len(x)] - m)
             np.testing.assert_allclose(out[:len(x)], ref, rtol=4.5e-16, atol=0)  # two units at most
             assert (out[len(x):-1] == 0.0).all() and np.isnan(out[-1])
+            v[[3, 50]] = np.nan
+            assert exp_row(v, m, out, np.empty(len(v), np.int64)) == 3  # the NaN written

@@ -729,14 +729,16 @@ def _has_nan(row, lo, n):
 
 
 @_inline
-def _frame_max(xt, c0, c1):
+def _frame_max(xt, c0, c1, nan_check=True):
     """A sequence's largest score in one frame (its columns ``c0 .. c1``):
     0 when all are ``-inf`` (or it has no column); NaN or ``+inf`` when a
-    score is."""
+    score is -- without ``nan_check``, a NaN is found only when it comes
+    first (the caller finds the others as NaN emissions, which saves a pass
+    over the row)."""
     if c1 <= c0:
         return 0.0
     m = _row_max(xt, c0, c1 - c0)
-    if m != m or _has_nan(xt, c0, c1 - c0):
+    if m != m or (nan_check and _has_nan(xt, c0, c1 - c0)):
         return np.nan
     return m if m > -np.inf else 0.0
 
@@ -755,7 +757,8 @@ _EXP_C = tuple(1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(14))
 def _exp_row(x, m, e, bits):
     """``e[k] = exp(x[k] - m)`` for ``k < len(x)`` (``x - m <= 0`` or NaN;
     ``bits`` an int64 scratch at least as long): within two units in the last
-    places of ``np.exp``, 0 below ``exp(-708)``, NaN for NaN.  Two loops the
+    places of ``np.exp``, 0 below ``exp(-708)``, NaN for NaN; returns how
+    many NaN it wrote (counted in the second loop).  Two loops the
     compiler vectorises; NumPy's own exp takes a slow path for every
     ``-inf`` (transducer and CTC scores hold many), this one does not."""
     c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13 = _EXP_C
@@ -768,10 +771,13 @@ def _exp_row(x, m, e, bits):
             c8 + r * (c9 + r * (c10 + r * (c11 + r * (c12 + r * c13))))))))))))
         bits[k] = (np.int64(nf) + np.int64(1023)) << np.int64(52)
     scale = bits.view(np.float64)
+    nans = 0
     for k in range(x.shape[0]):
         v = x[k] - m
         p = e[k] * scale[k]
         e[k] = p if v >= _EXP_LO else (0.0 if v < _EXP_LO else v)  # NaN stays NaN
+        nans += 1 if v != v else 0
+    return nans
 
 
 if numba is not None:  # fused multiply-adds allowed, no reassociation (it would undo the split of ln 2)
@@ -781,9 +787,12 @@ if numba is not None:  # fused multiply-adds allowed, no reassociation (it would
 @_inline
 def _sequence_emissions(X, c0, c1, Mrow, E, bits):
     """A sequence's emissions ``E[t, c - c0] = exp(X[t, c] - Mrow[t])`` for
-    its columns ``c0 .. c1`` and the frames ``t < len(E)``."""
+    its columns ``c0 .. c1`` and the frames ``t < len(E)``; whether one is
+    NaN (with every ``Mrow[t]`` finite: whether a score is)."""
+    nans = 0
     for t in range(E.shape[0]):
-        _exp_row(X[t, c0:c1], Mrow[t], E[t], bits)
+        nans += _exp_row(X[t, c0:c1], Mrow[t], E[t], bits)
+    return nans > 0
 
 
 @_inline
@@ -892,11 +901,15 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
         f0 += L + 1
         if need_post:  # the frames past the sequence's length: zero posteriors
             _zero_columns(post, L, post.shape[0], c0, c1)
-        bad = False  # a NaN or +inf score in a frame (its maximum): NaN out, whatever the band
+        held = 8 * L * (c1 - c0) <= ebytes  # else each frame's row is formed where it is read
+        Es = Ebuf[:L * (c1 - c0) if held else 0].reshape((L if held else 0, c1 - c0))
+        bad = False  # a NaN or +inf score in a frame: NaN out, whatever the band
         for t in range(L):
-            Mrow[t] = _frame_max(X[t], c0, c1)
+            Mrow[t] = _frame_max(X[t], c0, c1, not held)
             if Mrow[t] != Mrow[t] or Mrow[t] == np.inf:
                 bad = True
+        if not bad and held:  # the held emissions, formed now: a NaN among them is a NaN score
+            bad = _sequence_emissions(X, c0, c1, Mrow, Es, bits)
         if bad:
             loglike[n] = np.nan
             if need_post:
@@ -913,9 +926,6 @@ def _run(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col,
             if need_post:
                 _zero_columns(post, 0, L, c0, c1)
             continue
-        held = 8 * L * (c1 - c0) <= ebytes  # else each frame's row is formed where it is read
-        Es = Ebuf[:L * (c1 - c0) if held else 0].reshape((L if held else 0, c1 - c0))
-        _sequence_emissions(X, c0, c1, Mrow, Es, bits)
         P0 = A[0:off[1]]
         for j in range(P0.shape[0]):
             P0[j] = 0.0
