@@ -204,6 +204,28 @@ def test_native_lengths_api_matches_boundary_api():
     assert chainfb.transducer.simple_rnnt_loss is pruned.simple_rnnt_loss
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_prune_rows_match_an_element_gather(seed):
+    """``prune`` copies whole rows of ``lm``: the values and the gradient of
+    an element-wise gather (every position of the band repeated across
+    frames, so rows receive many gradients), non-contiguous ``lm``, and
+    gradcheck in float64."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, S1, D, R = 3, 6, 5, 4, 3
+    am = torch.randn(B, T, D, dtype=torch.float64, generator=g, requires_grad=True)
+    lm = torch.randn(B, D, S1, dtype=torch.float64, generator=g).transpose(1, 2).requires_grad_()  # strided
+    start = torch.randint(0, S1 - R + 1, (B, T), generator=g).sort(dim=1).values
+    ranges = start[:, :, None] + torch.arange(R)
+    am_p, lm_p = pruned.prune(am, lm, ranges)
+    want = torch.gather(lm, 1, ranges.reshape(B, T * R, 1).expand(B, T * R, D)).reshape(B, T, R, D)
+    assert torch.equal(lm_p, want) and torch.equal(am_p, am[:, :, None, :].expand(B, T, R, D))
+    out = torch.randn(B, T, R, D, dtype=torch.float64, generator=g)
+    got, = torch.autograd.grad(lm_p, lm, out)
+    ref, = torch.autograd.grad(want, lm, out)
+    torch.testing.assert_close(got, ref, rtol=1e-14, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda a, m: pruned.prune(a, m, ranges), (am, lm))
+
+
 def test_legacy_modified_keyword():
     am, lm, symbols, term = case(seed=9)
     close(fr.rnnt_loss_simple(lm, am, symbols, term, modified=True),

@@ -564,10 +564,14 @@ def prune(am, lm, ranges):
     B, T, D = am.shape
     if lm.shape[0] != B or lm.shape[2] != D:
         raise ValueError(f"lm: expected shape ({B}, S + 1, {D}), got {tuple(lm.shape)}")
-    rg = _check_ranges(ranges, B, T, lm.shape[1] - 1)
+    S1 = lm.shape[1]
+    rg = _check_ranges(ranges, B, T, S1 - 1)
     R = rg.shape[2]
     am_pruned = am[:, :, None, :].expand(B, T, R, D)
-    lm_pruned = torch.gather(lm, 1, rg.reshape(B, T * R, 1).expand(B, T * R, D)).reshape(B, T, R, D)
+    # whole rows of lm by their index in [B * (S + 1), D]: a row copy each (its backward adds rows), where an
+    # element-wise gather with an index per element took 8-14x the time
+    rows = (rg + torch.arange(B, device=rg.device)[:, None, None] * S1).reshape(-1)
+    lm_pruned = torch.index_select(lm.reshape(B * S1, D), 0, rows).reshape(B, T, R, D)
     return am_pruned, lm_pruned
 
 
