@@ -541,7 +541,7 @@ def prune_ranges(px_grad, py_grad, boundary, s_range: int, *, band_scores: str =
         s_range = S + 1
     dev = py_grad.device
     score = _band_scores(px_grad.detach()[:, :, :T], py_grad.detach(), s_range, band_scores)
-    start = score.argmax(dim=1)  # the first maximum: [B, T]
+    start = score.transpose(1, 2).contiguous().argmax(dim=2)  # the first maximum: [B, T] (reduced where contiguous)
     t = torch.arange(T, device=dev)
     s_end = torch.as_tensor(bd[:, 2], device=dev)
     t_end = torch.as_tensor(bd[:, 3], device=dev)
