@@ -568,8 +568,8 @@ def prune(am, lm, ranges):
     rg = _check_ranges(ranges, B, T, S1 - 1)
     R = rg.shape[2]
     am_pruned = am[:, :, None, :].expand(B, T, R, D)
-    # whole rows of lm by their index in [B * (S + 1), D]: a row copy each (its backward adds rows), where an
-    # element-wise gather with an index per element took 8-14x the time
+    # whole rows of lm by their index in [B * (S + 1), D]: a row copy each (its backward adds rows); an
+    # element-wise gather, an index per element, takes 8-14x the time
     rows = (rg + torch.arange(B, device=rg.device)[:, None, None] * S1).reshape(-1)
     lm_pruned = torch.index_select(lm.reshape(B * S1, D), 0, rows).reshape(B, T, R, D)
     return am_pruned, lm_pruned
