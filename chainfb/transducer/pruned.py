@@ -273,19 +273,10 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     blank = _blank(blank, C)
     _check_frames(rnnt_type, S, T)
     bd = check_boundary(boundary, B, S, T)
-    if not (lm_only_scale or am_only_scale):
-        px, py = _AdditiveLogprobs.apply(am, lm, sy, blank, bd if rnnt_type == "regular" else None)
-        return _finish(px, py, bd, rnnt_type, delay_penalty, T)
-    am_max = am.amax(dim=2, keepdim=True)
-    lm_max = lm.amax(dim=2, keepdim=True)
-    # log sum_c exp(am[t, c] + lm[s, c]) as a product of exponentials: [B, S + 1, T]
-    norm = torch.matmul((lm - lm_max).exp(), (am - am_max).exp().transpose(1, 2))
-    norm = (norm + torch.finfo(dtype).tiny).log() + lm_max + am_max.transpose(1, 2)
-    idx = sy[:, :, None].expand(B, S, T)
-    px = torch.gather(am.transpose(1, 2), 1, sy[:, :, None].expand(B, S, T)) if S else am.new_zeros((B, 0, T))
-    px = px + torch.gather(lm[:, :S], 2, sy[:, :, None]) - norm[:, :S]
-    py = am[:, :, blank][:, None, :] + lm[:, :, blank][:, :, None] - norm
-    if lm_only_scale or am_only_scale:
+    smoothed = bool(lm_only_scale or am_only_scale)
+    # the regular column comes with the joiner's (px, py) unless the smoothing terms are added first
+    px, py = _AdditiveLogprobs.apply(am, lm, sy, blank, bd if rnnt_type == "regular" and not smoothed else None)
+    if smoothed:
         l_s = lm_only_scale or 1e-20
         a_s = am_only_scale or 1e-20
         c_s = 1.0 - lm_only_scale - am_only_scale
@@ -294,7 +285,7 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
         log_u = unigram.log()
         am_norm = torch.logsumexp(am + log_u, dim=2)  # [B, T]
         px_lm = torch.gather(lm_lp[:, :S], 2, sy[:, :, None])  # [B, S, 1]
-        px_am = torch.gather((am + log_u).transpose(1, 2), 1, idx) - am_norm[:, None, :]
+        px_am = torch.gather((am + log_u).transpose(1, 2), 1, sy[:, :, None].expand(B, S, T)) - am_norm[:, None, :]
         py_lm = lm_lp[:, :, blank][:, :, None]
         py_am = (am[:, :, blank] + log_u[blank] - am_norm)[:, None, :]
         px = c_s * px + l_s * px_lm + a_s * px_am
