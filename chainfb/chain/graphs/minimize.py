@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import checks
 from ...fst import Fst
 from .connect import useful_states
 
@@ -148,7 +149,7 @@ def merge_equivalent_states(fst: Fst, word_of_arc=None, max_passes: int = 50):
     return out, words
 
 
-def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10):
+def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10, semiring: str = "log"):
     """Weighted determinization in the log semiring (subset construction with
     residual weights), so that no state has two arcs with the same pdf.
 
@@ -157,7 +158,9 @@ def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10):
     quantize).  Graphs without the twins property may not have a finite
     deterministic equivalent: the construction gives up after
     ``max_states`` states (default ``20 * num_states + 100``) and returns
-    ``None``.
+    ``None``.  ``semiring="tropical"`` does the same in the max semiring
+    (alternatives combined by ``max`` instead of log-sum): every pdf
+    sequence keeps its best path's weight.
 
     Returns
     -------
@@ -165,6 +168,7 @@ def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10):
     """
     if max_states is None:
         max_states = 20 * fst.num_states + 100
+    plus = {"log": np.logaddexp, "tropical": np.maximum}[checks.choice(semiring, "semiring", ("log", "tropical"))]
     out_arcs: list[list] = [[] for _ in range(fst.num_states)]
     for s, d, p, lp in zip(fst.src.tolist(), fst.dst.tolist(), fst.pdf.tolist(), fst.log_prob.tolist()):
         if lp > -np.inf:
@@ -184,16 +188,16 @@ def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10):
         f = -np.inf
         for q, r in sub.items():
             if final[q] > -np.inf:
-                f = np.logaddexp(f, r + final[q])
+                f = plus(f, r + final[q])
         finals.append(float(f))
         by_pdf: dict = {}
         for q, r in sub.items():
             for p, d, lp in out_arcs[q]:
                 t = by_pdf.setdefault(p, {})
-                t[d] = np.logaddexp(t[d], r + lp) if d in t else r + lp
+                t[d] = plus(t[d], r + lp) if d in t else r + lp
         for p in sorted(by_pdf):
             t = by_pdf[p]
-            w = float(np.logaddexp.reduce(np.array(list(t.values()))))
+            w = float(plus.reduce(np.array(list(t.values()))))
             nxt = {d: float(v - w) for d, v in t.items()}
             k = key(nxt)
             j = ids.get(k)
