@@ -178,8 +178,8 @@ class DenseLattice:
     k2 (module docstring).
     """
 
-    def __init__(self, a_fsas: Fsa, b_fsas: DenseFsaVec, b_index: np.ndarray):
-        self.a_fsas, self.b_fsas, self._b = a_fsas, b_fsas, b_index
+    def __init__(self, a_fsas: Fsa, b_fsas: DenseFsaVec, a_index: np.ndarray, b_index: np.ndarray):
+        self.a_fsas, self.b_fsas, self._a, self._b = a_fsas, b_fsas, a_index, b_index
         self._graphs = {}
 
     @property
@@ -212,7 +212,7 @@ class DenseLattice:
                     g = ids[key] = len(fsts)
                     fsts.append(_graph_fst(S, src, dst, np.arange(a1 - a0) if per_arc else lb + 1, w))
                 which.append(g)
-            got = self._graphs[per_arc] = FstBatch(fsts, np.array(which, dtype=np.int64))
+            got = self._graphs[per_arc] = FstBatch(fsts, np.array(which, dtype=np.int64)[self._a])
         return got
 
     def _scores(self, per_arc: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -222,11 +222,11 @@ class DenseLattice:
         if not per_arc:
             return dense.to(dtype)
         a = self.a_fsas
-        counts = np.diff(a._arc_splits)
+        counts = np.diff(a._arc_splits)[self._a]
         F, A = len(counts), int(counts.max()) if len(counts) else 0
         col = np.arange(A)[None, :]
         real = col < counts[:, None]
-        arc = np.where(real, a._arc_splits[:-1, None] + col, 0)
+        arc = np.where(real, a._arc_splits[self._a][:, None] + col, 0)
         lab = a.labels.cpu().numpy().astype(np.int64)
         cols = torch.as_tensor(np.where(real, lab[arc] + 1, 0), device=dense.device)
         read = torch.gather(dense, 2, cols[:, None, :].expand(F, dense.shape[1], A))
@@ -291,7 +291,8 @@ def _check_labels(a_fsas: Fsa, C: int) -> None:
 
 
 def _inputs(a_fsas, b_fsas, output_beam: float, a_to_b_map, shared_ok: bool):
-    """Checked ``(a_fsas as an FsaVec, b_fsas, b_index [num_fsas])``."""
+    """Checked ``(a_fsas as an FsaVec, b_fsas, a_index, b_index)``: lattice
+    ``i`` intersects FSA ``a_index[i]`` with segment ``b_index[i]``."""
     if not isinstance(a_fsas, Fsa):
         raise TypeError(f"a_fsas: expected a chainfb.compat.k2.Fsa, got {type(a_fsas).__name__}")
     if not isinstance(b_fsas, DenseFsaVec):
@@ -307,9 +308,9 @@ def _inputs(a_fsas, b_fsas, output_beam: float, a_to_b_map, shared_ok: bool):
     F, S = a_fsas.shape[0], b_fsas.dim0()
     if a_to_b_map is None:
         if F == S:
-            return a_fsas, b_fsas, np.arange(S, dtype=np.int64)
+            return a_fsas, b_fsas, np.arange(S, dtype=np.int64), np.arange(S, dtype=np.int64)
         if shared_ok and F == 1:
-            return a_fsas, b_fsas, np.zeros(S, dtype=np.int64)
+            return a_fsas, b_fsas, np.zeros(S, dtype=np.int64), np.arange(S, dtype=np.int64)
         raise ValueError(f"a_fsas: {F} FSAs but b_fsas has {S} segments (give a_to_b_map"
                          + (", or one FSA to share" if shared_ok else "") + ")")
     m = checks.int_array(a_to_b_map, "a_to_b_map", 1)
@@ -319,7 +320,7 @@ def _inputs(a_fsas, b_fsas, output_beam: float, a_to_b_map, shared_ok: bool):
         raise ValueError(f"a_to_b_map: segment indexes must lie in [0, {S}), got {m[(m < 0) | (m >= S)][0]}")
     if (np.diff(m) < 0).any():
         raise ValueError(f"a_to_b_map: must be non-decreasing (k2 requires it), got {m.tolist()}")
-    return a_fsas, b_fsas, m.astype(np.int64)
+    return a_fsas, b_fsas, np.arange(F, dtype=np.int64), m.astype(np.int64)
 
 
 def _no_attribute(name: str, value) -> None:
@@ -337,8 +338,7 @@ def intersect_dense(a_fsas: Fsa, b_fsas: DenseFsaVec, output_beam: float, a_to_b
     indexes).  Returns a :class:`DenseLattice`; see the module docstring."""
     _no_attribute("seqframe_idx_name", seqframe_idx_name)
     _no_attribute("frame_idx_name", frame_idx_name)
-    a, b, m = _inputs(a_fsas, b_fsas, output_beam, a_to_b_map, shared_ok=False)
-    return DenseLattice(a, b, m)
+    return DenseLattice(*_inputs(a_fsas, b_fsas, output_beam, a_to_b_map, shared_ok=False))
 
 
 def intersect_dense_pruned(a_fsas: Fsa, b_fsas: DenseFsaVec, search_beam: float, output_beam: float,
@@ -355,5 +355,4 @@ def intersect_dense_pruned(a_fsas: Fsa, b_fsas: DenseFsaVec, search_beam: float,
         raise ValueError("allow_partial: not supported (a partial path has no total score here)")
     _no_attribute("seqframe_idx_name", seqframe_idx_name)
     _no_attribute("frame_idx_name", frame_idx_name)
-    a, b, m = _inputs(a_fsas, b_fsas, output_beam, None, shared_ok=True)
-    return DenseLattice(a, b, m)
+    return DenseLattice(*_inputs(a_fsas, b_fsas, output_beam, None, shared_ok=True))

@@ -143,7 +143,7 @@ def _parse_openfst(lines, num_aux, num_ragged):
         src, dst, label, aux, ragged, w = _arc_fields(toks, lineno, num_aux, num_ragged)
         start = src if start is None else start
         top = max(top, src, dst)
-        per_state.setdefault(src, []).append([src, dst, label, aux, ragged, 0.0 if w is None else -w])
+        per_state.setdefault(src, []).append([src, dst, label, aux, ragged, -(0.0 if w is None else w)])
     if start is None:
         return 0, []
     super_final = max(top + 1, 1)
