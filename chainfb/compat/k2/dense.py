@@ -26,15 +26,20 @@ k2's rules, reproduced:
   with respect to the log-probs and to ``a_fsas.scores``: the gradient is
   the arc posteriors (the best path's arcs for ``log_semiring=False``).
 
-How it runs: each segment's scores become ``[duration + 1, C + 1]`` (k2's
-dense layout: column 0 is label ``-1``), and each FSA a :class:`chainfb.Fst`
-over those columns (label ``l`` -> column ``l + 1``, arc score as arc
-weight, the final state final); :func:`chainfb.fst_loglike` (the criterion
-seam, :class:`chainfb.api.PdfCriterion`) gives the log-sum and its gradient,
-:func:`chainfb.best_path` the best path.  When ``a_fsas.scores`` requires
-grad, every arc gets its own column (score added to the column) so that its
-posterior is a column posterior: memory ``segments x frames x arcs`` instead
-of ``x labels``.  Identical FSAs (a replicated denominator) share one graph.
+How it runs: each FSA becomes a :class:`chainfb.Fst` over the columns of
+the log-probs (an arc labelled ``l >= 0`` reads column ``l`` with its score
+as weight; a state's ``-1`` arcs, which can only read the appended frame,
+become its final weight: their log-sum, or their maximum for the best
+path), and the criterion seam (:class:`chainfb.api.PdfCriterion` through
+:func:`chainfb.criterion.apply`) runs the engine on the log-probs
+themselves -- no copy when segment ``i`` is all of sequence ``i`` -- for
+the log-sum and its gradient, :func:`chainfb.best_path` for the best path.
+When ``a_fsas.scores`` requires grad, k2's dense layout is built (``[S,
+duration + 1, C + 1]``, column 0 = label ``-1``) and every arc gets its own
+column (its dense column plus its score, the ``-1`` arcs reading the
+appended frame), so that its posterior is a column posterior: memory
+``segments x frames x arcs``.  Identical FSAs (a replicated denominator)
+share one graph.
 
 Differences from k2: the result is exact where k2 prunes to
 ``output_beam`` (``intersect_dense_pruned``'s beams are ignored too); the
@@ -53,8 +58,9 @@ import numpy as np
 import torch
 
 from ... import checks
-from ...api import best_path, fst_loglike
+from ...api import PdfCriterion, best_path
 from ...batch import FstBatch
+from ...criterion import apply
 from ...fst import Fst
 from .fsa import Fsa
 
@@ -194,10 +200,14 @@ class DenseLattice:
     def requires_grad(self) -> bool:
         return self.a_fsas.requires_grad or self.b_fsas.log_probs.requires_grad
 
-    def _batch(self, per_arc: bool) -> FstBatch:
-        """The FSAs as pdf graphs over dense columns (``per_arc``: one
-        column per arc, weights 0), identical graphs shared."""
-        got = self._graphs.get(per_arc)
+    def _batch(self, per_arc: bool, log_semiring: bool) -> FstBatch:
+        """The FSAs as graphs for the engine, identical ones shared: over
+        k2's dense columns, one per arc (``per_arc``, weights 0, ``-1``
+        arcs reading the appended frame), or over the log-probs' columns
+        with the arc scores as weights and the ``-1`` arcs as final weights
+        (log-sum or max of the scores of a state's ``-1`` arcs)."""
+        key = (per_arc, log_semiring or per_arc)
+        got = self._graphs.get(key)
         if got is None:
             a = self.a_fsas
             lab = a.labels.cpu().numpy().astype(np.int64)
@@ -206,21 +216,36 @@ class DenseLattice:
             for S, a0, a1 in a._parts():
                 src, dst, lb = a._src[a0:a1], a._dst[a0:a1], lab[a0:a1]
                 w = np.zeros(a1 - a0) if per_arc else score[a0:a1]
-                key = _digest(np.array([S]), src, dst, lb, w)
-                g = ids.get(key)
+                digest = _digest(np.array([S]), src, dst, lb, w)
+                g = ids.get(digest)
                 if g is None:
-                    g = ids[key] = len(fsts)
-                    fsts.append(_graph_fst(S, src, dst, np.arange(a1 - a0) if per_arc else lb + 1, w))
+                    g = ids[digest] = len(fsts)
+                    fsts.append(_arc_fst(S, src, dst, lb) if per_arc else _label_fst(S, src, dst, lb, w, log_semiring))
                 which.append(g)
-            got = self._graphs[per_arc] = FstBatch(fsts, np.array(which, dtype=np.int64)[self._a])
+            got = self._graphs[key] = FstBatch(fsts, np.array(which, dtype=np.int64)[self._a])
         return got
 
-    def _scores(self, per_arc: bool, dtype: torch.dtype) -> torch.Tensor:
-        """The engine's scores ``[num_fsas, max_duration + 1, columns]``."""
+    def _frames(self) -> torch.Tensor:
+        """Each lattice's log-probs ``[num_fsas, frames, C]``: the tensor
+        itself when lattice ``i`` is all of sequence ``i`` (no copy), else
+        its segments' rows."""
+        d = self.b_fsas
+        lp = d.log_probs
+        N, T, C = lp.shape
+        seq, start = d._seq[self._b], d._start[self._b]
+        if len(seq) == N and (seq == np.arange(N)).all() and not start.any():
+            return lp
+        D = int(d._dur[self._b].max()) if len(seq) else 0
+        t = np.arange(D)[None, :]
+        rows = seq[:, None] * T + np.minimum(start[:, None] + t, T - 1)
+        return lp.reshape(N * T, C).index_select(0, torch.as_tensor(rows.reshape(-1), device=lp.device)).view(
+            len(seq), D, C)
+
+    def _arc_scores(self) -> torch.Tensor:
+        """``[num_fsas, max_duration + 1, arcs]``: each arc's dense column
+        (label ``l`` -> column ``l + 1``) plus its score."""
         dense = self.b_fsas.dense()
         dense = dense.index_select(0, torch.as_tensor(self._b, device=dense.device))
-        if not per_arc:
-            return dense.to(dtype)
         a = self.a_fsas
         counts = np.diff(a._arc_splits)[self._a]
         F, A = len(counts), int(counts.max()) if len(counts) else 0
@@ -233,7 +258,7 @@ class DenseLattice:
         w = a.scores.to(device=dense.device).index_select(0, torch.as_tensor(arc.reshape(-1), device=dense.device))
         w = torch.where(torch.as_tensor(real.reshape(-1), device=dense.device), w.to(read.dtype),
                         torch.tensor(-np.inf, dtype=read.dtype, device=dense.device))
-        return (read + w.view(F, 1, A)).to(dtype)
+        return read + w.view(F, 1, A)
 
     def get_tot_scores(self, use_double_scores: bool = True, log_semiring: bool = True) -> torch.Tensor:
         """Total score per FSA ``[num_fsas]`` (module docstring): float64 with
@@ -245,27 +270,48 @@ class DenseLattice:
         s = self.a_fsas.scores
         per_arc = s.numel() > 0 and ((s.requires_grad and torch.is_grad_enabled()) or not bool(
             torch.all(torch.isfinite(s) | (s == -np.inf))))
-        batch = self._batch(per_arc)
-        Y = self._scores(per_arc, dtype)
-        lengths = self.b_fsas._dur[self._b] + 1
-        if log_semiring:
-            return fst_loglike(Y, batch, lengths)
-        return _best_path_scores(Y, batch, lengths)
+        batch = self._batch(per_arc, log_semiring)
+        Y = self._arc_scores() if per_arc else self._frames()
+        lengths = self.b_fsas._dur[self._b] + (1 if per_arc else 0)
+        if not log_semiring:
+            return _best_path_scores(Y, batch, lengths, dtype)
+        crit = PdfCriterion(batch, tuple(Y.shape), lengths,
+                            value_dtype=np.float64 if dtype == torch.float64 else np.float32)
+        return apply(Y, crit)
 
 
-def _graph_fst(S: int, src, dst, pdf, weight) -> Fst:
-    """A k2 FSA (final state ``S - 1``) as an Fst over dense columns ``pdf``."""
+def _empty_fst() -> Fst:
+    return Fst(1, 0, [], [], [], [], [-np.inf])
+
+
+def _arc_fst(S: int, src, dst, label) -> Fst:
+    """A k2 FSA over k2's dense columns with one column per arc: arc ``a``
+    reads column ``a`` (its dense column plus its score), weight 0; the
+    final state ``S - 1`` is final."""
     if S == 0:
-        return Fst(1, 0, [], [], [], [], [-np.inf])
+        return _empty_fst()
     final = np.full(S, -np.inf)
     final[S - 1] = 0.0
-    return Fst(S, 0, src, dst, pdf, weight, final)
+    return Fst(S, 0, src, dst, np.arange(len(src)), np.zeros(len(src)), final)
 
 
-def _best_path_scores(Y: torch.Tensor, batch: FstBatch, lengths: np.ndarray) -> torch.Tensor:
-    """The best path's score per sequence, as a sum of the scores ``Y`` it
-    reads plus its (constant) arc weights: differentiable, the gradient is
-    1 on the path's cells (k2's tropical gradient)."""
+def _label_fst(S: int, src, dst, label, weight, log_semiring: bool) -> Fst:
+    """A k2 FSA over the log-probs' columns: arcs labelled ``l >= 0`` read
+    column ``l`` with their score as weight; a state's ``-1`` arcs become
+    its final weight (they read k2's appended frame, which scores 0)."""
+    if S == 0:
+        return _empty_fst()
+    fin = label == -1
+    final = np.full(S, -np.inf)
+    (np.logaddexp if log_semiring else np.maximum).at(final, src[fin], weight[fin])
+    return Fst(S, 0, src[~fin], dst[~fin], label[~fin], weight[~fin], final)
+
+
+def _best_path_scores(Y: torch.Tensor, batch: FstBatch, lengths: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The best path's score per sequence (``dtype``), as a sum of the
+    scores ``Y`` it reads plus its (constant) arc weights and final weight:
+    differentiable, the gradient is 1 on the path's cells (k2's tropical
+    gradient)."""
     score, paths = best_path(batch, Y.detach(), lengths)
     seq, frame, col, const = [], [], [], np.zeros(len(score))
     for n, p in enumerate(paths):
@@ -273,13 +319,13 @@ def _best_path_scores(Y: torch.Tensor, batch: FstBatch, lengths: np.ndarray) -> 
             continue
         f = batch.fsts[batch.seq_to_graph[n]]
         seq.append(np.full(len(p), n)), frame.append(np.arange(len(p))), col.append(f.pdf[p])
-        const[n] = f.log_prob[p].sum()
+        const[n] = f.log_prob[p].sum() + f.final[f.dst[p[-1]] if len(p) else f.start]
     dev = Y.device
-    tot = torch.as_tensor(const, dtype=Y.dtype, device=dev)
+    tot = torch.as_tensor(const, dtype=dtype, device=dev)
     if seq:
         idx = [torch.as_tensor(np.concatenate(v), device=dev) for v in (seq, frame, col)]
-        tot = tot.index_add(0, idx[0], Y[idx[0], idx[1], idx[2]])
-    fixed = torch.as_tensor(score, dtype=Y.dtype, device=dev)
+        tot = tot.index_add(0, idx[0], Y[idx[0], idx[1], idx[2]].to(dtype))
+    fixed = torch.as_tensor(score, dtype=dtype, device=dev)
     return torch.where(torch.as_tensor(np.isfinite(score), device=dev), tot, fixed)
 
 
