@@ -26,7 +26,8 @@ from oracles import k2 as ref
 
 
 def _lines(s: str) -> str:
-    return "\n".join(line.strip() for line in s.strip().splitlines() if line.strip())
+    """``s`` with its blank lines dropped and each line's fields separated by one space."""
+    return "\n".join(" ".join(line.split()) for line in s.strip().splitlines() if line.strip())
 
 
 def _bits(x: float) -> int:
@@ -70,16 +71,7 @@ SIMPLE = """
 class TestText:
     def test_acceptor_from_str(self):
         fsa = k2.Fsa.from_str(ACCEPTOR)
-        assert _lines(k2.to_str(fsa)) == _lines("""
-            0 1 2 -1.2
-            0 2 10 -2.2
-            1 6 -1 -3.2
-            1 3 3 -4.2
-            2 6 -1 -5.2
-            2 4 2 -6.2
-            3 6 -1 -7.2
-            5 0 1 -8.2
-            6""")
+        assert _lines(k2.to_str(fsa)) == _lines(ACCEPTOR)
         arcs = fsa.arcs.values()[:, :-1]
         assert arcs.dtype == torch.int32 and arcs.shape == (8, 3)
         assert arcs[0].tolist() == [0, 1, 2]
@@ -102,7 +94,7 @@ class TestText:
             fsa = k2.Fsa.from_str(TRANSDUCER, **kwargs)
             assert fsa.aux_labels.dtype == torch.int32
             assert fsa.aux_labels.tolist() == [22, 100, 16, 33, 26, 22, 36, 50]
-            assert _lines(k2.to_str(fsa)) == _lines(TRANSDUCER.replace("  ", " ").replace("  ", " "))
+            assert _lines(k2.to_str(fsa)) == _lines(TRANSDUCER)
 
     def test_two_aux_labels_and_ragged(self):
         s = """

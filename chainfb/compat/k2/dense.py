@@ -62,12 +62,12 @@ from ...api import PdfCriterion, best_path
 from ...batch import FstBatch
 from ...criterion import apply
 from ...fst import Fst
-from .fsa import Fsa
+from .fsa import Fsa, OnDevice
 
 __all__ = ["DenseFsaVec", "DenseLattice", "intersect_dense", "intersect_dense_pruned"]
 
 
-class DenseFsaVec:
+class DenseFsaVec(OnDevice):
     """k2's ``DenseFsaVec``: log-probs ``[N, T, C]`` cut into supervision
     segments ``[S, 3]`` of ``(sequence_index, start_frame, duration)``
     (module docstring).
@@ -120,12 +120,6 @@ class DenseFsaVec:
     @property
     def device(self) -> torch.device:
         return self.log_probs.device
-
-    def is_cpu(self) -> bool:
-        return self.device.type == "cpu"
-
-    def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
 
     def to(self, device) -> "DenseFsaVec":
         if torch.device(device) == self.device:

@@ -20,8 +20,9 @@ that derives an FSA (:mod:`chainfb.compat.k2.ops`) indexes the attributes
 through its arc map as k2 does (``scores`` through torch, so gradients
 flow back).
 
-The graph structure (states, arcs) is kept on the host as NumPy arrays;
-the attribute tensors live on ``fsa.device``.
+``labels`` and ``scores`` are read and set like the other attributes.  The
+graph structure (states, arcs) is kept on the host as NumPy arrays; the
+attribute tensors live on ``fsa.device``.
 """
 
 from __future__ import annotations
@@ -154,7 +155,17 @@ class _Arcs:
         return str(self.values()[:, :3].tolist())
 
 
-class Fsa:
+class OnDevice:
+    """``is_cpu()`` / ``is_cuda()`` from a ``device`` property."""
+
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+class Fsa(OnDevice):
     """k2's ``Fsa`` (see the module docstring).
 
     ``Fsa(arcs [num_arcs, 4] int32 tensor, aux_labels=None)``: k2's layout,
@@ -285,22 +296,6 @@ class Fsa:
         return _Arcs(self)
 
     @property
-    def labels(self) -> torch.Tensor:
-        return self._tensor_attr["labels"]
-
-    @labels.setter
-    def labels(self, value: torch.Tensor) -> None:
-        self.__setattr__("labels", value)
-
-    @property
-    def scores(self) -> torch.Tensor:
-        return self._tensor_attr["scores"]
-
-    @scores.setter
-    def scores(self, value: torch.Tensor) -> None:
-        self.__setattr__("scores", value)
-
-    @property
     def num_arcs(self) -> int:
         return int(self._src.shape[0])
 
@@ -314,12 +309,6 @@ class Fsa:
     @property
     def device(self) -> torch.device:
         return self.scores.device
-
-    def is_cpu(self) -> bool:
-        return self.device.type == "cpu"
-
-    def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
 
     @property
     def requires_grad(self) -> bool:
