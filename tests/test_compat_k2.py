@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import chainfb
 from chainfb.compat import k2
 
-from devices import CUDA, OnCPU, OnCUDA, OnEmulatedKernels
+from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles import k2 as ref
 
 

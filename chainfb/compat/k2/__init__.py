@@ -5,9 +5,9 @@ computed by chainfb's engine.
 
 - FSAs: :class:`Fsa` (``from_str`` / ``from_openfst`` in k2's and
   OpenFst's text formats, ``to_str``, ``labels`` / ``aux_labels`` /
-  ``scores``, ``requires_grad_``, FsaVec indexing), :func:`create_fsa_vec`,
-  :func:`index_fsa`, :func:`cat`, :class:`RaggedTensor`, :func:`to_str`;
-  see :mod:`chainfb.compat.k2.fsa`.
+  ``scores``, ``requires_grad_``, FsaVec indexing), :class:`RaggedTensor`,
+  :func:`to_str` (:mod:`chainfb.compat.k2.fsa`); :func:`create_fsa_vec`,
+  :func:`index_fsa`, :func:`cat` (:mod:`chainfb.compat.k2.vec`).
 - Graphs: :func:`linear_fsa`, :func:`linear_fst`, :func:`ctc_topo`,
   :func:`ctc_graph` (:mod:`chainfb.compat.k2.graphs`), and
   :func:`fst_to_fsa` for a :class:`chainfb.Fst`.
@@ -33,12 +33,13 @@ are accepted where k2 asserts float32.  ``docs/k2.md`` shows the switch.
 """
 
 from .dense import DenseFsaVec, DenseLattice, intersect_dense, intersect_dense_pruned
-from .fsa import Fsa, cat, create_fsa_vec, fsa_properties, index_fsa, to_str, to_str_simple
+from .fsa import Fsa, fsa_properties, to_str, to_str_simple
 from .graphs import ctc_graph, ctc_topo, fst_to_fsa, linear_fsa, linear_fst
 from .losses import CtcLoss, ctc_loss
 from .ops import (add_epsilon_self_loops, arc_sort, compose, connect, determinize, intersect, invert,
                   remove_epsilon, remove_epsilon_and_add_self_loops, remove_epsilon_self_loops, top_sort)
 from .ragged import RaggedTensor
+from .vec import cat, create_fsa_vec, index_fsa
 
 #: k2's generic ``index`` as far as FsaVecs go
 index = index_fsa

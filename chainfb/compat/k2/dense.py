@@ -63,6 +63,7 @@ from ...batch import FstBatch
 from ...criterion import apply
 from ...fst import Fst
 from .fsa import Fsa, OnDevice
+from .vec import create_fsa_vec
 
 __all__ = ["DenseFsaVec", "DenseLattice", "intersect_dense", "intersect_dense_pruned"]
 
@@ -339,8 +340,6 @@ def _inputs(a_fsas, b_fsas, output_beam: float, a_to_b_map, shared_ok: bool):
         raise TypeError(f"b_fsas: expected a DenseFsaVec, got {type(b_fsas).__name__}")
     checks.number(output_beam, "output_beam", lo=0.0, lo_open=True, finite=False)
     if not a_fsas._vec:
-        from .fsa import create_fsa_vec
-
         a_fsas = create_fsa_vec([a_fsas])
     if a_fsas.device != b_fsas.device:
         raise ValueError(f"a_fsas: on {a_fsas.device} but b_fsas on {b_fsas.device}")
