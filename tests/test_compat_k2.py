@@ -240,6 +240,8 @@ class TestFsa:
             fsa.aux_labels = torch.zeros(3, dtype=torch.int32)
         with pytest.raises(TypeError, match="scores: expected a float32 or float64"):
             fsa.scores = torch.zeros(8, dtype=torch.int64)
+        with pytest.raises(AttributeError, match="shape: cannot be assigned"):
+            fsa.shape = (3, None)
         fsa.symbols = "a table"
         assert fsa.symbols == "a table"
         del fsa.symbols

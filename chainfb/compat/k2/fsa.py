@@ -235,7 +235,7 @@ class Fsa(OnDevice):
 
     # ------------------------------------------------------------ attributes
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("_tensor_attr", "_non_tensor_attr", "arcs", "properties") or name.startswith("_num"):
+        if name in ("_tensor_attr", "_non_tensor_attr") or isinstance(getattr(type(self), name, None), property):
             raise AttributeError(f"{name}: cannot be assigned")
         if isinstance(value, torch.Tensor):
             if value.dim() == 0 or value.shape[0] != self.num_arcs:
