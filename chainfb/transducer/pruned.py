@@ -530,15 +530,25 @@ def prune_ranges(px_grad, py_grad, boundary, s_range: int, *, band_scores: str =
             s_range = int(needs[b])
     if s_range > S:
         s_range = S + 1
-    dev = py_grad.device
     score = _band_scores(px_grad.detach()[:, :, :T], py_grad.detach(), s_range, band_scores)
     start = score.transpose(1, 2).contiguous().argmax(dim=2)  # the first maximum: [B, T] (reduced where contiguous)
+    return ranges_from_starts(start, bd, s_range, T1 == T)
+
+
+def ranges_from_starts(start, bd: np.ndarray, s_range: int, modified: bool):
+    """k2's last steps of the prune ranges: the band start ``start [B, T]``
+    (each frame's best) set to ``max(s_end - s_range + 1, 0)`` from frame
+    ``t_end - 1`` on, then lowered until it starts at 0, never falls and
+    rises by at most ``s_range - 1`` per frame (1 for ``modified``, px of
+    ``T`` columns); ``ranges [B, T, s_range]``.  ``bd``: the boundary
+    ``[B, 4]`` (int64 NumPy)."""
+    dev, T = start.device, start.shape[1]
     t = torch.arange(T, device=dev)
     s_end = torch.as_tensor(bd[:, 2], device=dev)
     t_end = torch.as_tensor(bd[:, 3], device=dev)
     last = (s_end - s_range + 1).clamp(min=0)
     start = torch.where(t[None, :] >= (t_end - 1)[:, None], last[:, None], start)
-    r = 2 if T1 == T else s_range
+    r = 2 if modified else s_range
     x = _reverse_cummin(start, 1)
     y = (r - 1) * t[None, :] - x
     y = _reverse_cummin(y, 1).clamp(min=0)
