@@ -158,9 +158,10 @@ def int_array(x, name: str, ndim: int | None = None) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def lengths(x, name: str, N: int, T: int | None = None) -> np.ndarray:
+def lengths(x, name: str, N: int, T: int | None = None, bound: str = "T") -> np.ndarray:
     """Lengths ``[N]`` as int64 NumPy in ``[0, T]`` (``T=None``: no upper
-    bound); ``None`` means all ``T``."""
+    bound); ``None`` means all ``T``.  ``bound`` names what ``T`` is in the
+    message (e.g. ``"targets.shape[1]"`` for label counts)."""
     if x is None:
         if T is None:
             raise ValueError(f"{name}: expected [{N}] lengths, got None")
@@ -171,7 +172,7 @@ def lengths(x, name: str, N: int, T: int | None = None) -> np.ndarray:
     if arr.shape != (N,):
         raise ValueError(f"{name}: expected shape ({N},), got {tuple(arr.shape)}")
     if N and T is not None and (arr.min() < 0 or arr.max() > T):
-        raise ValueError(f"{name}: every length must lie in [0, T={T}], got {arr[(arr < 0) | (arr > T)][0]}")
+        raise ValueError(f"{name}: every length must lie in [0, {bound}={T}], got {arr[(arr < 0) | (arr > T)][0]}")
     if N and arr.min() < 0:
         raise ValueError(f"{name}: every length must be >= 0, got {arr.min()}")
     return arr

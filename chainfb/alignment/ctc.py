@@ -47,7 +47,7 @@ def _rows(targets, target_lengths, B, C, blank):
     if tg.shape[0] != B:
         raise ValueError(f"targets: batch size {tg.shape[0]} does not match log_probs' batch size {B}")
     L = tg.shape[1]
-    tl = checks.lengths(target_lengths, "target_lengths", B, L)
+    tl = checks.lengths(target_lengths, "target_lengths", B, L, bound="targets.shape[1]")
     arr = tg.detach().cpu().to(torch.int64).numpy()
     rows = [arr[b, : tl[b]] for b in range(B)]
     for b, r in enumerate(rows):

@@ -14,18 +14,60 @@ Quirks reproduced from torchaudio's code:
 
 Extension: float64 logits are accepted too (torchaudio takes float32/float16;
 float16 and bfloat16 are computed in float32 here).
+
+``forced_align`` and ``merge_tokens`` are :func:`chainfb.forced_align` and
+:func:`chainfb.merge_tokens` under torchaudio's names (any batch size, where
+torchaudio takes one utterance).
+
+Errors.  torchaudio checks its inputs in C++ and raises ``RuntimeError``;
+code written for it catches that.  Every input error of this module is an
+:class:`InputError` (a ``ValueError`` and a ``RuntimeError``) or, for a
+wrong type or dtype, an :class:`InputTypeError` (a ``TypeError`` and a
+``RuntimeError``), with chainfb's message naming the argument.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import checks
+from ..alignment.ctc import TokenSpan, forced_align as _forced_align, merge_tokens as _merge_tokens
 from ..transducer.loss import check_inputs, rnnt_loss as _rnnt_loss
 
-__all__ = ["rnnt_loss", "RNNTLoss"]
+__all__ = ["rnnt_loss", "RNNTLoss", "forced_align", "merge_tokens", "TokenSpan", "InputError", "InputTypeError"]
 
 
+class InputError(ValueError, RuntimeError):
+    """A bad argument value given to a torchaudio drop-in: chainfb's
+    ``ValueError``, and the ``RuntimeError`` that torchaudio raises for it."""
+
+
+class InputTypeError(TypeError, RuntimeError):
+    """A bad argument type or dtype given to a torchaudio drop-in: chainfb's
+    ``TypeError``, and the ``RuntimeError`` that torchaudio raises for it."""
+
+
+def _torchaudio_errors(fn):
+    """``fn`` with its ``ValueError``/``TypeError`` raised as
+    :class:`InputError`/:class:`InputTypeError` (same message, same traceback)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, InputTypeError):
+            raise
+        except ValueError as e:
+            raise InputError(*e.args).with_traceback(e.__traceback__) from None
+        except TypeError as e:
+            raise InputTypeError(*e.args).with_traceback(e.__traceback__) from None
+
+    return wrapped
+
+
+@_torchaudio_errors
 def rnnt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -40,7 +82,8 @@ def rnnt_loss(
     ``[B, U]`` int32, logit_lengths ``[B]`` int32, target_lengths ``[B]``
     int32; ``blank < 0`` means ``V + blank``; reduction ``"mean"`` (batch
     mean), ``"sum"`` or ``"none"`` (``[B]``).  See the module docstring for
-    the reproduced quirks."""
+    the reproduced quirks; bad input raises :class:`InputError` /
+    :class:`InputTypeError`."""
     reduction = checks.reduction(reduction)
     fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
     for name, x in (("targets", targets), ("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
@@ -71,3 +114,28 @@ class RNNTLoss(torch.nn.Module):
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction, self.fused_log_softmax
         )
+
+
+@_torchaudio_errors
+def forced_align(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor | None = None,
+    target_lengths: torch.Tensor | None = None,
+    blank: int = 0,
+) -> tuple:
+    """torchaudio's ``forced_align``: ``(alignments [B, T], scores [B, T])``
+    for ``log_probs [B, T, C]``, ``targets [B, L]``, optional
+    ``input_lengths [B]`` and ``target_lengths [B]`` (see
+    :func:`chainfb.forced_align`; any ``B``, torchaudio takes ``B = 1``).
+    Bad input, or an utterance with no CTC alignment, raises
+    :class:`InputError` / :class:`InputTypeError`."""
+    return _forced_align(log_probs, targets, input_lengths, target_lengths, blank)
+
+
+@_torchaudio_errors
+def merge_tokens(tokens, scores, blank: int = 0) -> list:
+    """torchaudio's ``merge_tokens``: the :class:`TokenSpan` list of one
+    alignment ``tokens [T]`` with its ``scores [T]`` (see
+    :func:`chainfb.merge_tokens`)."""
+    return _merge_tokens(tokens, scores, blank)
