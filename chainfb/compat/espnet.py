@@ -29,6 +29,27 @@ Quirks reproduced from the NeMo code (ESPnet vendors a copy):
   expectation instead).  FastEmit scales only the token gradient of label
   arcs; ``clamp`` clamps only the token gradient.
 
+Functional forms in NeMo's argument order (``nemo.collections.asr.parts.
+numba.rnnt_loss``; ESPnet's ``rnnt_multi_blank`` has the same):
+``rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean",
+fastemit_lambda=0.0, clamp=0.0)``, ``multiblank_rnnt_loss(acts, labels,
+act_lens, label_lens, blank, big_blank_durations, reduction="mean",
+fastemit_lambda=0.0, clamp=0.0, *, sigma=0.0)`` and ``tdt_loss(acts,
+labels, act_lens, label_lens, blank, durations, reduction="mean",
+fastemit_lambda=0.0, clamp=0.0, *, sigma=0.0, omega=0.0)``: the
+reduction is the 7th positional argument (chainfb's own
+:func:`chainfb.multiblank_rnnt_loss` has ``sigma`` there).  Each is the
+module of the same name applied once, and a negative ``clamp`` is a
+``ValueError``.  NeMo's own functional multi-blank and TDT forms cannot be
+called (their autograd functions take ``sigma``/``omega`` and the split
+TDT logits, which the functional forms do not pass), so ``sigma`` and
+``omega`` are keyword-only extensions here, with the modules' defaults.
+
+:func:`certify_inputs` is NeMo's input check (int64 labels and lengths,
+contiguous tensors, ``T == max(act_lens)``, ``U == max(label_lens) + 1``);
+the losses here are more lenient (int32 too, ``T``/``U`` at least the
+maxima) and check their inputs themselves.
+
 Arguments are checked with :mod:`chainfb.checks` when a module is built;
 tensors and lengths by the native losses.
 """
@@ -40,10 +61,11 @@ import random
 import torch
 
 from .. import checks
-from ..transducer.loss import check_options, multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
-from ..transducer.tdt import tdt_loss
+from ..transducer.loss import check_options, multiblank_rnnt_loss as _multiblank_rnnt_loss, rnnt_loss as _rnnt_loss
+from ..transducer.tdt import tdt_loss as _tdt_loss
 
-__all__ = ["rnnt_loss", "RNNTLossNumba", "MultiblankRNNTLossNumba", "TDTLossNumba", "sample_rnnt"]
+__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "tdt_loss", "certify_inputs", "RNNTLossNumba",
+           "MultiblankRNNTLossNumba", "TDTLossNumba", "sample_rnnt"]
 
 
 def _nemo_reduce(costs, reduction):
@@ -67,12 +89,80 @@ def sample_rnnt(omega: float) -> bool:
     return random.uniform(0, 1) < omega
 
 
-def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean", fastemit_lambda=0.0, clamp=0.0):
-    """NeMo's functional ``rnnt_loss``: as :class:`RNNTLossNumba`, but a
-    negative ``clamp`` is a ``ValueError`` (``0`` disables clamping)."""
+def _functional_clamp(clamp) -> float:
+    """The functional forms' ``clamp``: ``0`` (off) or positive; negative is a ``ValueError``."""
     if checks.number(clamp, "clamp", lo=-float("inf"), finite=False) < 0:
         raise ValueError(f"clamp: must be 0.0 or a positive value, got {clamp}")
+    return clamp
+
+
+def rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor, label_lens: torch.Tensor,
+              blank: int = 0, reduction: str = "mean", fastemit_lambda: float = 0.0,
+              clamp: float = 0.0) -> torch.Tensor:
+    """NeMo's functional ``rnnt_loss``: as :class:`RNNTLossNumba`, but a
+    negative ``clamp`` is a ``ValueError`` (``0`` disables clamping)."""
+    clamp = _functional_clamp(clamp)
     return RNNTLossNumba(blank, reduction, fastemit_lambda, clamp)(acts, labels, act_lens, label_lens)
+
+
+def multiblank_rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
+                         label_lens: torch.Tensor, blank: int, big_blank_durations=(), reduction: str = "mean",
+                         fastemit_lambda: float = 0.0, clamp: float = 0.0, *, sigma: float = 0.0) -> torch.Tensor:
+    """NeMo's functional ``multiblank_rnnt_loss`` (its argument order:
+    ``reduction`` is the 7th): :class:`MultiblankRNNTLossNumba` applied to
+    ``acts [B, T, U + 1, V]`` (standard blank ``blank``, big blank ``i`` at
+    ``blank - 1 - i``); ``[1]`` for ``"mean"``/``"sum"``, ``[B]`` for
+    ``"none"``.  A negative ``clamp`` is a ``ValueError``."""
+    clamp = _functional_clamp(clamp)
+    loss = MultiblankRNNTLossNumba(blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma)
+    return loss(acts, labels, act_lens, label_lens)
+
+
+def tdt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor, label_lens: torch.Tensor,
+             blank: int, durations=(), reduction: str = "mean", fastemit_lambda: float = 0.0, clamp: float = 0.0,
+             *, sigma: float = 0.0, omega: float = 0.0) -> torch.Tensor:
+    """NeMo's functional ``tdt_loss`` (``reduction`` is the 7th argument):
+    :class:`TDTLossNumba` applied to ``acts [B, T, U + 1, V + D]`` (``V``
+    token logits, then one per duration); ``[1]`` for ``"mean"``/``"sum"``,
+    ``[B]`` for ``"none"``.  A negative ``clamp`` is a ``ValueError``;
+    ``omega`` draws the RNN-T loss as :class:`TDTLossNumba` does."""
+    clamp = _functional_clamp(clamp)
+    loss = TDTLossNumba(blank, durations, reduction, fastemit_lambda, clamp, sigma, omega)
+    return loss(acts, labels, act_lens, label_lens)
+
+
+def certify_inputs(log_probs: torch.Tensor, labels: torch.Tensor, lengths: torch.Tensor,
+                   label_lengths: torch.Tensor) -> None:
+    """NeMo's ``certify_inputs``: ``labels [B, U]``, ``lengths [B]`` and
+    ``label_lengths [B]`` int64 (else ``TypeError``); every tensor
+    contiguous, ``log_probs`` 4-D ``[B, T, U + 1, V]``, one length per
+    utterance, ``T == max(lengths)`` and ``U + 1 == max(label_lengths) + 1``
+    (else ``ValueError``).  Returns None."""
+    named = (("log_probs", log_probs), ("labels", labels), ("lengths", lengths), ("label_lengths", label_lengths))
+    for name, x in named:
+        checks.tensor(x, name)
+    for name, x in named[1:]:
+        if x.dtype != torch.int64:
+            raise TypeError(f"{name}: must be torch.int64, got {x.dtype}")
+    for name, x in named:
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous")
+    for (name, x), ndim in zip(named, (4, 2, 1, 1)):
+        if x.dim() != ndim:
+            raise ValueError(f"{name}: must be {ndim}-D, got shape {tuple(x.shape)}")
+    B = log_probs.shape[0]
+    for name, x in named[2:]:
+        if x.shape[0] != B:
+            raise ValueError(f"{name}: must have a length per example: {x.shape[0]} lengths, log_probs has B = {B}")
+    if B == 0:
+        raise ValueError("log_probs: expected at least one example, got B = 0")
+    T, U = log_probs.shape[1:3]
+    max_T, max_U = int(lengths.max()), int(label_lengths.max())
+    if T != max_T:
+        raise ValueError(f"lengths: input length mismatch, log_probs has T = {T}, max(lengths) = {max_T}")
+    if U != max_U + 1:
+        raise ValueError(f"label_lengths: output length mismatch, log_probs has U = {U}, max(label_lengths) + 1 = "
+                         f"{max_U + 1}")
 
 
 class RNNTLossNumba(torch.nn.Module):
@@ -108,7 +198,7 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
     def forward(self, acts, labels, act_lens, label_lens):
         if not isinstance(acts, torch.Tensor):
             raise TypeError(f"acts: expected a torch.Tensor, got {type(acts).__name__}")
-        costs = multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank,
+        costs = _multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank,
                                      big_blank_durations=self.big_blank_durations, sigma=self.sigma,
                                      fastemit_lambda=self.fastemit_lambda, clamp=self.clamp, reduction="none")
         return _nemo_reduce(costs, self.reduction)
@@ -134,7 +224,7 @@ class TDTLossNumba(torch.nn.Module):
 
     def forward(self, acts, labels, act_lens, label_lens):
         rnnt = sample_rnnt(self.omega)  # drawn on every call, like NeMo
-        costs = tdt_loss(acts, labels, act_lens, label_lens, blank=self.blank, durations=self.durations,
+        costs = _tdt_loss(acts, labels, act_lens, label_lens, blank=self.blank, durations=self.durations,
                          sigma=self.sigma, omega=1.0 if rnnt else 0.0, fastemit_lambda=self.fastemit_lambda,
                          clamp=self.clamp, reduction="none")
         return _nemo_reduce(costs, self.reduction)
