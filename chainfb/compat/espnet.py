@@ -136,8 +136,9 @@ def certify_inputs(log_probs: torch.Tensor, labels: torch.Tensor, lengths: torch
     """NeMo's ``certify_inputs``: ``labels [B, U]``, ``lengths [B]`` and
     ``label_lengths [B]`` int64 (else ``TypeError``); every tensor
     contiguous, ``log_probs`` 4-D ``[B, T, U + 1, V]``, one length per
-    utterance, ``T == max(lengths)`` and ``U + 1 == max(label_lengths) + 1``
-    (else ``ValueError``).  Returns None."""
+    utterance, ``T == max(lengths)`` and ``U + 1 == max(label_lengths) +
+    1`` for ``log_probs [B, T, U + 1, V]`` (else ``ValueError``).  Returns
+    None."""
     named = (("log_probs", log_probs), ("labels", labels), ("lengths", lengths), ("label_lengths", label_lengths))
     for name, x in named:
         checks.tensor(x, name)
