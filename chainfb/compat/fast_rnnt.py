@@ -71,6 +71,8 @@ Deliberate differences:
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from .. import checks
@@ -138,7 +140,8 @@ def mutual_information_recursion(px, py, boundary=None, return_grad=False):
     return grid_loglike(px, py, boundary, return_grad)
 
 
-def joint_mutual_information_recursion(px, py, boundary=None) -> torch.Tensor:
+def joint_mutual_information_recursion(px: Sequence[torch.Tensor], py: Sequence[torch.Tensor],
+                                       boundary: torch.Tensor | None = None) -> torch.Tensor:
     """k2's ``joint_mutual_information_recursion``: the grid recursion of
     ``px_sum = sum_n px[n]``, ``py_sum = sum_n py[n]``, reported per term.
 
@@ -232,8 +235,9 @@ def _hat_logits(logits, termination_symbol):
     return torch.where(is_blank, x, x - norm)
 
 
-def get_hat_logprobs_pruned(logits, symbols, ranges, termination_symbol, boundary=None, rnnt_type="regular", *,
-                            modified=None):
+def get_hat_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
+                            termination_symbol: int, boundary: torch.Tensor | None = None, rnnt_type: str = "regular",
+                            *, modified: bool | None = None) -> tuple:
     """k2's ``get_hat_logprobs_pruned``: ``(px, py)`` of the HAT loss
     (module docstring) from joiner logits ``[B, T, s_range, C]`` on the band
     ``ranges [B, T, s_range]`` (``-inf`` outside), in float32 for half
@@ -306,7 +310,8 @@ def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range):
     return P.prune_ranges(px_grad, py_grad, boundary, s_range, band_scores="input")
 
 
-def get_rnnt_prune_ranges_deprecated(px_grad, py_grad, boundary, s_range):
+def get_rnnt_prune_ranges_deprecated(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary: torch.Tensor | None,
+                                     s_range: int) -> torch.Tensor:
     """k2's ``get_rnnt_prune_ranges_deprecated``: int64 ``[B, T,
     s_range']``.  Per frame, the window of ``s_range`` symbol positions
     whose summed ``px_grad + py_grad`` (a cumulative sum over positions, in

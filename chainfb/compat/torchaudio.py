@@ -134,7 +134,7 @@ def forced_align(
 
 
 @_torchaudio_errors
-def merge_tokens(tokens, scores, blank: int = 0) -> list:
+def merge_tokens(tokens: torch.Tensor, scores: torch.Tensor, blank: int = 0) -> list:
     """torchaudio's ``merge_tokens``: the :class:`TokenSpan` list of one
     alignment ``tokens [T]`` with its ``scores [T]`` (see
     :func:`chainfb.merge_tokens`)."""
