@@ -274,6 +274,11 @@ def test_nemo_functional_multiblank_in_nemo_argument_order():
         espnet.multiblank_rnnt_loss(x, tg, Tb, Ub, V - 1, durations, "mean", 0.0, -1.0)
     with pytest.raises(ValueError, match="reduction"):
         espnet.multiblank_rnnt_loss(x, tg, Tb, Ub, V - 1, durations, "mean_batch")
+    # NeMo's RNNTLoss sets reduction = None on its loss module for the per-utterance costs
+    module = espnet.MultiblankRNNTLossNumba(V - 1, durations, sigma=sigma)
+    module.reduction = None
+    close(module(x, tg, Tb, Ub), per)
+    close(espnet.RNNTLossNumba(reduction=None)(x, tg, Tb, Ub), chainfb.rnnt_loss(x, tg, Tb, Ub, 0, reduction="none"))
 
 
 def test_nemo_functional_tdt_in_nemo_argument_order():

@@ -9,7 +9,8 @@ Quirks reproduced from the NeMo code (ESPnet vendors a copy):
 - ``reduction="mean"`` divides the *summed* cost and the gradient by the
   batch size (the docstring claims a division by the target lengths; the
   code does not do that); ``"mean"`` and ``"sum"`` return a tensor of shape
-  ``[1]`` (``costs.sum().unsqueeze(-1)``), ``"none"`` returns ``[B]``.
+  ``[1]`` (``costs.sum().unsqueeze(-1)``), ``"none"`` (or ``None``, which
+  NeMo's ``RNNTLoss`` sets on the module) returns ``[B]``.
 - FastEmit: the cost is ``-(1 + lambda) log P``; the gradient's label-arc
   terms are scaled by ``1 + lambda`` and ``lambda * softmax * P(label arc)``
   is added (this is NeMo's FastEmit gradient, not the derivative of the cost).
@@ -69,7 +70,7 @@ __all__ = ["rnnt_loss", "multiblank_rnnt_loss", "tdt_loss", "certify_inputs", "R
 
 
 def _nemo_reduce(costs, reduction):
-    if reduction == "none":
+    if reduction not in ("sum", "mean"):  # "none", or None set on the module (NeMo's RNNTLoss does)
         return costs
     total = costs.sum().unsqueeze(-1)
     return total / costs.shape[0] if reduction == "mean" else total
@@ -77,7 +78,7 @@ def _nemo_reduce(costs, reduction):
 
 def _check(reduction, fastemit_lambda, clamp):
     """``(reduction, fastemit_lambda, clamp)`` checked; a clamp ``<= 0`` is off (0)."""
-    reduction = checks.reduction(reduction)
+    reduction = "none" if reduction is None else checks.reduction(reduction)
     clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
     return reduction, fastemit_lambda, clamp if clamp > 0 else 0.0
 
