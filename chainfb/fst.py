@@ -325,8 +325,10 @@ class Fst:
                         span = olabel
                     elif olabel != label:
                         raise ValueError(
-                            f"line {lineno}: input label {label} != output label {olabel}; "
-                            "expected an acceptor (spans=True reads the output label as the arc's span)"
+                            f"line {lineno}: input label {label} != output label {olabel}: chainfb's graphs "
+                            "have pdf + 1 on both sides (Kaldi's chain graphs are written so; a graph of "
+                            "transition-ids or words is not one); only text that chainfb wrote for arcs "
+                            "spanning several frames has the span as output label (read with spans=True)"
                         )
                 if label == 0:
                     raise ValueError(
@@ -345,17 +347,34 @@ class Fst:
 
     @classmethod
     def read(cls, path: str | os.PathLike, acceptor: bool | None = None, spans: bool = False) -> "Fst":
-        """Read an OpenFst/Kaldi text FST from ``path`` (arguments as for
-        :meth:`from_openfst_text`)."""
+        """Read one FST from ``path``: OpenFst/Kaldi text (arguments as for
+        :meth:`from_openfst_text`), or OpenFst's binary ``vector`` form
+        (what Kaldi writes for ``den.fst`` and ``normalization.fst``; told
+        by its magic number; ``acceptor`` and ``spans`` do not apply to it).
+        A damaged binary file is a ``ValueError`` naming the file and the
+        byte offset."""
         with open(path, "rb") as f:
             data = f.read()
+        from . import fst_binary
+
+        if data[:4] == fst_binary.MAGIC_BYTES:
+            where = os.fspath(path)
+            fst, end = fst_binary.decode(data, 0, lambda what: ValueError(f"{where}: damaged binary FST: {what}"))
+            if end != len(data):
+                raise ValueError(f"{where}: damaged binary FST: {len(data) - end} bytes follow the FST at byte {end} "
+                                 f"(an archive of several FSTs is read by chainfb.chain.read_kaldi_fst_archive)")
+            return fst
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError(
-                f"{os.fspath(path)}: not an OpenFst/Kaldi text FST (binary data); binary Kaldi FST archives are "
-                f"read by chainfb.chain.read_kaldi_fst_archive") from None
-        return cls.from_openfst_text(text, acceptor=acceptor, spans=spans)
+                f"{os.fspath(path)}: neither an OpenFst/Kaldi text FST nor a binary OpenFst FST (no magic number); "
+                f"binary Kaldi FST archives (key, space, FST, ...) are read by chainfb.chain.read_kaldi_fst_archive"
+            ) from None
+        try:
+            return cls.from_openfst_text(text, acceptor=acceptor, spans=spans)
+        except ValueError as e:
+            raise ValueError(f"{os.fspath(path)}: {e}") from None
 
     # ----------------------------------------------------------------- output
     def to_openfst_text(self) -> str:
@@ -400,9 +419,19 @@ class Fst:
             lines.append(f"{self.num_states - 1}\tInfinity")
         return "\n".join(lines) + "\n"
 
-    def write(self, path: str | os.PathLike) -> None:
+    def write(self, path: str | os.PathLike, binary: bool = False) -> None:
         """Write :meth:`to_openfst_text` to ``path`` (acceptor text; the
-        transducer form when arcs span several frames)."""
+        transducer form when arcs span several frames), or with
+        ``binary=True`` OpenFst's binary ``vector`` form, as Kaldi writes
+        ``den.fst`` (float32 costs; arcs spanning several frames cannot be
+        held: a ``ValueError``)."""
+        if checks.flag(binary, "binary"):
+            from . import fst_binary
+
+            data = fst_binary.encode(self, "binary=True")
+            with open(path, "wb") as f:
+                f.write(data)
+            return
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_openfst_text())
 

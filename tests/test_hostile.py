@@ -60,7 +60,10 @@ def test_huge_state_ids_do_not_allocate():
 def test_reading_a_binary_file_says_what_it_is_not(tmp_path):
     p = tmp_path / "graph.fst"
     p.write_bytes(b"\xd6\xfd\xb2~" + bytes(range(256)))  # OpenFst's binary magic, then noise
-    with pytest.raises(ValueError, match="not an OpenFst/Kaldi text FST.*read_kaldi_fst_archive"):
+    with pytest.raises(ValueError, match="graph.fst: damaged binary FST: has a damaged header"):
+        Fst.read(p)
+    p.write_bytes(b"\xff\xfe" + bytes(range(256)))  # no magic, not text
+    with pytest.raises(ValueError, match="neither an OpenFst/Kaldi text FST nor a binary .*read_kaldi_fst_archive"):
         Fst.read(p)
 
 

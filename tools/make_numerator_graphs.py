@@ -9,7 +9,7 @@ state merging).  Utterances whose graph cannot fit their frame count
 up) or that contain OOV words are reported on stderr (and in
 ``--rejected``) and left out.  Output: a text archive of OpenFst graphs
 (``key`` line, graph, empty line); ``--kaldi-ark`` also writes a Kaldi
-binary archive through ``kaldifst`` when it is installed.  ``--context
+binary archive (OpenFst vector FSTs).  ``--context
 biphone`` gives the graphs left-biphone pdfs, the units counted over the
 transcripts of ``--text`` (use the training text, and the options of
 ``tools/make_den_graph.py``, so that both agree).
@@ -46,7 +46,7 @@ def main(argv=None):
                     help="input frames per output frame, for the fit check (default: %(default)s)")
     ap.add_argument("--den-graph", help="compose Kaldi's normalization FST of this den graph into each graph")
     ap.add_argument("--out", required=True, help="output text archive")
-    ap.add_argument("--kaldi-ark", help="also write a Kaldi binary archive (needs kaldifst)")
+    ap.add_argument("--kaldi-ark", help="also write a Kaldi binary archive")
     ap.add_argument("--rejected", help="write rejected utterance ids and reasons here")
     add_context_options(ap)
     args = ap.parse_args(argv)
@@ -60,12 +60,10 @@ def main(argv=None):
 
     from _progress import progress
     from chainfb.chain import (
-        BiphoneSet, DenominatorGraph, Topology, add_normalization, fits, have_kaldifst, normalization_fst,
+        BiphoneSet, DenominatorGraph, Topology, add_normalization, fits, normalization_fst,
         numerator_graph, read_lexicon, read_phones, read_text, write_fst_archive, write_kaldi_fst_archive,
     )
 
-    if args.kaldi_ark and not have_kaldifst():
-        ap.error("argument --kaldi-ark: needs the optional 'kaldifst' package (pip install kaldifst)")
     try:
         lex = read_lexicon(args.lexicon)
         phones = read_phones(args.phones)

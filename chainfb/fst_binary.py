@@ -1,0 +1,185 @@
+"""OpenFst's binary form of one FST: what Kaldi writes for ``den.fst`` and
+``normalization.fst`` (``chain-make-den-fst``) and for each entry of a
+binary FST archive (``compile-train-graphs``, ``fstcopy``).
+
+The layout (little-endian; OpenFst's ``FstHeader`` then
+``VectorFst::WriteFst``):
+
+* the header: the magic number 2125659606 (int32); the FST type and the arc
+  type as strings (int32 length, then the bytes): ``"vector"`` and
+  ``"standard"`` (tropical weights, float32); the version (int32, 2); flags
+  (int32: 1 an input symbol table follows the header, 2 an output symbol
+  table, 4 aligned); properties (uint64); the start state, the number of
+  states and the number of arcs (int64 each; OpenFst writes 0 arcs for a
+  vector FST, the states carry the counts);
+* each symbol table the flags announce: its magic number 2125658996 (int32),
+  its name (a string), the next free key and the number of symbols (int64),
+  then per symbol its string and its key (int64);
+* per state: the final weight (float32 cost; ``inf`` where not final), the
+  number of arcs (int64), and the arcs: input label, output label (int32),
+  weight (float32 cost), next state (int32).
+
+chainfb's graphs have label ``pdf + 1`` on both sides (Kaldi's chain tools
+write them so); weights are ``-log p`` rounded to float32.  Every count
+read from the bytes is checked against the bytes that remain before
+anything is allocated, so a damaged file is a ``ValueError``, never a
+``MemoryError``.  OpenFst's ``const`` FSTs (Kaldi writes them for decoding
+graphs such as ``HCLG.fst``, not for the chain graphs) are refused by name.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+import numpy as np
+
+from .fst import Fst
+
+__all__ = ["MAGIC", "MAGIC_BYTES", "encode", "decode"]
+
+MAGIC = 2125659606
+MAGIC_BYTES = struct.pack("<i", MAGIC)
+_SYMBOL_TABLE_MAGIC = 2125658996
+_VERSION = 2
+_HAS_ISYMBOLS, _HAS_OSYMBOLS = 1, 2
+# properties written: expanded | mutable | acceptor | no epsilons (input, output, both): all true of an Fst
+_PROPERTIES = 0x1 | 0x2 | 0x10000 | 0x800000 | 0x2000000 | 0x8000000
+_HEADER_TAIL = struct.Struct("<iiQqqq")  # version, flags, properties, start, states, arcs
+_STATE = struct.Struct("<fq")  # final cost, number of arcs
+_INT32, _INT64, _TWO_INT64 = struct.Struct("<i"), struct.Struct("<q"), struct.Struct("<qq")
+ARC = np.dtype([("ilabel", "<i4"), ("olabel", "<i4"), ("weight", "<f4"), ("nextstate", "<i4")])
+_MAX_NAME = 256  # FST and arc type names are short words
+
+
+def _string(name: bytes) -> bytes:
+    return struct.pack("<i", len(name)) + name
+
+
+def encode(fst: Fst, name: str = "fst") -> bytes:
+    """``fst`` in OpenFst's binary ``vector`` form (label ``pdf + 1`` on both
+    sides, float32 costs).  Arcs spanning several frames cannot be held: a
+    ``ValueError`` naming ``name``."""
+    if not isinstance(fst, Fst):
+        raise TypeError(f"{name}: expected chainfb.Fst, got {type(fst).__name__}")
+    if fst.max_span > 1:
+        raise ValueError(f"{name}: has arcs spanning up to {fst.max_span} frames; OpenFst's and Kaldi's binary "
+                         f"FSTs cannot hold spans (chainfb's text form keeps them)")
+    if fst.num_arcs and int(fst.pdf.max()) + 1 > np.iinfo(np.int32).max:
+        raise ValueError(f"{name}: pdf {int(fst.pdf.max())} does not fit a 32-bit label")
+    S = fst.num_states
+    out = [MAGIC_BYTES, _string(b"vector"), _string(b"standard"),
+           _HEADER_TAIL.pack(_VERSION, 0, _PROPERTIES, fst.start, S, 0)]
+    order = np.argsort(fst.src, kind="stable")
+    arcs = np.empty(fst.num_arcs, dtype=ARC)
+    arcs["ilabel"] = arcs["olabel"] = fst.pdf[order] + 1
+    arcs["weight"] = 0.0 - fst.log_prob[order]  # a cost of 0 written +0
+    arcs["nextstate"] = fst.dst[order]
+    bounds = np.searchsorted(fst.src[order], np.arange(S + 1))
+    final = 0.0 - fst.final
+    for s in range(S):
+        a, b = bounds[s], bounds[s + 1]
+        out.append(_STATE.pack(final[s], b - a))
+        out.append(arcs[a:b].tobytes())
+    return b"".join(out)
+
+
+class _Reader:
+    """Bytes read from ``pos`` on, every size checked against what remains."""
+
+    def __init__(self, data, pos: int, fail: Callable[[str], ValueError]):
+        self.data, self.pos, self.fail = data, pos, fail
+
+    def need(self, size: int, what: str) -> None:
+        left = len(self.data) - self.pos
+        if size > left:
+            raise self.fail(f"is truncated: its {what} at byte {self.pos} needs {size} bytes, "
+                            f"{left} remain in the file")
+
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple:
+        self.need(fmt.size, what)
+        out = fmt.unpack_from(self.data, self.pos)
+        self.pos += fmt.size
+        return out
+
+    def string(self, what: str, limit: int | None = None) -> bytes:
+        (size,) = self.unpack(_INT32, what)
+        if size < 0 or (limit is not None and size > limit):
+            raise self.fail(f"has a damaged header: the {what} at byte {self.pos - 4} has length {size}")
+        self.need(size, what)
+        out = bytes(self.data[self.pos: self.pos + size])
+        self.pos += size
+        return out
+
+    def symbol_table(self, what: str) -> None:
+        """Skip one symbol table (its keys and strings are not needed)."""
+        start = self.pos
+        (magic,) = self.unpack(_INT32, what)
+        if magic != _SYMBOL_TABLE_MAGIC:
+            raise self.fail(f"has a damaged {what} at byte {start} (bad magic number)")
+        self.string(f"{what}'s name")
+        _available, count = self.unpack(_TWO_INT64, what)
+        if count < 0 or 12 * count > len(self.data) - self.pos:  # each symbol: a length, its key
+            raise self.fail(f"has a damaged {what} at byte {start}: {count} symbols cannot fit in the "
+                            f"{len(self.data) - self.pos} bytes that remain")
+        for _ in range(count):
+            self.string(f"{what}'s symbol")
+            self.unpack(_INT64, f"{what}'s key")
+
+
+def decode(data, pos: int, fail: Callable[[str], ValueError]) -> tuple[Fst, int]:
+    """The FST in OpenFst's binary form at byte ``pos`` of ``data``, and the
+    byte after it.  ``fail(what)`` makes the ``ValueError`` for a damaged
+    FST (``what`` says what is wrong and at which byte)."""
+    r = _Reader(data, pos, fail)
+    r.need(4, "header")
+    if bytes(data[pos: pos + 4]) != MAGIC_BYTES:
+        raise fail(f"is not a binary OpenFst FST (bad magic number at byte {pos})")
+    r.pos += 4
+    fst_type = r.string("FST type", _MAX_NAME)
+    arc_type = r.string("arc type", _MAX_NAME)
+    _version, flags, _props, start, num_states, _num_arcs = r.unpack(_HEADER_TAIL, "header")
+    if fst_type != b"vector":
+        kind = fst_type.decode("utf-8", "replace")
+        raise fail(f"is a {kind!r} FST; chainfb reads OpenFst's 'vector' FSTs, which Kaldi's chain tools write "
+                   f"(fstconvert --fst_type=vector converts one)")
+    if arc_type != b"standard":
+        kind = arc_type.decode("utf-8", "replace")
+        raise fail(f"has {kind!r} arcs; chainfb reads 'standard' (tropical, float32) arcs")
+    if flags & _HAS_ISYMBOLS:
+        r.symbol_table("input symbol table")
+    if flags & _HAS_OSYMBOLS:
+        r.symbol_table("output symbol table")
+    left = len(data) - r.pos
+    if num_states < 1 or _STATE.size * num_states > left:
+        raise fail(f"has a damaged header: {num_states} states"
+                   + ("" if num_states < 1 else f" cannot fit in the {left} bytes that remain"))
+    if not 0 <= start < num_states:
+        raise fail(f"has a damaged header: start state {start} of {num_states} states")
+    final = np.empty(num_states, dtype=np.float64)
+    counts = np.empty(num_states, dtype=np.int64)
+    chunks = []
+    for s in range(num_states):
+        final[s], n = r.unpack(_STATE, "states")
+        if n < 0:
+            raise fail(f"has a damaged arc count ({n}) at state {s} (byte {r.pos - 8})")
+        r.need(ARC.itemsize * n, f"{n} arcs of state {s}")
+        chunks.append(np.frombuffer(data, ARC, n, r.pos))
+        counts[s] = n
+        r.pos += ARC.itemsize * n
+    arc = np.concatenate(chunks)
+    if (arc["ilabel"] != arc["olabel"]).any():
+        i = int(np.argmax(arc["ilabel"] != arc["olabel"]))
+        raise fail(f"is not an acceptor over pdf + 1: an arc has input label {arc['ilabel'][i]} and output label "
+                   f"{arc['olabel'][i]} (Kaldi's chain graphs have pdf + 1 on both sides; a graph of "
+                   f"transition-ids or words is not one)")
+    if (arc["ilabel"] <= 0).any():
+        raise fail("has an epsilon or negative label (graphs are epsilon-free, label = pdf + 1)")
+    if arc.size and (arc["nextstate"].min() < 0 or arc["nextstate"].max() >= num_states):
+        raise fail(f"has an arc to a state outside [0, {num_states})")
+    try:
+        fst = Fst(num_states, start, np.repeat(np.arange(num_states), counts), arc["nextstate"],
+                  arc["ilabel"] - 1, 0.0 - arc["weight"].astype(np.float64), 0.0 - final)
+    except ValueError as e:
+        raise fail(f"is not a valid graph: {e}") from None
+    return fst, r.pos
