@@ -79,6 +79,87 @@ def test_read_lexicon_text_phones(tmp_path):
         read_lexicon(42)
 
 
+# Kaldi's data/local/dict and data/lang as its scripts write them (prepare_lang.sh with position-dependent
+# phones, utils/dict_dir_add_pronprobs.sh): tab-separated probabilities, <eps> at 0, disambiguation symbols
+KALDI_LEXICONP = "a\t1.0\tA B\na\t0.5\tA C\nb\t1.0\tB\nc\t1.0\tC A\nSIL\t1.0\tSIL\n"
+KALDI_SILPROB = ("a\t1.0\t0.21\t1.05\t0.93\tA B\na\t0.5\t0.0\t0.98\t1.01\tA C\nb\t1.0\t0.5\t1.0\t1.0\tB\n"
+                 "c\t1.0\t0.05\t0.8\t1.2\tC A\nSIL\t1.0\t0.0\t1.0\t1.0\tSIL\n")
+KALDI_PHONES = "".join(f"{p} {i}\n" for i, p in enumerate(
+    ["<eps>", "SIL", "SIL_B", "SIL_E", "SIL_I", "SIL_S"] + [f"{p}_{x}" for p in "ABC" for x in "BEIS"]
+    + ["#0", "#1", "#2", "#3"]))
+
+
+def test_kaldi_lexiconp_and_silprob(tmp_path):
+    (tmp_path / "lexiconp.txt").write_text(KALDI_LEXICONP)
+    lexp = read_lexicon(tmp_path / "lexiconp.txt")
+    assert lexp.prons == read_lexicon(["a 1.0 A B", "a 0.5 A C", "b 1 B", "c 1 C A", "SIL 1 SIL"]).prons
+    assert lexp.sil_probs == {}
+    # lexiconp_silprob.txt: the three silence numbers are not phones
+    (tmp_path / "lexiconp_silprob.txt").write_text(KALDI_SILPROB)
+    lexs = read_lexicon(tmp_path / "lexiconp_silprob.txt")
+    assert lexs.prons == lexp.prons
+    assert lexs.sil_probs["a"] == [(0.21, 1.05, 0.93), (0.0, 0.98, 1.01)] and lexs.sil_probs["SIL"] == [(0.0, 1.0, 1.0)]
+    assert read_lexicon(tmp_path / "lexiconp_silprob.txt", with_probs=True, sil_probs=True).prons == lexp.prons
+    # asked for explicitly: the lexiconp form reads the numbers as phones, as told
+    assert read_lexicon(["a 1.0 0.2 1 1 A"], sil_probs=False).prons["a"] == [(("0.2", "1", "1", "A"), 1.0)]
+    g = numerator_graph(["a", "b"], lexs, Topology.chain(), PHONES, "SIL", 0.5)
+    assert g == numerator_graph(["a", "b"], lexp, Topology.chain(), PHONES, "SIL", 0.5)
+    # errors name the file and the line
+    (tmp_path / "bad.txt").write_text(KALDI_SILPROB.replace("0.05", "1.5"))
+    with pytest.raises(ValueError, match=r"bad.txt: line 4: silence probabilities '1.5 0.8 1.2'"):
+        read_lexicon(tmp_path / "bad.txt", sil_probs=True)
+    (tmp_path / "bad.txt").write_text(KALDI_LEXICONP.replace("0.5", "1.5"))
+    with pytest.raises(ValueError, match=r"bad.txt: line 2: probability 1.5 is outside \(0, 1\]"):
+        read_lexicon(tmp_path / "bad.txt", with_probs=True)
+    (tmp_path / "bad.txt").write_text("a\t1.0\t0.2\t1.0\t1.0\n")
+    with pytest.raises(ValueError, match="bad.txt: line 1: expected 'word prob p_sil f_sil f_nonsil phone...'"):
+        read_lexicon(tmp_path / "bad.txt", sil_probs=True)
+    with pytest.raises(ValueError, match="sil_probs: .*with_probs=False"):
+        read_lexicon(tmp_path / "lexiconp_silprob.txt", with_probs=False, sil_probs=True)
+
+
+def test_kaldi_phones_txt_with_word_positions(tmp_path):
+    (tmp_path / "phones.txt").write_text(KALDI_PHONES)
+    with pytest.raises(ValueError, match=r"phones.txt: word-position-dependent phones \(A_B, A_E, A_I, A_S, ...\): "
+                                         r"pass word_positions='strip' .* or word_positions='keep'"):
+        read_phones(tmp_path / "phones.txt")
+    assert read_phones(tmp_path / "phones.txt", word_positions="strip") == PHONES
+    kept = read_phones(tmp_path / "phones.txt", word_positions="keep")
+    assert kept == KALDI_PHONES.split()[2:2 + 2 * 17:2] and len(kept) == 17 and "#0" not in kept
+    with pytest.raises(ValueError, match="word_positions"):
+        read_phones(tmp_path / "phones.txt", word_positions="base")
+    # an inventory without them reads the same whatever the choice
+    (tmp_path / "plain.txt").write_text("<eps> 0\nSIL 1\nA 2\nB 3\nC 4\n#0 5\n#1 6\n")
+    assert read_phones(tmp_path / "plain.txt") == read_phones(tmp_path / "plain.txt", word_positions="keep") == PHONES
+    # a lexicon in base phones fits the stripped list; the kept list takes Kaldi's positions
+    lex = read_lexicon(LEX)
+    plex = lex.with_word_positions()
+    assert plex.prons["a"] == [(("A_B", "B_E"), 1.0), (("A_B", "C_E"), 1.0)] and plex.prons["b"] == [(("B_S",), 1.0)]
+    topo = Topology.chain()
+    g = numerator_graph(["c", "a"], plex, topo, kept, "SIL", 0.5)
+    seqs = pdf_sequences(g, 6)
+    C_B, A_E, A_B, B_E = (kept.index(p) for p in ("C_B", "A_E", "A_B", "B_E"))
+    assert (2 * C_B, 2 * A_E, 2 * A_B, 2 * B_E + 1, 2 * B_E, 2 * B_E + 1) not in seqs  # B_E is entered once
+    assert (2 * C_B, 2 * A_E, 2 * A_B, 2 * B_E, 2 * B_E + 1, 2 * B_E + 1) in seqs
+    assert (2 * C_B, 2 * A_E, 2 * kept.index("SIL"), 2 * A_B, 2 * B_E, 2 * B_E + 1) in seqs  # the optional silence
+    assert numerator_graph(["c", "a"], lex, topo, read_phones(tmp_path / "phones.txt", word_positions="strip"),
+                           "SIL", 0.5) == numerator_graph(["c", "a"], lex, topo, PHONES, "SIL", 0.5)
+
+
+def test_phones_txt_ids(tmp_path):
+    (tmp_path / "phones.txt").write_text("SIL 1\n<eps> 0\nB 3\nA 2\n#0 4\n#-1 5\n")
+    assert read_phones(tmp_path / "phones.txt") == ["SIL", "A", "B"]  # by id; <eps> and disambiguation dropped
+    (tmp_path / "phones.txt").write_text("<eps> 1\nSIL 0\nA 2\n")
+    with pytest.raises(ValueError, match="phones.txt: <eps> has id 1"):
+        read_phones(tmp_path / "phones.txt")
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nA 1\n")
+    with pytest.raises(ValueError, match="phones.txt: phone id 1 is given to several symbols"):
+        read_phones(tmp_path / "phones.txt")
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1 x\n")
+    with pytest.raises(ValueError, match="phones.txt: expected 'phone id' lines"):
+        read_phones(tmp_path / "phones.txt")
+
+
 # ---------------------------------------------------------------- topology
 @pytest.mark.parametrize("name", ["chain", "ctc", "hmm3"])
 def test_topology_files_round_trip(name, tmp_path):

@@ -37,6 +37,7 @@ CALLS = {
     "need_posteriors": lambda v: chainfb.forward_backward(_fst(), np.zeros((1, 2, 2)), need_posteriors=v),
     "acceptor": lambda v: Fst.from_openfst_text("0 1 1 1\n1\n", acceptor=v),
     "with_probs": lambda v: read_lexicon(["a 0.5 A"], with_probs=v),
+    "sil_probs": lambda v: read_lexicon(["a 0.5 0.1 1 1 A"], sil_probs=v),
     "minimize": lambda v: den_graph(_lm(), Topology.chain(), minimize=v),
     "all_final": lambda v: expand(_phones(), Topology.chain(), all_final=v),
     "zero_infinity": lambda v: chainfb.ctc_loss(torch.zeros(3, 1, 2), torch.tensor([[1]]), [3], [1],
@@ -49,7 +50,7 @@ CALLS = {
 @pytest.mark.parametrize("name", list(CALLS))
 @pytest.mark.parametrize("value", ["False", 1, 0.0, None])
 def test_flags_take_bools_only(name, value):
-    if value is None and name in ("acceptor", "with_probs"):
+    if value is None and name in ("acceptor", "with_probs", "sil_probs"):
         pytest.skip("None means: detect it")
     with pytest.raises(TypeError, match=name):
         CALLS[name](value)
