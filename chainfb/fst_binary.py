@@ -19,6 +19,13 @@ The layout (little-endian; OpenFst's ``FstHeader`` then
   number of arcs (int64), and the arcs: input label, output label (int32),
   weight (float32 cost), next state (int32).
 
+Kaldi writes the graphs of its chain examples (``chain::Supervision``) as
+``compact_acceptor`` FSTs: the same header (the number of arcs counts the
+arcs), then ``number of states + 1`` uint32 offsets into the elements, then
+the elements, each a label (int32), a cost (float32) and a next state
+(int32); a final state's first element holds its final cost, with label
+and next state -1.  Both forms are read; the ``vector`` form is written.
+
 chainfb's graphs have label ``pdf + 1`` on both sides (Kaldi's chain tools
 write them so); weights are ``-log p`` rounded to float32.  Every count
 read from the bytes is checked against the bytes that remain before
@@ -42,13 +49,14 @@ MAGIC = 2125659606
 MAGIC_BYTES = struct.pack("<i", MAGIC)
 _SYMBOL_TABLE_MAGIC = 2125658996
 _VERSION = 2
-_HAS_ISYMBOLS, _HAS_OSYMBOLS = 1, 2
+_HAS_ISYMBOLS, _HAS_OSYMBOLS, _IS_ALIGNED = 1, 2, 4
 # properties written: expanded | mutable | acceptor | no epsilons (input, output, both): all true of an Fst
 _PROPERTIES = 0x1 | 0x2 | 0x10000 | 0x800000 | 0x2000000 | 0x8000000
 _HEADER_TAIL = struct.Struct("<iiQqqq")  # version, flags, properties, start, states, arcs
 _STATE = struct.Struct("<fq")  # final cost, number of arcs
 _INT32, _INT64, _TWO_INT64 = struct.Struct("<i"), struct.Struct("<q"), struct.Struct("<qq")
 ARC = np.dtype([("ilabel", "<i4"), ("olabel", "<i4"), ("weight", "<f4"), ("nextstate", "<i4")])
+_COMPACT = np.dtype([("label", "<i4"), ("weight", "<f4"), ("nextstate", "<i4")])
 _MAX_NAME = 256  # FST and arc type names are short words
 
 
@@ -128,9 +136,11 @@ class _Reader:
 
 
 def decode(data, pos: int, fail: Callable[[str], ValueError]) -> tuple[Fst, int]:
-    """The FST in OpenFst's binary form at byte ``pos`` of ``data``, and the
-    byte after it.  ``fail(what)`` makes the ``ValueError`` for a damaged
-    FST (``what`` says what is wrong and at which byte)."""
+    """The FST in OpenFst's binary form at byte ``pos`` of ``data`` (a
+    ``vector`` FST, or the ``compact_acceptor`` form Kaldi writes into
+    chain examples), and the byte after it.  ``fail(what)`` makes the
+    ``ValueError`` for a damaged FST (``what`` says what is wrong and at
+    which byte)."""
     r = _Reader(data, pos, fail)
     r.need(4, "header")
     if bytes(data[pos: pos + 4]) != MAGIC_BYTES:
@@ -139,7 +149,7 @@ def decode(data, pos: int, fail: Callable[[str], ValueError]) -> tuple[Fst, int]
     fst_type = r.string("FST type", _MAX_NAME)
     arc_type = r.string("arc type", _MAX_NAME)
     _version, flags, _props, start, num_states, _num_arcs = r.unpack(_HEADER_TAIL, "header")
-    if fst_type != b"vector":
+    if fst_type not in (b"vector", b"compact_acceptor"):
         kind = fst_type.decode("utf-8", "replace")
         raise fail(f"is a {kind!r} FST; chainfb reads OpenFst's 'vector' FSTs, which Kaldi's chain tools write "
                    f"(fstconvert --fst_type=vector converts one)")
@@ -150,36 +160,78 @@ def decode(data, pos: int, fail: Callable[[str], ValueError]) -> tuple[Fst, int]
         r.symbol_table("input symbol table")
     if flags & _HAS_OSYMBOLS:
         r.symbol_table("output symbol table")
+    per_state = _STATE.size if fst_type == b"vector" else 4  # a vector state's final and count; a compact offset
     left = len(data) - r.pos
-    if num_states < 1 or _STATE.size * num_states > left:
+    if num_states < 1 or per_state * num_states > left:
         raise fail(f"has a damaged header: {num_states} states"
                    + ("" if num_states < 1 else f" cannot fit in the {left} bytes that remain"))
     if not 0 <= start < num_states:
         raise fail(f"has a damaged header: start state {start} of {num_states} states")
+    if fst_type == b"vector":
+        final, counts, ilabel, olabel, weight, nextstate = _vector_states(r, num_states)
+    else:
+        if flags & _IS_ALIGNED:
+            raise fail("is an aligned compact FST (written with --fst_align); chainfb reads unaligned ones")
+        final, counts, ilabel, weight, nextstate = _compact_acceptor_states(r, num_states)
+        olabel = ilabel
+    if (ilabel != olabel).any():
+        i = int(np.argmax(ilabel != olabel))
+        raise fail(f"is not an acceptor over pdf + 1: an arc has input label {ilabel[i]} and output label "
+                   f"{olabel[i]} (Kaldi's chain graphs have pdf + 1 on both sides; a graph of "
+                   f"transition-ids or words is not one)")
+    if (ilabel <= 0).any():
+        raise fail("has an epsilon or negative label (graphs are epsilon-free, label = pdf + 1)")
+    if nextstate.size and (nextstate.min() < 0 or nextstate.max() >= num_states):
+        raise fail(f"has an arc to a state outside [0, {num_states})")
+    try:
+        fst = Fst(num_states, start, np.repeat(np.arange(num_states), counts), nextstate,
+                  ilabel - 1, 0.0 - weight.astype(np.float64), 0.0 - final)
+    except ValueError as e:
+        raise fail(f"is not a valid graph: {e}") from None
+    return fst, r.pos
+
+
+def _vector_states(r: _Reader, num_states: int):
+    """A vector FST's states: per state the final cost, the arc count and the arcs."""
     final = np.empty(num_states, dtype=np.float64)
     counts = np.empty(num_states, dtype=np.int64)
     chunks = []
     for s in range(num_states):
         final[s], n = r.unpack(_STATE, "states")
         if n < 0:
-            raise fail(f"has a damaged arc count ({n}) at state {s} (byte {r.pos - 8})")
+            raise r.fail(f"has a damaged arc count ({n}) at state {s} (byte {r.pos - 8})")
         r.need(ARC.itemsize * n, f"{n} arcs of state {s}")
-        chunks.append(np.frombuffer(data, ARC, n, r.pos))
+        chunks.append(np.frombuffer(r.data, ARC, n, r.pos))
         counts[s] = n
         r.pos += ARC.itemsize * n
     arc = np.concatenate(chunks)
-    if (arc["ilabel"] != arc["olabel"]).any():
-        i = int(np.argmax(arc["ilabel"] != arc["olabel"]))
-        raise fail(f"is not an acceptor over pdf + 1: an arc has input label {arc['ilabel'][i]} and output label "
-                   f"{arc['olabel'][i]} (Kaldi's chain graphs have pdf + 1 on both sides; a graph of "
-                   f"transition-ids or words is not one)")
-    if (arc["ilabel"] <= 0).any():
-        raise fail("has an epsilon or negative label (graphs are epsilon-free, label = pdf + 1)")
-    if arc.size and (arc["nextstate"].min() < 0 or arc["nextstate"].max() >= num_states):
-        raise fail(f"has an arc to a state outside [0, {num_states})")
-    try:
-        fst = Fst(num_states, start, np.repeat(np.arange(num_states), counts), arc["nextstate"],
-                  arc["ilabel"] - 1, 0.0 - arc["weight"].astype(np.float64), 0.0 - final)
-    except ValueError as e:
-        raise fail(f"is not a valid graph: {e}") from None
-    return fst, r.pos
+    return final, counts, arc["ilabel"], arc["olabel"], arc["weight"], arc["nextstate"]
+
+
+def _compact_acceptor_states(r: _Reader, num_states: int):
+    """A ``compact_acceptor`` FST (OpenFst's ``DefaultCompactStore`` of
+    ``AcceptorCompactor`` elements): ``num_states + 1`` uint32 offsets into
+    the elements, then the elements ``((label int32, cost float32),
+    nextstate int32)``; a final state's first element is its final cost
+    with label and next state -1."""
+    r.need(4 * (num_states + 1), "state offsets")
+    offsets = np.frombuffer(r.data, "<u4", num_states + 1, r.pos).astype(np.int64)
+    at = r.pos
+    r.pos += 4 * (num_states + 1)
+    if offsets[0] != 0 or (np.diff(offsets) < 0).any():
+        raise r.fail(f"has damaged state offsets at byte {at}")
+    count = int(offsets[-1])
+    r.need(_COMPACT.itemsize * count, f"{count} arcs and finals")
+    elem = np.frombuffer(r.data, _COMPACT, count, r.pos)
+    r.pos += _COMPACT.itemsize * count
+    first = np.zeros(count, dtype=bool)
+    first[offsets[:-1][np.diff(offsets) > 0]] = True
+    is_final = elem["label"] == -1
+    if (is_final & ~first).any() or (elem["nextstate"][is_final] != -1).any():
+        raise r.fail("has a damaged final weight (a superfinal element that is not its state's first)")
+    final = np.full(num_states, np.inf)
+    state_of = np.repeat(np.arange(num_states), np.diff(offsets))
+    final[state_of[is_final]] = elem["weight"][is_final]
+    arcs = elem[~is_final]
+    counts = np.bincount(state_of[~is_final], minlength=num_states)
+    return final, counts, arcs["label"], arcs["weight"], arcs["nextstate"]
