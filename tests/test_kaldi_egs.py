@@ -1,10 +1,8 @@
 """Kaldi chain examples (``NnetChainExample`` archives of
-``nnet3-chain-e2e-get-egs``): a writer built here from Kaldi's format rules
-(``NnetChainExample::Write``, ``NnetIo::Write``, ``WriteIndexVector``,
-``Matrix``/``CompressedMatrix::Write``, ``Supervision::Write`` with
-OpenFst's ``compact_acceptor`` FSTs), read back by
-:func:`chainfb.chain.read_chain_egs`; damaged archives are ValueErrors naming
-the file, the key and the byte offset."""
+``nnet3-chain-e2e-get-egs``): written by :mod:`oracles.kaldi_egs` from
+Kaldi's format rules, read back by :func:`chainfb.chain.read_chain_egs`;
+damaged archives are ValueErrors naming the file, the key and the byte
+offset."""
 
 import os
 import struct
@@ -17,95 +15,7 @@ from hypothesis import strategies as st
 import chainfb
 from chainfb import Fst, GenericNumeratorComputation
 from chainfb.chain import read_chain_egs
-
-# ------------------------------------------------------------ the writer (Kaldi's binary format)
-
-
-def tok(s):
-    return s.encode() + b" "
-
-
-def i32(v):
-    return b"\x04" + struct.pack("<i", v)
-
-
-def f32(v):
-    return b"\x04" + struct.pack("<f", v)
-
-
-def index_vector(indexes):
-    """``<I1V>``, the size, then per index one byte (the change of t, n and x
-    kept) or 127 and the three values."""
-    out = tok("<I1V>") + i32(len(indexes))
-    last = (0, 0, 0)
-    for i, (n, t, x) in enumerate(indexes):
-        same = (n, x) == (0, 0) if i == 0 else (n, x) == (last[0], last[2])
-        dt = t - (0 if i == 0 else last[1])
-        if same and -125 < dt < 125:
-            out += struct.pack("<b", dt)
-        else:
-            out += b"\x7f" + i32(n) + i32(t) + i32(x)
-        last = (n, t, x)
-    return out
-
-
-def fm(mat):
-    mat = np.asarray(mat, dtype="<f4")
-    return tok("FM") + i32(mat.shape[0]) + i32(mat.shape[1]) + mat.tobytes()
-
-
-def compressed(kind, lo, span, rows, cols, body):
-    """``CM``/``CM2``/``CM3``: the global header without its format field, then ``body``."""
-    return tok(kind) + struct.pack("<ffii", lo, span, rows, cols) + body
-
-
-def compact_acceptor(fst):
-    """OpenFst's compact_acceptor FST: header, ``S + 1`` uint32 offsets, then
-    per state its final (label -1, cost, -1) first, then its arcs."""
-    elems, offsets = [], []
-    for s in range(fst.num_states):
-        offsets.append(len(elems))
-        if fst.final[s] > -np.inf:
-            elems.append((-1, -fst.final[s], -1))
-        elems += [(p + 1, -lp, d) for src, d, p, lp in fst.arcs() if src == s]
-    offsets.append(len(elems))
-    out = struct.pack("<i", 2125659606)
-    for name in (b"compact_acceptor", b"standard"):
-        out += struct.pack("<i", len(name)) + name
-    out += struct.pack("<iiQqqq", 2, 0, 0x3, fst.start, fst.num_states, fst.num_arcs)
-    out += struct.pack(f"<{len(offsets)}I", *offsets)
-    return out + b"".join(struct.pack("<ifi", *e) for e in elems)
-
-
-def nnet_io(name, indexes, matrix_bytes):
-    return tok("<NnetIo>") + tok(name) + index_vector(indexes) + matrix_bytes + tok("</NnetIo>")
-
-
-def supervision(name, indexes, weight, num_seq, frames, label_dim, fsts, e2e=True, deriv=None, align=None):
-    out = tok("<NnetChainSup>") + tok(name) + index_vector(indexes)
-    out += tok("<Supervision>") + tok("<Weight>") + f32(weight) + tok("<NumSequences>") + i32(num_seq)
-    out += tok("<FramesPerSeq>") + i32(frames) + tok("<LabelDim>") + i32(label_dim) + tok("<End2End>")
-    out += b"T" if e2e else b"F"
-    if e2e:
-        out += tok("<Fsts>") + b"".join(compact_acceptor(f) for f in fsts) + tok("</Fsts>")
-    else:
-        out += compact_acceptor(fsts[0])
-    if align is not None:
-        out += tok("<AlignmentPdfs>") + b"\x04" + struct.pack("<i", len(align)) + struct.pack(f"<{len(align)}i", *align)
-    out += tok("</Supervision>")
-    d = np.asarray([] if deriv is None else deriv, dtype="<f4")
-    out += tok("<DW2>") + tok("FV") + i32(d.size) + d.tobytes()
-    return out + tok("</NnetChainSup>")
-
-
-def example(inputs, outputs):
-    return (tok("<Nnet3ChainEg>") + tok("<NumInputs>") + i32(len(inputs)) + b"".join(inputs)
-            + tok("<NumOutputs>") + i32(len(outputs)) + b"".join(outputs) + tok("</Nnet3ChainEg>"))
-
-
-def entry(key, eg):
-    return key.encode() + b" \0B" + eg
-
+from oracles.kaldi_egs import compressed, entry, example, fm, nnet_io, supervision
 
 # ------------------------------------------------------------ examples
 

@@ -300,3 +300,25 @@ def test_train_digits_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "interrupted" in err[0] and "epoch 2 is complete" in err[0], err
     assert "resumes from the last completed epoch" in err[0]
+
+
+def test_graph_tools_take_kaldi_word_position_phones(tmp_path):
+    """data/lang/phones.txt with word-position-dependent phones: an error asking for --word-positions, then
+    graphs in base phones (strip) or in Kaldi's positioned phones (keep); --kaldi-ark needs no extra package."""
+    kaldi = os.path.join(ROOT, "graphs", "examples", "kaldi")
+    digits = os.path.join(ROOT, "graphs", "examples", "digits")
+    lang = ["--phones", os.path.join(kaldi, "data", "lang", "phones.txt"), "--lexicon",
+            os.path.join(kaldi, "data", "local", "dict", "lexiconp_silprob.txt"), "--text", os.path.join(digits, "text")]
+    r = run_tool("make_numerator_graphs.py", *lang, "--out", "num.txt", cwd=tmp_path)
+    assert_one_line_error(r, "phones.txt: word-position-dependent phones", "word_positions='keep'", status=1)
+    r = run_tool("make_den_graph.py", *lang, "--out", "den.fst", "--word-positions", "strip", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "num_pdfs = 40" in r.stderr
+    r = run_tool("make_numerator_graphs.py", *lang, "--out", "num.txt", "--kaldi-ark", "num.ark",
+                 "--word-positions", "keep", cwd=tmp_path)
+    assert r.returncode == 0 and "wrote 12 graphs" in r.stderr, r.stderr
+    from chainfb.chain import read_fst_archive, read_kaldi_fst_archive
+
+    text, ark = read_fst_archive(tmp_path / "num.txt"), read_kaldi_fst_archive(tmp_path / "num.ark")
+    assert list(text) == list(ark) and all(ark[k].arcs()[0][:3] == text[k].arcs()[0][:3] for k in text)
+    assert max(g.num_pdfs for g in text.values()) > 40  # the positioned phones have pdfs of their own

@@ -53,6 +53,20 @@ def check_symbol(parser, option, symbol, known, what):
     parser.error(f"argument {option}: {symbol!r} is not in the {what}{hint}")
 
 
+def add_word_positions_option(parser):
+    """``--word-positions`` (Kaldi's word-position-dependent phones in ``--phones``,
+    :func:`chainfb.chain.read_phones`)."""
+    parser.add_argument("--word-positions", choices=["strip", "keep"],
+                        help="Kaldi's word-position-dependent phones in --phones (data/lang/phones.txt: AA_B, AA_E, "
+                             "AA_I, AA_S): strip maps them to their base phone, keep keeps them and gives the "
+                             "lexicon's pronunciations their positions (needed when --phones has them)")
+
+
+def positioned(lexicon, args):
+    """The lexicon in the phones of ``--word-positions``."""
+    return lexicon.with_word_positions() if args.word_positions == "keep" else lexicon
+
+
 def add_context_options(parser):
     """``--context``, ``--min-biphone-count``, ``--min-monophone-count`` and ``--biphone-prons`` (left-biphone pdfs,
     :class:`chainfb.chain.BiphoneSet`)."""

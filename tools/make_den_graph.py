@@ -27,8 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import (Parser, add_context_options, check_context_options, check_input_files, check_symbol,  # noqa: E402
-                  check_topology)
+from _cli import (Parser, add_context_options, add_word_positions_option, check_context_options,  # noqa: E402
+                  check_input_files, check_symbol, check_topology, positioned)
 
 
 def main(argv=None):
@@ -51,6 +51,7 @@ def main(argv=None):
                     help="LM states kept beyond the unpruned orders (default: %(default)s)")
     ap.add_argument("--out", required=True, help="den graph, OpenFst text")
     add_context_options(ap)
+    add_word_positions_option(ap)
     args = ap.parse_args(argv)
     check_context_options(ap, args)
     if not args.phone_seqs and not (args.text and args.lexicon):
@@ -71,7 +72,7 @@ def main(argv=None):
     )
 
     try:
-        phones = read_phones(args.phones)
+        phones = read_phones(args.phones, word_positions=args.word_positions)
         ids = phone_index(phones)
         topo = Topology.read(args.topology)
         sil = args.optional_silence or None
@@ -90,7 +91,7 @@ def main(argv=None):
                     if fields:
                         seqs.append([ids[p] for p in fields[1:]])
         else:
-            lex = read_lexicon(args.lexicon)
+            lex = positioned(read_lexicon(args.lexicon), args)
             skipped = 0
             for utt, words in progress(read_text(args.text), desc="transcripts", unit="utt"):
                 try:

@@ -27,8 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import (Parser, add_context_options, check_context_options, check_input_files, check_symbol,  # noqa: E402
-                  check_topology)
+from _cli import (Parser, add_context_options, add_word_positions_option, check_context_options,  # noqa: E402
+                  check_input_files, check_symbol, check_topology, positioned)
 
 
 def main(argv=None):
@@ -49,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--kaldi-ark", help="also write a Kaldi binary archive")
     ap.add_argument("--rejected", help="write rejected utterance ids and reasons here")
     add_context_options(ap)
+    add_word_positions_option(ap)
     args = ap.parse_args(argv)
     check_context_options(ap, args)
     if not 0.0 <= args.sil_prob < 1.0:
@@ -65,8 +66,8 @@ def main(argv=None):
     )
 
     try:
-        lex = read_lexicon(args.lexicon)
-        phones = read_phones(args.phones)
+        lex = positioned(read_lexicon(args.lexicon), args)
+        phones = read_phones(args.phones, word_positions=args.word_positions)
         topo = Topology.read(args.topology)
         sil = args.optional_silence or None
         if sil is not None:

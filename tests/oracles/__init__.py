@@ -11,5 +11,7 @@ independently of the engine and the kernels.
 - :mod:`oracles.cuda_twins`: NumPy twins of the CUDA score-map kernels;
 - :mod:`oracles.fast_rnnt`: loop references for the k2 / fast_rnnt RNN-T
   functions (mutual-information recursion, px/py construction, delay
-  penalty, prune ranges, pruned px/py).
+  penalty, prune ranges, pruned px/py);
+- :mod:`oracles.kaldi_egs`: a writer of Kaldi's binary chain examples from
+  Kaldi's format rules (and of the files in ``graphs/examples/kaldi/``).
 """
