@@ -123,7 +123,8 @@ class DenominatorGraph:
 
     @classmethod
     def read(cls, path, num_pdfs: int | None = None) -> "DenominatorGraph":
-        """From an OpenFst text file (label = pdf + 1)."""
+        """From an OpenFst text file or a binary one, as Kaldi's
+        ``chain-make-den-fst`` writes ``den.fst`` (label = pdf + 1)."""
         return cls(Fst.read(path), num_pdfs)
 
     def __repr__(self) -> str:
