@@ -19,6 +19,7 @@ from chainfb.chain import (DenominatorGraph, have_kaldifst, read_fst_archive, re
                            write_fst_archive, write_kaldi_fst_archive)
 from chainfb.fst import Fst
 from chainfb.testing import random_fst
+from damage import draw_damage
 
 
 @pytest.fixture
@@ -410,23 +411,10 @@ def _read_damaged(tmp_path, kind, data):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(sorted(CORPUS)), data=st.data())
 def test_fuzz_damaged_files_are_value_errors(tmp_path, kind, data):
-    """Truncated files and files with bytes overwritten (anywhere, or 8 bytes
-    of 0xff / a large count) read as graphs or fail with a ValueError naming
+    """Truncated files and files with bits flipped or 8 bytes overwritten (a
+    huge or negative count) read as graphs or fail with a ValueError naming
     the file: never a MemoryError, another exception, a crash or a hang."""
-    good = CORPUS[kind]
-    how = data.draw(st.sampled_from(["truncate", "flip", "overwrite"]))
-    if how == "truncate":
-        bad = good[:data.draw(st.integers(0, len(good) - 1))]
-    elif how == "flip":
-        bad = bytearray(good)
-        for _ in range(data.draw(st.integers(1, 4))):
-            i = data.draw(st.integers(0, len(good) - 1))
-            bad[i] ^= 1 << data.draw(st.integers(0, 7))
-    else:
-        i = data.draw(st.integers(0, len(good) - 8))
-        word = data.draw(st.sampled_from([b"\xff" * 8, struct.pack("<q", 10**12), struct.pack("<q", 2**62)]))
-        bad = good[:i] + word + good[i + 8:]
-    _read_damaged(tmp_path, kind, bytes(bad))
+    _read_damaged(tmp_path, kind, draw_damage(data, CORPUS[kind]))
 
 
 def test_fuzz_corpus_reads(tmp_path):

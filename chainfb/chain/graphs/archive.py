@@ -21,7 +21,6 @@ import os
 import re
 from typing import Iterable
 
-import numpy as np
 
 from ... import checks, fst_binary
 from ...fst import Fst
