@@ -21,7 +21,6 @@ import os
 import re
 from typing import Iterable
 
-
 from ... import checks, fst_binary
 from ...fst import Fst
 
