@@ -30,17 +30,29 @@ __all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of"]
 
 
 class _TorchBlock:
-    """Owner of a block from torch's caching allocator; frees it when CuPy drops it."""
+    """Owner of a block from torch's caching allocator; hands it back to
+    torch (``free``, ``torch.cuda.caching_allocator_delete`` bound when the
+    block is made) when CuPy drops it.
 
-    __slots__ = ("ptr",)
+    CuPy may drop a block while the interpreter shuts down (a device array
+    kept in a cache until then): ``__del__`` then can import nothing, so it
+    uses only what it was given, and it never raises -- a block whose free
+    fails then (torch's allocator already torn down) goes with the process."""
 
-    def __init__(self, ptr):
+    __slots__ = ("ptr", "free")
+
+    def __init__(self, ptr, free):
         self.ptr = ptr
+        self.free = free
 
     def __del__(self):
-        import torch
-
-        torch.cuda.caching_allocator_delete(self.ptr)
+        free, self.free = self.free, None
+        if free is None:
+            return
+        try:
+            free(self.ptr)
+        except Exception:  # noqa: BLE001 -- nothing can take it back any more; never an error at exit
+            pass
 
 
 def torch_malloc(size: int):
@@ -52,7 +64,7 @@ def torch_malloc(size: int):
     device = cupy.cuda.Device().id
     stream = cupy.cuda.get_current_stream().ptr
     ptr = torch.cuda.caching_allocator_alloc(max(int(size), 1), device, stream)
-    mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr), device)
+    mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr, torch.cuda.caching_allocator_delete), device)
     return cupy.cuda.MemoryPointer(mem, 0)
 
 
