@@ -60,8 +60,9 @@ def setup(args):
     return torch, chainfb
 
 
-def make_step(kind, durations, B, T, U, V, seed=0):
-    """``step()`` running one loss + backward of ``kind`` on fixed random inputs; returns the loss."""
+def make_step(kind, durations, B, T, U, V, seed=0, device="cpu"):
+    """``step()`` running one loss + backward of ``kind`` on fixed random inputs (placed on ``device``); returns
+    the loss."""
     import torch
 
     import chainfb
@@ -70,7 +71,8 @@ def make_step(kind, durations, B, T, U, V, seed=0):
     targets = torch.randint(0, V - 1 - (len(durations) if kind == "multiblank" else 0), (B, U), generator=g)
     Tl, Ul = torch.full((B,), T), torch.full((B,), U)
     width = V + len(durations) if kind == "tdt" else V
-    logits = torch.randn(B, T, U + 1, width, generator=g)
+    logits = torch.randn(B, T, U + 1, width, generator=g).to(device)
+    targets, Tl, Ul = targets.to(device), Tl.to(device), Ul.to(device)
 
     def step():
         x = logits.detach().requires_grad_()

@@ -65,16 +65,18 @@ from chainfb.testing import denominator_like_fst, numerator_like_fst
 from _memory import reset_peak, status_bytes  # noqa: E402 -- tools/ is the script's directory
 
 
-def cases(rng, which, P=2000, T=150):
+def cases(rng, which, P=2000, T=150, sizes=(64, 32, 128), num_phones=50):
+    """``(name, batch, T, P)`` of each case in ``which``; ``sizes``: the sequences of (a), (b), (c);
+    ``num_phones``: of the numerator graphs (the defaults are the cases above)."""
     if "a" in which:
-        graphs = [numerator_like_fst(rng, num_phones=50, num_pdfs=P) for _ in range(64)]
-        yield "(a) 64 numerator graphs", chainfb.FstBatch(graphs), T, P
+        graphs = [numerator_like_fst(rng, num_phones=num_phones, num_pdfs=P) for _ in range(sizes[0])]
+        yield f"(a) {sizes[0]} numerator graphs", chainfb.FstBatch(graphs), T, P
     if "b" in which:
         den = denominator_like_fst(rng, num_pdfs=P)
-        yield "(b) 1 den graph x 32 seqs", chainfb.FstBatch([den], np.zeros(32, dtype=np.int64)), T, P
+        yield f"(b) 1 den graph x {sizes[1]} seqs", chainfb.FstBatch([den], np.zeros(sizes[1], dtype=np.int64)), T, P
     if "c" in which:
-        graphs = [numerator_like_fst(rng, num_phones=50, num_pdfs=P) for _ in range(128)]
-        yield "(c) N=128 numerator graphs", chainfb.FstBatch(graphs), T, P
+        graphs = [numerator_like_fst(rng, num_phones=num_phones, num_pdfs=P) for _ in range(sizes[2])]
+        yield f"(c) N={sizes[2]} numerator graphs", chainfb.FstBatch(graphs), T, P
 
 
 def run(batch, scores, lengths, device):

@@ -74,8 +74,10 @@ def _timed(times, part, fn):
     return out
 
 
-def parts(ft, case, s_range):
-    """One pass over the loss parts with the module ``ft``: ``{part: seconds}``."""
+def parts(ft, case, s_range, timed=_timed):
+    """One pass over the loss parts with the module ``ft``: ``{part: seconds}`` (``timed(times, part, fn)``
+    runs ``fn``, stores its time in ``times[part]`` and returns its result)."""
+    _timed = timed
     enc, dec, targets, T, U, layers = case
     symbols = targets.long()
     boundary = case_boundary(T, U)

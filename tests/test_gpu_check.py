@@ -1,0 +1,295 @@
+"""tools/gpu_check.py and the scripts it runs (gpu_driver.py, gpu_compare.py, gpu_bench.py), without a GPU: the
+whole run in its --emulate mode (the kernels' CPU emulation, tiny shapes, a stand-in compute-sanitizer), and the
+parts that need CUDA or CuPy with fakes."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from emulation import find_compiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "tools")
+sys.path.insert(0, TOOLS)
+
+import _gpu_place  # noqa: E402
+import _gpu_report  # noqa: E402
+import gpu_check  # noqa: E402
+
+needs_compiler = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler for the kernel emulation")
+
+# compute-sanitizer's banner and summaries around the program it runs (racecheck adds its hazard summary)
+FAKE_SANITIZER = """#!/bin/sh
+tool=memcheck
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tool) tool=$2; shift 2 ;;
+    --*) shift 2 ;;
+    *) break ;;
+  esac
+done
+echo "========= COMPUTE-SANITIZER"
+"$@"
+rc=$?
+[ "$tool" = racecheck ] && echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+"""
+
+
+@pytest.fixture(scope="module")
+def emulated_run(tmp_path_factory, emulated_backend):
+    """One whole emulated run: every step, the CUDA tests of one file (all skip here), a stand-in sanitizer (the
+    kernels' emulation library of this test session)."""
+    tmp = tmp_path_factory.mktemp("gpu_check")
+    fake = tmp / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER)
+    fake.chmod(0o755)
+    out = tmp / "out"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env[_gpu_place.EMULATION_LIBRARY] = emulated_backend.lib._name
+    r = subprocess.run([sys.executable, os.path.join(TOOLS, "gpu_check.py"), "--emulate", "--out", str(out),
+                        "--budget-s", "600", "--tests", "tests/test_cuda_device.py", "--sanitizer", str(fake),
+                        "--sanitizer-tools", "racecheck"], cwd=tmp, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out / "results.json") as f:
+        return out, json.load(f), r.stdout
+
+
+def test_emulated_run_writes_every_result(emulated_run):
+    out, res, stdout = emulated_run
+    assert "results in" in stdout
+    assert {"results.md", "results.json", "launches.json", "steps.tar.gz", "steps"} <= set(os.listdir(out))
+    assert res["mode"] == "emulated"
+    steps = res["steps"]
+    assert list(steps) == list(gpu_check.STEPS)
+    for name in ("env", "tests", "sanitizer", "bench"):
+        assert steps[name]["status"] == "ok", (name, steps[name])
+    assert steps["compare"]["status"] in ("ok", "failed")  # differences are results, not errors
+    assert steps["env"]["data"]["device"].startswith("none")
+    tests = steps["tests"]["data"]
+    assert tests["tests"] > 0 and tests["skipped"] == tests["tests"]  # no GPU here: every CUDA test skips
+    assert os.path.exists(out / "steps" / "junit_cuda.xml")
+    md = (out / "results.md").read_text()
+    for title in ("## Steps", "## Environment", "## CUDA tests", "## Sanitizers", "## GPU vs CPU", "## Benchmarks",
+                  "Emulated run"):
+        assert title in md
+
+
+def test_emulated_run_reaches_every_kernel(emulated_run):
+    from chainfb.cuda.kernels import KERNELS
+
+    _, res, _ = emulated_run
+    san = res["steps"]["sanitizer"]["data"]
+    assert san["driver"]["ok"] and san["driver"]["missing"] == []
+    assert set(san["driver"]["launches"]) == set(KERNELS) and all(n > 0 for n in san["driver"]["launches"].values())
+    race = san["tools"]["racecheck"]
+    assert race["ok"] and race["errors"] == 0 and race["hazards"] == 0 and race["driver_ok"]
+
+
+def test_emulated_run_compares_every_criterion(emulated_run):
+    from _gpu_cases import CASES
+
+    _, res, _ = emulated_run
+    data = res["steps"]["compare"]["data"]
+    assert not data["errors"] and not data["skipped"]
+    cases = {r["case"] for r in data["rows"]}
+    assert set(CASES) <= cases
+    assert {"numerator graph, T = 300", "extreme scores, T = 300"} <= cases
+    criteria = [r for r in data["rows"] if r["case"] in CASES]
+    assert criteria and all(r["ok"] for r in criteria), [r for r in criteria if not r["ok"]]
+
+
+def test_emulated_run_benchmarks_and_kernel_times(emulated_run):
+    import gpu_bench
+
+    out, res, _ = emulated_run
+    data = res["steps"]["bench"]["data"]
+    assert [b["name"] for b in data["benchmarks"]] == list(gpu_bench.BENCHMARKS)
+    assert not data["errors"] and not data["skipped"]
+    with open(out / "launches.json") as f:
+        launches = json.load(f)
+    for b in data["benchmarks"]:
+        assert b["cases"]
+        for c in b["cases"]:
+            assert c["chainfb"]["ms"] > 0, c
+            if "kernels" in c:
+                assert launches[f"{b['name']} / {c['case']}"]
+    traced = [rec for recs in launches.values() for rec in recs]
+    assert traced and all(r["ms"] >= 0 and r["grid"] > 0 and r["block"] > 0 for r in traced)
+    assert any("shape" in a for r in traced for a in r["args"]) and any("value" in a for r in traced for a in r["args"])
+    ctc = next(b for b in data["benchmarks"] if b["name"] == "ctc")
+    assert all("ms" in c["peer"] and "time_ratio" in c for c in ctc["cases"])  # torch's CTC on the CPU here
+
+
+# ---------------------------------------------------------------------------------------------- the parts
+class FakeBackend:
+    xp = "the array module"
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, name, grid, block, args, **kwargs):
+        self.calls.append((name, grid, block, args, kwargs))
+
+    def cache_key(self):
+        return ("fake",)
+
+
+def test_recorder_passes_keywords_through_and_traces():
+    import numpy as np
+
+    inner = FakeBackend()
+    rec = _gpu_place.LaunchRecorder(inner, _gpu_place.HostEvent)
+    rec.launch("k1", 2, 32, [np.zeros((3, 4), np.float32)])
+    rec.start_trace()
+    rec.launch("k2", 1, 64, [np.zeros(5, np.int32), np.float64(-np.inf), np.uint64(0)], shared_mem=256)
+    traced = rec.stop_trace()
+    rec.launch("k2", 1, 64, [], shared_mem=0)
+    assert inner.calls[1][4] == {"shared_mem": 256} and inner.calls[2][4] == {"shared_mem": 0}
+    assert rec.counts == {"k1": 1, "k2": 2} and rec.xp == inner.xp and rec.cache_key() == ("fake",)
+    (t,) = traced
+    assert t["name"] == "k2" and t["kwargs"] == {"shared_mem": 256} and t["ms"] >= 0
+    assert t["args"] == [{"shape": [5], "dtype": "int32"}, {"dtype": "float64", "value": "-inf"},
+                         {"dtype": "uint64", "value": 0}]
+
+
+@needs_compiler
+def test_driver_names_a_listed_kernel_it_did_not_reach(monkeypatch, emulated_backend, capsys):
+    import chainfb.cuda.kernels as kernels
+    import _gpu_cases
+    import gpu_driver
+
+    monkeypatch.setenv(_gpu_place.EMULATION_LIBRARY, emulated_backend.lib._name)
+    monkeypatch.setitem(kernels.KERNELS, "chainfb::a_new_kernel<float>", "engine.cu")
+    monkeypatch.setattr(gpu_driver, "_engine_calls", lambda place: {})
+    monkeypatch.setattr(gpu_driver, "_zero_column_calls", lambda place: {})
+    monkeypatch.setattr(_gpu_cases, "CASES", {"fst_loglike": _gpu_cases.fst_loglike})
+    assert gpu_driver.main(["--emulate"]) == 1
+    err = capsys.readouterr().err
+    assert "no call reached" in err and "chainfb::a_new_kernel<float>" in err
+    assert "chainfb::fb_forward<double>" not in err.split("no call reached")[1]  # fst_loglike reached it
+
+
+def test_sanitizer_log(tmp_path):
+    log = tmp_path / "s.log"
+    log.write_text("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+                   "=========     at chainfb::fb_forward<float>(...)\n========= \n"
+                   "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n"
+                   "========= ERROR SUMMARY: 1 error\n")
+    got = _gpu_report.parse_sanitizer(log)
+    assert got["errors"] == 1 and not got["ok"] and got["hazards"] == 2 and got["warnings"] == 1
+    assert got["reports"][0] == "========= Invalid __global__ read of size 4 bytes"
+    log.write_text("========= COMPUTE-SANITIZER\nSegmentation fault\n")  # no summary: the run did not finish
+    assert _gpu_report.parse_sanitizer(log)["errors"] is None and not _gpu_report.parse_sanitizer(log)["ok"]
+
+
+def test_junit(tmp_path):
+    xml = tmp_path / "j.xml"
+    xml.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1" time="2.5">'
+                   '<testcase classname="tests.test_x.TestCUDA" name="test_a" time="1"/>'
+                   '<testcase classname="tests.test_x.TestCUDA" name="test_b" time="1">'
+                   '<failure message="AssertionError: 1 != 2&#10;more">trace</failure></testcase>'
+                   '<testcase classname="tests.test_x.TestCUDA" name="test_c"><skipped message="no"/></testcase>'
+                   '</testsuite></testsuites>')
+    got = _gpu_report.parse_junit(xml)
+    assert (got["tests"], got["passed"], got["failures"], got["skipped"]) == (3, 1, 1, 1)
+    assert got["failed"] == [dict(test="tests.test_x.TestCUDA::test_b", kind="failure", message="AssertionError: 1 != 2")]
+    assert _gpu_report.parse_junit(tmp_path / "missing.xml") is None
+
+
+def test_budget_skips_a_step_it_cannot_fit_and_shares_the_rest(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(gpu_check, "now", lambda: clock[0])
+    check = gpu_check.Check(gpu_check.main.__globals__["argparse"].Namespace(
+        out=str(tmp_path), emulate=False, budget_s=100.0, compact=True))
+    limits = {}
+
+    def fake_step(name):
+        def step(limit):
+            limits[name] = limit
+            clock[0] += limit  # uses all of it
+            return dict(returncode=0, seconds=limit, timed_out=name == "compare", command=name), {"n": 1}, "ok"
+        return step
+
+    for name in gpu_check.STEPS:
+        monkeypatch.setattr(check, f"step_{name}", fake_step(name))
+    check.run(["env", "tests", "sanitizer", "compare", "bench"])
+    steps = json.loads((tmp_path / "results.json").read_text())["steps"]
+    assert steps["env"]["status"] == "skipped" and "needs at least 5 s" in steps["env"]["reason"]
+    assert "env" not in limits and set(limits) == {"tests", "sanitizer", "compare", "bench"}
+    assert sum(limits.values()) <= 100 - gpu_check.RESERVE_S + 1e-9
+    assert steps["compare"]["status"] == "timeout" and steps["bench"]["status"] == "ok"
+    assert not (tmp_path / "steps").exists() and (tmp_path / "steps.tar.gz").exists()  # --compact
+    md = (tmp_path / "results.md").read_text()
+    assert "| env | skipped |" in md and "could not be written: KeyError" in md  # a bad section: still a report
+
+
+def test_a_step_over_its_limit_is_stopped(tmp_path):
+    r = gpu_check.run_child([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                            str(tmp_path / "x.log"), 1.0)
+    assert r["timed_out"] and r["seconds"] < 30
+    assert "started" in (tmp_path / "x.log").read_text() and "[stopped after 1 s]" in (tmp_path / "x.log").read_text()
+
+
+def test_cuda_place_with_fakes(monkeypatch):
+    """What needs CUDA and CuPy, on stand-ins: the scope routes device data (and only it) to the recorder, the
+    events time through torch's and CuPy's event APIs, the peak memory comes from torch's allocator."""
+    import chainfb.cuda.kernels as kernels
+
+    place = object.__new__(_gpu_place.CudaPlace)
+    place.backend = _gpu_place.LaunchRecorder(FakeBackend(), _gpu_place.HostEvent)
+    DeviceArray = type("ndarray", (), {"__module__": "cupy.fake"})
+    with place.scope():
+        assert kernels.backend_for(DeviceArray()) is place.backend and kernels.backend_for(torch.zeros(1)) is None
+    assert kernels.backend_for(torch.zeros(1)) is None and kernels.backend_for.__module__ == "chainfb.cuda.kernels"
+
+    class FakeTorchEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            self.t = 7.0 if hasattr(FakeTorchEvent, "seen") else 2.0
+            FakeTorchEvent.seen = True
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeTorchEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 1124)
+    place.step_event = _gpu_place.TorchEvent
+    assert place.timed_ms(lambda: "out") == ("out", 5.0)
+    assert place.peak_bytes(place.reset_peak()) == 1024
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Event=lambda: types.SimpleNamespace(record=lambda: None, synchronize=lambda: None),
+                                      get_elapsed_time=lambda a, b: 1.5)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    start, end = _gpu_place.CupyEvent(), _gpu_place.CupyEvent()
+    start.record()
+    end.record()
+    assert end.elapsed_ms(start) == 1.5
+
+
+def test_cuda_facts_with_fakes(monkeypatch):
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
+                                  total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setitem(sys.modules, "cupy", None)  # not importable
+    got = gpu_check.cuda_facts()
+    assert got["device"] == "NVIDIA H100 80GB HBM3" and got["sm_count"] == 132 and got["memory_gib"] == 80.0
+    assert got["capability"] == "9.0" and got["torch_cuda"] == "13.0" and "cupy_error" in got
