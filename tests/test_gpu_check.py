@@ -293,3 +293,62 @@ def test_cuda_facts_with_fakes(monkeypatch):
     got = gpu_check.cuda_facts()
     assert got["device"] == "NVIDIA H100 80GB HBM3" and got["sm_count"] == 132 and got["memory_gib"] == 80.0
     assert got["capability"] == "9.0" and got["torch_cuda"] == "13.0" and "cupy_error" in got
+
+
+# ------------------------------------------- the benchmark tools' --device cuda paths the check builds on
+@pytest.fixture
+def fake_cuda(monkeypatch, emulated_kernels):
+    """CPU tensors stand for CUDA ones (``.cuda()`` keeps them where they are, torch.cuda's timing and memory
+    calls are stand-ins) and every chainfb call runs on the emulated kernels."""
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    for name, fn in dict(synchronize=lambda *a: None, reset_peak_memory_stats=lambda *a: None,
+                         memory_allocated=lambda *a: 0, max_memory_allocated=lambda *a: 0,
+                         get_device_name=lambda *a: "emulated").items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    return emulated_kernels
+
+
+def test_bench_engine_cuda_paths(fake_cuda, monkeypatch, capsys):
+    import functools
+
+    import bench_engine
+
+    monkeypatch.setattr(bench_engine, "cases", functools.partial(bench_engine.cases, P=20, T=8, sizes=(3, 2, 4),
+                                                                 num_phones=3))
+    bench_engine.main(["--device", "cuda", "--cases", "ac", "--repeat", "1", "--numpy-baseline", "--peak-gbps", "1"])
+    out = capsys.readouterr().out
+    assert "(a) 3 numerator graphs" in out and "(c) N=4 numerator graphs" in out and "speed-up" in out
+    tiny = functools.partial(bench_engine.den_case, num_phones=4, num_utts=30)
+    monkeypatch.setattr(bench_engine, "den_case", lambda rng: tiny(rng))
+    bench_engine.main(["--device", "cuda", "--den", "--repeat", "1", "--den-seqs", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines[-2:]] == ["cuda_shared", "cuda"]
+    assert all(float(ln.split()[-1]) < 1e-9 for ln in lines[-2:])  # the posteriors' difference from the CPU path
+
+
+def test_bench_transducer_cuda_step(fake_cuda):
+    import numpy as np
+
+    import bench_transducer
+
+    T, U = np.array([5, 3]), np.array([2, 1])
+    inputs = bench_transducer.make_inputs(np.random.default_rng(0), T, U, 7, "cpu")
+    dt, peak, val = bench_transducer.step(bench_transducer.methods()["chainfb"], inputs, "cuda")
+    assert dt > 0 and peak == 0 and np.isfinite(val)
+    assert len(fake_cuda.launches) >= 4  # gather, forward, backward, gradient
+
+
+def test_bench_transducer_maps_cuda_path(fake_cuda, monkeypatch, capsys):
+    import numpy as np
+
+    import bench_transducer_maps
+    import chainfb.cuda.kernels as kernels
+
+    monkeypatch.setattr(kernels, "cupy_backend", lambda: fake_cuda)
+    pool = types.SimpleNamespace(total_bytes=lambda: 0)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray,
+                                                                   get_default_memory_pool=lambda: pool))
+    bench_transducer_maps.main(["--device", "cuda", "--batch", "2", "--max-frames", "6", "--max-labels", "3",
+                                "--vocab", "8", "--repeat", "1", "--peak-gbps", "1"])
+    out = capsys.readouterr().out
+    assert "device cuda (emulated), logits (2, 6, 4, 8) float32" in out and "peak memory allocated by torch" in out
