@@ -200,7 +200,8 @@ def test_junit(tmp_path):
                    '</testsuite></testsuites>')
     got = _gpu_report.parse_junit(xml)
     assert (got["tests"], got["passed"], got["failures"], got["skipped"]) == (3, 1, 1, 1)
-    assert got["failed"] == [dict(test="tests.test_x.TestCUDA::test_b", kind="failure", message="AssertionError: 1 != 2")]
+    assert got["failed"] == [dict(test="tests.test_x.TestCUDA::test_b", kind="failure",
+                                  message="AssertionError: 1 != 2")]
     assert _gpu_report.parse_junit(tmp_path / "missing.xml") is None
 
 
@@ -274,8 +275,8 @@ def test_cuda_place_with_fakes(monkeypatch):
     assert place.peak_bytes(place.reset_peak()) == 1024
 
     cupy = types.ModuleType("cupy")
-    cupy.cuda = types.SimpleNamespace(Event=lambda: types.SimpleNamespace(record=lambda: None, synchronize=lambda: None),
-                                      get_elapsed_time=lambda a, b: 1.5)
+    event = types.SimpleNamespace(record=lambda: None, synchronize=lambda: None)
+    cupy.cuda = types.SimpleNamespace(Event=lambda: event, get_elapsed_time=lambda a, b: 1.5)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     start, end = _gpu_place.CupyEvent(), _gpu_place.CupyEvent()
     start.record()

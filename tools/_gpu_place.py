@@ -39,6 +39,21 @@ def write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def until(deadline: float, items, result: dict, json_path: str | None):
+    """Yield the ``(name, item)`` pairs of ``items`` while the time is before ``deadline`` (Unix time): the name
+    of each one started is ``result["current"]`` (``result`` written to ``json_path`` first, so a run stopped
+    from outside shows where), the names of those not started go to ``result["skipped"]``."""
+    for name, item in items:
+        if time.time() >= deadline:
+            result["skipped"].append(name)
+            continue
+        result["current"] = name
+        if json_path:
+            write_json(json_path, result)
+        yield name, item
+    result["current"] = None
+
+
 def describe_args(args) -> list:
     """Each kernel argument as a dict: arrays ``{"shape", "dtype"}``, scalars ``{"dtype", "value"}``."""
     out = []

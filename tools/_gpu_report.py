@@ -121,9 +121,12 @@ def _compare(data) -> list:
             for r in data["rows"]]
     out = ["max abs: the largest |device - CPU| over elements finite on both sides; rel: that over the largest "
            "|CPU| element; pass within tol x max(1, largest |CPU|).", ""]
-    out += _table(["case", "output", "max abs", "rel", "tol", "result"], rows)
-    for e in data.get("errors", []):
-        out.append(f"- **{e['case']}** raised: {e['error']}")
+    return out + _table(["case", "output", "max abs", "rel", "tol", "result"], rows) + _footer(data, "case")
+
+
+def _footer(data, key) -> list:
+    """The items of a step that raised, were not started (time), or were running when it was stopped."""
+    out = [f"- **{e[key]}** raised: {e['error']}" for e in data.get("errors", [])]
     if data.get("skipped"):
         out.append(f"- not run (time): {', '.join(data['skipped'])}")
     if data.get("current"):
@@ -154,13 +157,7 @@ def _bench(data, emulated) -> list:
         if kernels:
             out += ["Per kernel (one traced chainfb step):", ""]
             out += _table(["case", "kernel", "launches", "device ms"], kernels)
-    for e in data.get("errors", []):
-        out.append(f"- **{e['benchmark']}** raised: {e['error']}")
-    if data.get("skipped"):
-        out.append(f"- not run (time): {', '.join(data['skipped'])}")
-    if data.get("current"):
-        out.append(f"- stopped while running: {data['current']}")
-    return out + [""]
+    return out + _footer(data, "benchmark")
 
 
 SECTIONS = {"env": ("Environment", _env), "tests": ("CUDA tests", _tests), "sanitizer": ("Sanitizers", _sanitizer),

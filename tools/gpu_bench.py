@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import chainfb  # noqa: E402
-from _gpu_place import HostEvent, kernel_totals, make_place, write_json  # noqa: E402
+from _gpu_place import HostEvent, kernel_totals, make_place, until, write_json  # noqa: E402
 
 #: (T, N, C, S) of the CTC cases, on the GPU and under the emulation
 CTC_SHAPES = {"cuda": [(500, 16, 500, 100), (2000, 8, 100, 1000), (4000, 1, 5000, 3000), (150, 64, 5000, 50)],
@@ -273,24 +273,17 @@ def run(place, only, repeat, deadline, json_path, launches_path) -> dict:
     """The benchmarks named in ``only``, each started only before ``deadline`` (Unix time)."""
     result = dict(mode=place.name, benchmarks=[], skipped=[], errors=[], current=None)
     launches = {}
-    for name in only:
-        if time.time() >= deadline:
-            result["skipped"].append(name)
-            continue
-        result["current"] = name
-        if json_path:
-            write_json(json_path, result)
+    for name, bench in until(deadline, ((n, BENCHMARKS[n]) for n in only), result, json_path):
         b = Bench(place, repeat, launches)
         t0 = time.perf_counter()
         try:
-            BENCHMARKS[name](b, place, place.emulated)
+            bench(b, place, place.emulated)
         except Exception as e:  # noqa: BLE001 -- recorded with the cases measured so far
             traceback.print_exc()
             result["errors"].append(dict(benchmark=name, error=f"{type(e).__name__}: {e}"[:500]))
         result["benchmarks"].append(dict(name=name, cases=b.cases, seconds=time.perf_counter() - t0))
         if launches_path:
             write_json(launches_path, launches)
-    result["current"] = None
     if json_path:
         write_json(json_path, result)
     return result

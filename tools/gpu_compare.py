@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402
 
-from _gpu_place import json_number, make_place, write_json  # noqa: E402
+from _gpu_place import json_number, make_place, until, write_json  # noqa: E402
 
 
 def difference(dev, cpu, tol: float) -> dict:
@@ -109,13 +109,7 @@ def run(place, deadline: float, json_path: str | None, frames: int) -> dict:
              for name, case in CASES.items()]
     items += [(name, lambda name=name, c=c: long_check(place, name, *c)) for name, c in long_cases(frames).items()]
     result = dict(mode=place.name, rows=[], errors=[], skipped=[], current=None)
-    for name, item in items:
-        if time.time() >= deadline:
-            result["skipped"].append(name)
-            continue
-        result["current"] = name
-        if json_path:
-            write_json(json_path, result)
+    for name, item in until(deadline, items, result, json_path):
         t0 = time.perf_counter()
         try:
             rows = item()
@@ -126,7 +120,6 @@ def run(place, deadline: float, json_path: str | None, frames: int) -> dict:
         for r in rows:
             r["seconds"] = time.perf_counter() - t0
         result["rows"] += rows
-    result["current"] = None
     result["ok"] = not result["errors"] and all(r["ok"] for r in result["rows"])
     if json_path:
         write_json(json_path, result)
