@@ -12,8 +12,9 @@ finds too little of the budget left is skipped and the reason recorded, a step t
 3. ``sanitizer``: ``tools/gpu_driver.py`` (every kernel of ``chainfb.cuda.kernels.KERNELS`` through the public
    code paths on tiny inputs; it fails naming a kernel it did not reach), then the same under compute-sanitizer's
    memcheck, racecheck and synccheck (chainfb's kernels only, no memory pools);
-4. ``compare``: ``tools/gpu_compare.py``, every criterion on the GPU against the CPU path (values and gradients)
-   and the two 20,000-frame posterior-sum checks;
+4. ``compare``: ``tools/gpu_compare.py``, every criterion on the GPU against the CPU path (values and gradients;
+   the NumPy engine and torch score maps there, the test suite's reference, which needs no compiling) and the two
+   20,000-frame posterior-sum checks;
 5. ``bench``: ``tools/gpu_bench.py``, timings and peak memory against peers measured in the same run, with each
    case's per-kernel device times (every traced launch in ``DIR/launches.json``).
 
@@ -41,7 +42,7 @@ import time
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
-sys.path.insert(0, TOOLS)
+sys.path[:0] = [TOOLS, ROOT]  # the helpers beside this script; the chainfb of this tree
 
 from _gpu_place import EMULATION_LIBRARY, write_json  # noqa: E402
 from _gpu_report import parse_junit, parse_sanitizer, render  # noqa: E402
@@ -179,7 +180,7 @@ class Check:
 
     def step_compare(self, limit):
         extra = ["--long-frames", "300"] if self.args.emulate else []
-        cmd = self.py("gpu_compare.py", "--json", self.path("compare.json"), "--deadline",
+        cmd = self.py("gpu_compare.py", "--json", self.path("compare.json"), "--cpu-engine", "numpy", "--deadline",
                       str(time.time() + limit - min(30.0, limit / 4)), *extra)
         r = run_child(cmd, self.path("compare.log"), limit)
         data = read_json(self.path("compare.json"))
@@ -224,9 +225,9 @@ class Check:
                     rec.update(status="error", reason=f"{type(e).__name__}: {e}")
             self.results["steps"][name] = rec
             self.save()
-        for name in STEPS:
-            if name not in steps:
-                self.results["steps"][name] = dict(status="skipped", reason="not asked for (--steps)")
+        done = self.results["steps"]
+        self.results["steps"] = {name: done.get(name, dict(status="skipped", reason="not asked for (--steps)"))
+                                 for name in STEPS}
         self.save(final=True)
 
     def build_emulation(self):
