@@ -23,21 +23,30 @@ RNN-T), and backward scales the saved gradient per sequence by the
 incoming gradient, in place unless the criterion ``shares_grad`` (a
 non-finite incoming gradient for a sequence counts as 0, so impossible
 sequences keep a zero gradient).  A
-second backward through the same graph recomputes it.  Second derivatives
-are not implemented: differentiating the gradient (e.g. a gradient penalty
-built with ``create_graph=True``) raises a ``RuntimeError``
-(:data:`SECOND_DERIVATIVE`) instead of silently treating the posteriors as
-constants; torch's own ``ctc_loss`` raises too.
+second backward through the same graph recomputes it.
+
+Second derivatives are not implemented.  With ``create_graph=True`` the
+gradient is still given (the first derivative), as a node of the graph
+that depends on the criterion's input (:func:`first_order`): differentiating
+it through that input -- a gradient penalty differentiated w.r.t. any
+parameter upstream, whatever lies in between (a ``log_softmax``, a
+reduction, a layer) -- raises a ``RuntimeError`` (:data:`SECOND_DERIVATIVE`)
+instead of silently treating the posteriors as constants, as torch's own
+``ctc_loss`` raises.  Its dependence on the incoming gradient (linear) is
+exact.  :func:`first_order_backward` gives the same to a hand-written
+``backward``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from . import engines
 from .cuda.interop import on_torch_stream
 
-__all__ = ["Criterion", "apply"]
+__all__ = ["Criterion", "apply", "first_order", "first_order_backward", "SECOND_DERIVATIVE"]
 
 
 class Criterion:
@@ -82,7 +91,59 @@ class Criterion:
 
 #: the error a second derivative raises
 SECOND_DERIVATIVE = ("chainfb: trying to differentiate twice a criterion's gradient (second derivatives, "
-                     "e.g. a gradient penalty, are not implemented)")
+                     "e.g. a gradient penalty, are not implemented; take the gradient without create_graph=True)")
+
+
+class _FirstOrder(torch.autograd.Function):
+    """``first_order``'s node: the first ``n`` inputs come out unchanged;
+    being differentiated at all raises."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(t.view_as(t) for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(SECOND_DERIVATIVE)
+
+
+def first_order(grads, depends):
+    """``grads`` (tensors computed without a graph, or None) tied to the
+    tensors ``depends`` they were computed from: under ``create_graph=True``
+    the result is a node of the graph whose inputs are those of ``depends``
+    that require grad, so any derivative of it that reaches one of them (or
+    anything upstream of one) raises :data:`SECOND_DERIVATIVE`.  (A node on
+    detached copies, as torch's ``once_differentiable`` makes, is never
+    reached by ``torch.autograd.grad(..., inputs=upstream)``, which then
+    silently leaves those terms out.)  Returns a tuple like ``grads``."""
+    grads = tuple(grads)
+    live = [t for t in depends if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not torch.is_grad_enabled() or not live:
+        return grads
+    present = [g for g in grads if g is not None]
+    tied = iter(_FirstOrder.apply(len(present), *present, *live))
+    return tuple(None if g is None else next(tied) for g in grads)
+
+
+def first_order_backward(backward):
+    """Decorator for the ``backward`` of a ``torch.autograd.Function``
+    whose gradient is formed without a graph: it runs under ``no_grad``
+    and, with ``create_graph=True``, its results are tied
+    (:func:`first_order`) to the incoming gradients and to the tensors the
+    Function saved with ``save_for_backward`` -- which must include the
+    inputs the gradient depends on."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grad_outputs):
+        with torch.no_grad():
+            out = backward(ctx, *grad_outputs)
+        if not torch.is_grad_enabled():
+            return out
+        single = not isinstance(out, tuple)
+        out = first_order((out,) if single else out, (*ctx.saved_tensors, *grad_outputs))
+        return out[0] if single else out
+
+    return wrapper
 
 
 class _CriterionFunction(torch.autograd.Function):
@@ -98,17 +159,16 @@ class _CriterionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        with torch.no_grad():
-            grads = _CriterionFunction._gradients(ctx, grad_out)
         if not torch.is_grad_enabled():
-            return grads
-        # create_graph=True: the gradient depends on the saved input, but no second derivative is
-        # implemented; give it a node that raises if (and only if) it is differentiated
-        outs = tuple(g for g in grads[1:] if g is not None)
-        err = torch._C._functions.DelayedError(SECOND_DERIVATIVE.encode(), len(outs))
-        marked = err(*[g.detach().requires_grad_() for g in outs])
-        marked = iter(marked if isinstance(marked, tuple) else (marked,))
-        return (None, *(None if g is None else next(marked) for g in grads[1:]))
+            return _CriterionFunction._gradients(ctx, grad_out)
+        # create_graph=True: the gradient, tied to the saved input (its derivative through the input
+        # raises), times the incoming gradient by differentiable operations (exact in grad_out)
+        with torch.no_grad():
+            grads = _CriterionFunction._gradients(ctx, torch.ones_like(grad_out))[1:]  # unscaled
+        grads = first_order(grads, ctx.saved_tensors)
+        go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
+        return (None, *(None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
+                        for g in grads))
 
     @staticmethod
     def _gradients(ctx, grad_out):

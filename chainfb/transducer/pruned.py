@@ -54,9 +54,9 @@ import warnings
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import checks
+from ..criterion import first_order_backward
 from . import cpu_maps
 from .grid import band_loglike, band_start, check_boundary, grid_loglike
 
@@ -209,14 +209,14 @@ class _AdditiveLogprobs(torch.autograd.Function):
                 px = am.new_zeros((B, 0, T))
             if bd is not None:
                 px = _with_regular_column(px, bd, T)
-        ctx.save_for_backward(am_e, lm_e, R, sy)
+        ctx.save_for_backward(am_e, lm_e, R, sy, am, lm)  # am, lm: what a second derivative would need
         ctx.blank, ctx.bd = blank, bd
         return px, py
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward
     def backward(ctx, gx, gy):
-        am_e, lm_e, R, sy = ctx.saved_tensors
+        am_e, lm_e, R, sy = ctx.saved_tensors[:4]
         B, T, C = am_e.shape
         S = lm_e.shape[1] - 1
         gx = R.new_zeros((B, S, T)) if gx is None else gx[:, :, :T]
@@ -353,14 +353,14 @@ class _BandLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sym, blank):
         lsm = torch.log_softmax(x, dim=3)
-        ctx.save_for_backward(lsm, sym)
+        ctx.save_for_backward(lsm, sym, x)  # x: what a second derivative would need
         ctx.blank = blank
         return torch.gather(lsm, 3, sym[..., None])[..., 0], lsm[..., blank]
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward
     def backward(ctx, gx, gy):
-        lsm, sym = ctx.saved_tensors
+        lsm, sym = ctx.saved_tensors[:2]
         gx = torch.zeros_like(gy) if gx is None else gx
         gy = torch.zeros_like(gx) if gy is None else gy
         out = torch.exp(lsm)
