@@ -184,3 +184,146 @@ def test_speechbrain_none_reduction_and_infinite_incoming_gradient():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         speechbrain.TransducerLoss(blank=5, reduction="mean")(x, tg, torch.tensor([4, 3], dtype=torch.int32), U)
+
+
+# ------------------------------------------------------- padding never reaches a gradient
+
+_B, _T, _U, _V = 3, 6, 3, 5
+_TB, _UB = torch.tensor([6, 4, 5]), torch.tensor([3, 1, 0])
+# k2's boundary rows [s_begin, t_begin, s_end, t_end]: begins past 0 leave padding in front too
+_BOUNDARY = torch.tensor([[0, 0, 3, 6], [1, 1, 2, 5], [0, 2, 1, 4]])
+
+
+def _pad_masks(boundary):
+    """``(frame_pad [B, T], row_pad [B, U + 1])``: True outside each sequence."""
+    t, s = torch.arange(_T), torch.arange(_U + 1)
+    s0, t0, s1, t1 = boundary.T
+    return ((t[None] < t0[:, None]) | (t[None] >= t1[:, None]),
+            (s[None] < s0[:, None]) | (s[None] > s1[:, None]))
+
+
+def _lengths_boundary():
+    z = torch.zeros_like(_TB)
+    return torch.stack([z, z, _UB, _TB], dim=1)
+
+
+def _padded_losses():
+    """``name -> (make(fill) -> (inputs, masks), loss(*inputs))``: each loss
+    with its inputs, non-finite ``fill`` (or clean random values, ``fill=None``)
+    put in the padding (``masks``: True in the padding of each input)."""
+    from chainfb.compat import fast_rnnt
+    from chainfb.transducer import grid_rnnt_loss, prune_ranges, pruned_rnnt_loss, simple_rnnt_loss
+
+    g = torch.Generator().manual_seed(3)
+    targets = torch.randint(1, _V - 2, (_B, _U), generator=g)  # (V - 2: a big blank)
+    am0 = torch.randn(_B, _T, _V, generator=g, dtype=torch.float64)
+    lm0 = torch.randn(_B, _U + 1, _V, generator=g, dtype=torch.float64)
+    x0 = torch.randn(_B, _T, _U + 1, _V + 3, generator=g, dtype=torch.float64)
+    noise = torch.randn(_B, _T, _U + 1, _V + 3, generator=g, dtype=torch.float64)
+
+    def fill_in(x, mask, fill):
+        x = x.clone()
+        x[mask] = noise[..., :x.shape[-1]].reshape(-1, x.shape[-1])[:int(mask.sum())] if fill is None else fill
+        return x
+
+    def additive(boundary):
+        fp, rp = _pad_masks(boundary)
+        return lambda fill: ((fill_in(am0, fp, fill), fill_in(lm0, rp, fill)), (fp, rp))
+
+    def joint(boundary, V=_V):
+        fp, rp = _pad_masks(boundary)
+        cell = fp[:, :, None] | rp[:, None, :]
+        return lambda fill: ((fill_in(x0[..., :V], cell, fill),), (cell,))
+
+    def band(boundary, rnnt_type):
+        fp, rp = _pad_masks(boundary)
+        px, py = fast_rnnt.get_rnnt_logprobs(lm0, am0, targets, 0, rnnt_type, boundary)
+        _, grads = fast_rnnt.mutual_information_recursion(px, py, boundary, return_grad=True)
+        ranges = prune_ranges(*grads, boundary, 3)
+        cell = fp[:, :, None] | torch.gather(rp, 1, ranges.reshape(_B, -1)).reshape(ranges.shape)
+        return (lambda fill: ((fill_in(x0[:, :, :3, :_V], cell, fill),), (cell,))), ranges
+
+    lb, i32 = _lengths_boundary(), dict(dtype=torch.int32)
+    cases = {}
+    for rt in ("regular", "modified", "constrained"):
+        cases[f"simple-{rt}"] = (additive(lb), lambda am, lm, rt=rt: simple_rnnt_loss(
+            am, lm, targets, _TB, _UB, blank=0, rnnt_type=rt, delay_penalty=0.1, reduction="sum"))
+        cases[f"grid-{rt}"] = (joint(lb), lambda x, rt=rt: grid_rnnt_loss(
+            x, targets, _TB, _UB, blank=0, rnnt_type=rt, delay_penalty=0.1, reduction="sum"))
+        cases[f"fast_rnnt.rnnt_loss_simple-{rt}"] = (additive(_BOUNDARY), lambda am, lm, rt=rt: (
+            fast_rnnt.rnnt_loss_simple(lm, am, targets, 0, _BOUNDARY, rt, reduction="sum")))
+        cases[f"fast_rnnt.rnnt_loss-{rt}"] = (joint(_BOUNDARY), lambda x, rt=rt: fast_rnnt.rnnt_loss(
+            x, targets, 0, _BOUNDARY, rt, reduction="sum"))
+        make, ranges = band(lb, rt)
+        cases[f"pruned-{rt}"] = (make, lambda x, rt=rt, r=ranges: pruned_rnnt_loss(
+            x, targets, r, _TB, _UB, blank=0, rnnt_type=rt, reduction="sum"))
+        make, ranges = band(_BOUNDARY, rt)
+        cases[f"fast_rnnt.rnnt_loss_pruned-{rt}"] = (make, lambda x, rt=rt, r=ranges: fast_rnnt.rnnt_loss_pruned(
+            x, targets, r, 0, _BOUNDARY, rt, reduction="sum"))
+    # the smoothed loss: am's padding only (lm's padding rows enter k2's batch unigram)
+    fp, _ = _pad_masks(lb)
+    cases["smoothed"] = (lambda fill: ((fill_in(am0, fp, fill), lm0), (fp, torch.zeros(lm0.shape[:2], dtype=bool))),
+                         lambda am, lm: simple_rnnt_loss(am, lm, targets, _TB, _UB, blank=0, lm_only_scale=0.2,
+                                                         am_only_scale=0.1, reduction="sum"))
+    cases["rnnt"] = (joint(lb), lambda x: chainfb.rnnt_loss(x, targets.int(), _TB.int(), _UB.int(), blank=0,
+                                                            reduction="sum"))
+    cases["multiblank"] = (joint(lb), lambda x: chainfb.multiblank_rnnt_loss(
+        x, targets.int(), _TB.int(), _UB.int(), blank=_V - 1, big_blank_durations=[2], sigma=0.05, reduction="sum"))
+    cases["tdt"] = (joint(lb, _V + 3), lambda x: chainfb.tdt_loss(
+        x, targets, _TB, _UB, blank=_V - 1, durations=[0, 1, 2], sigma=0.05, reduction="sum"))
+    cases["speechbrain"] = (joint(lb), lambda x: speechbrain.TransducerLoss(blank=0, reduction="sum")(
+        x, targets.int(), _TB.int(), _UB.int()))
+    return cases
+
+
+_PADDED = sorted(_padded_losses())
+
+
+@pytest.mark.parametrize("engine", ["compiled", "numpy"])
+@pytest.mark.parametrize("name", _PADDED)
+def test_non_finite_padding_never_reaches_a_gradient(name, engine, request):
+    """-inf, NaN or +inf in the padding (frames past ``T_b``, rows past
+    ``U_b``, cells outside a boundary): the loss of the clean padding, a
+    finite gradient, zero in the padding and the same elsewhere."""
+    if engine == "numpy":
+        request.getfixturevalue("numpy_engine")
+    make, loss = _padded_losses()[name]
+    clean, masks = make(None)
+    clean = [t.requires_grad_() for t in clean]
+    want = loss(*clean)
+    want.backward()
+    for fill in (-math.inf, math.nan, math.inf):
+        xs = [t.requires_grad_() for t in make(fill)[0]]
+        got = loss(*xs)
+        torch.testing.assert_close(got, want, msg=f"{name}, {fill} in the padding: loss")
+        got.backward()
+        for x, c, m in zip(xs, clean, masks):
+            assert torch.isfinite(x.grad).all(), f"{name}, {fill} in the padding: non-finite gradient"
+            assert not x.grad[m].any(), f"{name}, {fill} in the padding: gradient in the padding"
+            torch.testing.assert_close(x.grad[~m], c.grad[~m], msg=f"{name}, {fill} in the padding: gradient")
+
+
+def test_smoothed_loss_counts_non_finite_lm_padding_as_zero():
+    """With smoothing, lm's padding rows enter k2's batch unigram, so their
+    values count; non-finite ones count as 0 (a finite loss, no gradient
+    there) instead of turning every sequence's loss into NaN."""
+    from chainfb.transducer import simple_rnnt_loss
+
+    g = torch.Generator().manual_seed(4)
+    targets = torch.randint(1, _V, (_B, _U), generator=g)
+    am = torch.randn(_B, _T, _V, generator=g, dtype=torch.float64)
+    lm = torch.randn(_B, _U + 1, _V, generator=g, dtype=torch.float64)
+    pad = _pad_masks(_lengths_boundary())[1]
+    zero = lm.clone()
+    zero[pad] = 0.0
+    loss = lambda m: simple_rnnt_loss(am, m, targets, _TB, _UB, blank=0, lm_only_scale=0.2, am_only_scale=0.1,
+                                      reduction="none")
+    want = loss(zero)
+    for fill in (-math.inf, math.nan, math.inf):
+        m = lm.clone()
+        m[pad] = fill
+        m.requires_grad_()
+        got = loss(m)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        assert torch.isfinite(m.grad).all() and not m.grad[pad].any()

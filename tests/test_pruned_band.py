@@ -252,6 +252,11 @@ def test_fused_logprobs_refuse_second_derivatives():
     d_am, = torch.autograd.grad(px.sum() + py.sum(), am, create_graph=True)
     with pytest.raises(RuntimeError):
         d_am.sum().backward()
+    x = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    px, py = pruned._BandLogprobs.apply(x, torch.ones(2, 4, 3, dtype=torch.int64), 0)
+    d_x, = torch.autograd.grad(px.sum() + py.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        torch.autograd.grad(d_x.sum(), x)
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])

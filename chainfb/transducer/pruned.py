@@ -41,6 +41,14 @@ what :mod:`chainfb.compat.fast_rnnt` uses to pick k2's band where float32
 scores tie.  Every loss takes ``return_grad=True`` for ``(loss, (px_grad,
 py_grad))``, the occupancy of each grid arc.
 
+Padding never reaches a gradient: values outside each sequence (frames of
+``am`` outside ``[t_begin, t_end)``, rows of ``lm`` outside ``[s_begin,
+s_end]``, joiner cells outside both), finite or not (``-inf``, NaN,
+``+inf``), change neither the losses nor the gradients of the other
+entries, and get a zero gradient.  (With smoothing, ``lm``'s padding rows
+enter k2's batch unigram: finite values count there, as in k2, and
+non-finite ones count as 0.)
+
 Half-precision inputs are computed in float32; values come back in the
 input dtype.  Lengths-based entry points build the boundary ``[0, 0, U_b,
 T_b]`` from integer lengths (floats and bools are a ``TypeError``, never
@@ -168,6 +176,27 @@ def _softmax_scale(x):
     return e, x.amax(dim=2, keepdim=True).sub_(e.amax(dim=2, keepdim=True).log_())
 
 
+def _without_bad_rows(e, scale):
+    """``e`` (``softmax(x)``, in place) with 0 in the rows whose log-scale is
+    not finite -- rows of ``x`` with a NaN or ``+inf`` or only ``-inf``, whose
+    softmax is NaN (padding, typically): through the batched products they
+    would reach every row of the other factor, and its gradient.  Their own
+    cells stay NaN through ``scale``."""
+    bad = ~torch.isfinite(scale)
+    if e.is_cuda or bool(bad.any()):  # (no device read on the GPU)
+        e.masked_fill_(bad, 0.0)
+    return e
+
+
+def _finite_padding(x, begin, end):
+    """``x [B, N, C]`` with 0 in place of the non-finite entries of the rows
+    outside ``[begin[b], end[b])`` (NumPy ``[B]``), differentiably (no
+    gradient reaches those entries)."""
+    n = torch.arange(x.shape[1], device=x.device)[None, :]
+    b, e = (torch.as_tensor(v, device=x.device)[:, None] for v in (begin, end))
+    return torch.where(((n < b) | (n >= e))[:, :, None] & ~torch.isfinite(x), 0.0, x)
+
+
 class _AdditiveLogprobs(torch.autograd.Function):
     """``(px [B, S, T], py [B, S + 1, T])`` of the additive joiner ``am[t] +
     lm[s]`` (``am [B, T, C]``, ``lm [B, S + 1, C]``, one dtype): ``px = am[t,
@@ -185,7 +214,10 @@ class _AdditiveLogprobs(torch.autograd.Function):
     g_n / R``: ``d am = softmax(am) * (W^T softmax(lm))`` and ``d lm =
     softmax(lm) * (W softmax(am))`` (two matrix products; each row's scale
     cancels), plus ``g_x`` scattered to the symbols and the sums of ``g_y``
-    to the blank (``g_x`` at the ``-inf`` entries, constants, left out)."""
+    to the blank (``g_x`` at the ``-inf`` entries, constants, left out).
+    Rows of ``am`` / ``lm`` with a NaN softmax (non-finite padding) take no
+    part in the products (:func:`_without_bad_rows`), so they reach no
+    other row and get no gradient unless their own cells do."""
 
     @staticmethod
     def forward(ctx, am, lm, sy, blank, bd):
@@ -193,6 +225,7 @@ class _AdditiveLogprobs(torch.autograd.Function):
         S = lm.shape[1] - 1
         am_e, am_scale = _softmax_scale(am)
         lm_e, lm_scale = _softmax_scale(lm)
+        am_e, lm_e = _without_bad_rows(am_e, am_scale), _without_bad_rows(lm_e, lm_scale)
         R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
         if am.device.type == "cpu" and cpu_maps.available(am.dtype):
             px, py = cpu_maps.additive_logprobs(
@@ -280,6 +313,10 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
         l_s = lm_only_scale or 1e-20
         a_s = am_only_scale or 1e-20
         c_s = 1.0 - lm_only_scale - am_only_scale
+        # non-finite padding (frames outside [t_begin, t_end), rows outside [s_begin, s_end]) as 0, so that
+        # it reaches no gradient through the normalisers below (lm's padding rows still enter k2's unigram)
+        am = _finite_padding(am, bd[:, 1], bd[:, 3])
+        lm = _finite_padding(lm, bd[:, 0], bd[:, 2] + 1)
         lm_lp = lm.log_softmax(dim=2)
         unigram = lm.softmax(dim=2).mean(dim=(0, 1)) + torch.finfo(dtype).tiny  # [C]
         log_u = unigram.log()
@@ -305,10 +342,10 @@ def rnnt_logprobs_joint(logits, symbols, blank, boundary=None, rnnt_type="regula
     blank = _blank(blank, C)
     _check_frames(rnnt_type, S, T)
     bd = check_boundary(boundary, B, S, T)
-    norm = torch.logsumexp(x, dim=3)  # [B, T, S + 1]
-    px = torch.gather(x[:, :, :S], 3, sy[:, None, :, None].expand(B, T, S, 1))[..., 0] - norm[:, :, :S]
-    py = x[:, :, :, blank] - norm
-    return _finish(px.transpose(1, 2), py.transpose(1, 2), bd, rnnt_type, delay_penalty, T)
+    with_blank = torch.cat([sy, sy.new_full((B, 1), blank)], dim=1)  # [B, S + 1]: each row's symbol
+    px, py = _BandLogprobs.apply(x, with_blank[:, None, :].expand(B, T, S + 1), blank)  # [B, T, S + 1] each
+    return _finish(px[:, :, :S].transpose(1, 2).contiguous(), py.transpose(1, 2).contiguous(), bd, rnnt_type,
+                   delay_penalty, T)
 
 
 def _check_ranges(ranges, B, T, S):
@@ -344,27 +381,36 @@ def _pruned_inputs(logits, symbols, ranges, blank, boundary, rnnt_type, delay_pe
 
 
 class _BandLogprobs(torch.autograd.Function):
-    """``(px_band, py_band)`` from band logits ``x [B, T, R, C]`` and each
-    cell's symbol ``sym [B, T, R]``: ``log_softmax(x)`` at the symbol and at
-    the blank.  Backward: ``d x = onehot(sym) g_x + onehot(blank) g_y -
-    softmax(x) (g_x + g_y)``, formed in one tensor (no dense gradient per
-    gather)."""
+    """``(px_band, py_band)`` from band logits ``x [B, T, R, C]`` (or the full
+    joiner output, ``R = S + 1``) and each cell's symbol ``sym [B, T, R]``:
+    ``log_softmax(x)`` at the symbol and at the blank.  Backward: ``d x =
+    onehot(sym) g_x + onehot(blank) g_y - softmax(x) (g_x + g_y)``, formed in
+    one tensor (no dense gradient per gather); 0 in the cells that no
+    gradient reaches, whatever their logits."""
 
     @staticmethod
     def forward(ctx, x, sym, blank):
         lsm = torch.log_softmax(x, dim=3)
-        ctx.save_for_backward(lsm, sym, x)  # x: what a second derivative would need
+        px, py = torch.gather(lsm, 3, sym[..., None])[..., 0], lsm[..., blank]
+        ctx.save_for_backward(lsm, sym, px, py)
         ctx.blank = blank
-        return torch.gather(lsm, 3, sym[..., None])[..., 0], lsm[..., blank]
+        return px, py
 
     @staticmethod
     @first_order_backward
     def backward(ctx, gx, gy):
-        lsm, sym = ctx.saved_tensors[:2]
+        lsm, sym, px, py = ctx.saved_tensors
         gx = torch.zeros_like(gy) if gx is None else gx
         gy = torch.zeros_like(gx) if gy is None else gy
         out = torch.exp(lsm)
         out.mul_(-(gx + gy)[..., None])
+        # a cell with a NaN or +inf logit, or only -inf ones, has a NaN softmax (and a px or py that is not
+        # finite): where no gradient reaches it (padding) its gradient is 0, not 0 * NaN
+        idle = (gx == 0) & (gy == 0) & ~(torch.isfinite(px) & torch.isfinite(py))
+        if out.is_cuda:  # (no device read on the GPU)
+            out.masked_fill_(idle[..., None], 0.0)
+        elif bool(idle.any()):
+            out[idle] = 0.0
         out.scatter_add_(3, sym[..., None], gx[..., None])
         out[..., ctx.blank] += gy
         return out, None, None
