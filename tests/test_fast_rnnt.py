@@ -12,7 +12,7 @@ import chainfb
 from chainfb.compat import fast_rnnt as fr
 from chainfb.transducer import pruned
 
-from devices import OnCPU, OnCUDA, OnEmulatedKernels
+from devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
 from oracles import fast_rnnt as ref
 
 TYPES = ["regular", "modified", "constrained"]
@@ -507,7 +507,45 @@ class PrunedPipelineTests:
         assert torch.isfinite(a.grad).all() and torch.isfinite(m.grad).all()
 
 
+    @pytest.mark.parametrize("rnnt_type", TYPES)
+    def test_every_grid_a_single_point(self, rnnt_type):
+        """``T_b = U_b = 0`` for every sequence, or k2 boundary rows ``[1, 1,
+        1, 1]`` (begin symbol and frame = end symbol and frame): one path of
+        no arcs, total log-probability 0, no gradient -- the engine runs no
+        step at all."""
+        am, lm, symbols, term = case(seed=13, B=3, S=2, T=3)
+        a, m = self.tensor(am).requires_grad_(), self.tensor(lm).requires_grad_()
+        x = self.tensor(am[:, :, None, :] + lm[:, None, :, :]).detach().requires_grad_()
+        sy, zero = self.tensor(symbols), self.tensor(torch.zeros(3, dtype=torch.int64))
+        point = self.tensor(torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0], [2, 3, 2, 3]]))
+        losses = {
+            "simple": pruned.simple_rnnt_loss(a, m, sy, zero, zero, term, rnnt_type, reduction="none"),
+            "grid": pruned.grid_rnnt_loss(x, sy, zero, zero, term, rnnt_type, reduction="none"),
+            "pruned": pruned.pruned_rnnt_loss(x[:, :, :2], sy, self.tensor(torch.zeros(3, 3, 2, dtype=torch.int64)),
+                                              zero, zero, term, rnnt_type, reduction="none"),
+            "k2 simple": fr.rnnt_loss_simple(m, a, sy, term, point, rnnt_type, reduction="none"),
+            "k2 smoothed": fr.rnnt_loss_smoothed(m, a, sy, term, 0.1, 0.1, point, rnnt_type, reduction="none"),
+            "k2 rnnt": fr.rnnt_loss(x, sy, term, point, rnnt_type, reduction="none"),
+        }
+        for name, loss in losses.items():
+            assert loss.device.type == self.device
+            assert torch.equal(loss.detach().cpu(), torch.zeros(3, dtype=loss.dtype)), name
+        sum(loss.sum() for loss in losses.values()).backward()
+        for t in (a, m, x):
+            assert torch.equal(t.grad.cpu(), torch.zeros_like(t.grad.cpu()))
+        px = self.tensor(torch.randn(3, 2, 4 if rnnt_type == "regular" else 3, dtype=torch.float64))
+        py = self.tensor(torch.randn(3, 3, 3, dtype=torch.float64))
+        total, grads = fr.mutual_information_recursion(px.requires_grad_(), py.requires_grad_(), point,
+                                                       return_grad=True)
+        assert torch.equal(total.detach().cpu(), torch.zeros(3, dtype=torch.float64))
+        assert not any(g.cpu().any() for g in grads)
+
+
 class TestPrunedCPU(PrunedPipelineTests, OnCPU):
+    pass
+
+
+class TestPrunedCPUNumPy(PrunedPipelineTests, OnCPUNumPy):
     pass
 
 

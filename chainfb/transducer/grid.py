@@ -230,6 +230,9 @@ class _PlannedCriterion(Criterion):
                                                                                py.detach().numpy())))
             return value, self.last_grads
         P = _posteriors(post, px)
+        if not P.numel():  # no step at all (every grid a single point): no arc, so no gradient
+            self.last_grads = tuple(torch.zeros_like(src) for src in x)
+            return value, self.last_grads
         grads = []
         for src, entry in zip(x, self.plan.on(px.device)[1:]):
             g = torch.index_select(P, 0, entry.clamp(min=0)).masked_fill_(entry < 0, 0.0)
