@@ -10,7 +10,12 @@ A :class:`Criterion` is what a compiler produces for one batch:
 - ``finish(x, loglike, post) -> (value [N], grad)``: the per-sequence value
   the criterion reports and its gradient w.r.t. ``x`` (``post`` is the
   engine's ``d loglike / d X``, or None when no gradient is needed) -- the
-  score map's backward half.
+  score map's backward half.  An input's gradient is batch-first like the
+  input (row ``n``: ``d value[n] / d x[n]``), or, for an input shared by
+  the ``N`` sequences (a parameter ``w``), the per-sequence gradients ``[N,
+  *w.shape]`` (``d value[n] / d w``), which backward sums weighted by the
+  incoming gradient; any other shape is a ``ValueError`` when the
+  criterion runs.
 
 What the arcs mean (blank, label, big blank, pdf, duration) lives only in
 the criterion's score map; the engine sees columns.  A score map may have
@@ -74,7 +79,9 @@ class Criterion:
         raise NotImplementedError
 
     def finish(self, x, loglike, post):
-        """``(value [N] tensor on x's device, grad like x or None)``."""
+        """``(value [N] tensor on x's device, grad like x or None)`` (for an
+        input shared by the sequences, its gradient per sequence: ``[N,
+        *shape]``; see the module docstring)."""
         raise NotImplementedError
 
     @on_torch_stream
@@ -153,6 +160,7 @@ class _CriterionFunction(torch.autograd.Function):
         x = xs[0] if len(xs) == 1 else xs
         value, grad = criterion.run(x, need)
         ctx.criterion, ctx.grad, ctx.several = criterion, grad, len(xs) > 1
+        ctx.shared = _shared_inputs(criterion, xs, grad if ctx.several else (grad,), value.shape[0]) if need else ()
         if need:
             ctx.save_for_backward(*xs)
         return value
@@ -164,35 +172,63 @@ class _CriterionFunction(torch.autograd.Function):
         # create_graph=True: the gradient, tied to the saved input (its derivative through the input
         # raises), times the incoming gradient by differentiable operations (exact in grad_out)
         with torch.no_grad():
-            grads = _CriterionFunction._gradients(ctx, torch.ones_like(grad_out))[1:]  # unscaled
+            grads = _CriterionFunction._unscaled(ctx)
         grads = first_order(grads, ctx.saved_tensors)
         go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
-        return (None, *(None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
-                        for g in grads))
+        out = [None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)) for g in grads]
+        return (None, *(g.sum(dim=0) if shared else g for g, shared in zip(out, ctx.shared)))
 
     @staticmethod
-    def _gradients(ctx, grad_out):
+    def _unscaled(ctx) -> tuple:
+        """The gradients ``finish`` gave (recomputed on a second backward)."""
         grad, ctx.grad = ctx.grad, None
         if grad is None:  # a second backward through this graph: recompute
             xs = ctx.saved_tensors
             grad = ctx.criterion.run(xs if ctx.several else xs[0], True)[1]
-        grads = grad if ctx.several else (grad,)
+        return grad if ctx.several else (grad,)
+
+    @staticmethod
+    def _gradients(ctx, grad_out):
+        grads = _CriterionFunction._unscaled(ctx)
         go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
         scale = not bool((go == 1).all())
         out = []
         shared = ctx.criterion.shares_grad
-        for g in grads:
-            if g is not None and scale:
+        for g, per_sequence in zip(grads, ctx.shared):
+            if g is not None and per_sequence:  # an input shared by the sequences: sum_n go[n] * g[n]
+                g = torch.tensordot(go.to(g.dtype), g, dims=1) if scale else g.sum(dim=0)
+            elif g is not None and scale:
                 factor = go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
                 g = g * factor if shared else g.mul_(factor)
             out.append(g)
         return (None, *out)
 
 
+def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
+    """For each input, whether ``finish`` gave the per-sequence gradients of
+    an input shared by the ``N`` sequences (``[N, *x.shape]``) rather than a
+    batch-first gradient (``x.shape``, row ``n`` = sequence ``n``); any other
+    shape is a ``ValueError`` naming the criterion."""
+    out = []
+    for i, (x, g) in enumerate(zip(xs, grads)):
+        if g is None or (tuple(g.shape) == tuple(x.shape) and x.dim() and x.shape[0] == N):
+            out.append(False)
+        elif tuple(g.shape) == (N, *x.shape):
+            out.append(True)
+        else:
+            raise ValueError(
+                f"{type(criterion).__name__}.finish: the gradient of input {i} has shape {tuple(g.shape)}; expected "
+                f"{tuple(x.shape)} (batch first, row n for sequence n) or, for an input shared by the {N} "
+                f"sequences, their per-sequence gradients {(N, *x.shape)}")
+    return tuple(out)
+
+
 def apply(x, criterion: Criterion) -> torch.Tensor:
     """The criterion's per-sequence value ``[N]``, differentiable w.r.t. ``x``
     (a tensor, or a tuple of tensors when the criterion reads several; its
-    ``gather`` and ``finish`` then take and give tuples)."""
+    ``gather`` and ``finish`` then take and give tuples).  Each input is
+    batch-first (``[N, ...]``) or shared by the sequences, its gradient
+    given per sequence (module docstring)."""
     xs = x if isinstance(x, tuple) else (x,)
     for i, t in enumerate(xs):
         if not isinstance(t, torch.Tensor):

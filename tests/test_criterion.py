@@ -1,0 +1,72 @@
+"""The criterion seam's contract (chainfb.criterion.apply): the gradients a
+criterion's ``finish`` gives -- per-sequence rows of a batch-first input, or
+per-sequence gradients of an input shared by the batch -- and what apply
+makes of them."""
+
+import numpy as np
+import pytest
+import torch
+
+import chainfb
+from chainfb.criterion import Criterion, apply
+
+FST = chainfb.Fst.from_arcs([(0, 0, 0, 0.0), (0, 1, 1, 0.0), (1, 1, 2, 0.0)], finals={1: 0.0})
+
+
+class Biased(Criterion):
+    """Pdf graphs over ``scores [N, T, P] + bias [P]``: ``bias`` is one
+    parameter shared by every sequence.  ``per_sequence``: ``finish`` gives
+    its gradient per sequence ``[N, P]`` (else summed, ``[P]``)."""
+
+    def __init__(self, shape, lengths, per_sequence=True):
+        self.pdf = chainfb.PdfCriterion(FST, shape, lengths)
+        self.lattice, self.lengths = self.pdf.lattice, self.pdf.lengths
+        self.per_sequence = per_sequence
+
+    def gather(self, x, need_grad=True):
+        scores, bias = x
+        self.y = (scores + bias).detach()
+        return self.pdf.gather(self.y, need_grad)
+
+    def finish(self, x, loglike, post):
+        value, g = self.pdf.finish(self.y, loglike, post)
+        if g is None:
+            return value, None
+        g_bias = g.sum(dim=1)  # [N, P]: d value[n] / d bias
+        return value, (g, g_bias if self.per_sequence else g_bias.sum(dim=0))
+
+
+def _inputs():
+    rng = np.random.default_rng(3)
+    scores = torch.from_numpy(rng.normal(size=(4, 5, 3))).requires_grad_()  # [N, T, P]
+    bias = torch.from_numpy(rng.normal(size=3)).requires_grad_()
+    return scores, bias
+
+
+@pytest.mark.parametrize("weights", [None, [1.0, -2.0, 0.5, 3.0], [1.0, float("inf"), 2.0, -1.0]])
+def test_a_parameter_shared_by_the_batch(weights):
+    """Its gradient is the sum over sequences of ``grad_out[n] * d value[n] /
+    d bias`` (a non-finite ``grad_out[n]`` counting as 0), as autograd gives
+    through the broadcast ``scores + bias``."""
+    lengths = [5, 4, 2, 5]
+    scores, bias = _inputs()
+    w = torch.ones(4, dtype=torch.float64) if weights is None else torch.tensor(weights, dtype=torch.float64)
+    apply((scores, bias), Biased(scores.shape, lengths)).backward(w)
+    s2, b2 = (t.detach().clone().requires_grad_() for t in (scores, bias))
+    torch.autograd.backward(chainfb.fst_loglike(s2 + b2, FST, lengths), torch.where(torch.isfinite(w), w, 0.0))
+    torch.testing.assert_close(scores.grad, s2.grad)
+    torch.testing.assert_close(bias.grad, b2.grad)
+    assert torch.autograd.gradcheck(lambda s, b: apply((s, b), Biased(s.shape, lengths)), (scores, bias))
+    # with create_graph=True (the first derivative, tied for a second one)
+    (gs, gb) = torch.autograd.grad((apply((scores, bias), Biased(scores.shape, lengths)) * w.nan_to_num(0, 0, 0)).sum(),
+                                   (scores, bias), create_graph=True)
+    torch.testing.assert_close(gb.detach(), b2.grad)
+
+
+def test_a_summed_gradient_of_a_shared_parameter_is_refused():
+    """A gradient that is neither batch-first like its input nor per
+    sequence cannot be scaled per sequence: a clear error when the
+    criterion runs, not a torch size error in backward."""
+    scores, bias = _inputs()
+    with pytest.raises(ValueError, match=r"Biased\.finish: the gradient of input 1 .*\(3,\).*per-sequence .*\(4, 3\)"):
+        apply((scores, bias), Biased(scores.shape, [5, 4, 2, 5], per_sequence=False))
