@@ -434,3 +434,91 @@ def test_engine_best_path_property(engine, case):
         else:
             assert score[n] == pytest.approx(best, abs=1e-9)
             assert _path_score(fsts[n], x[n], arcs[n], lengths[n]) == pytest.approx(best, abs=1e-9)
+
+
+# ---------------------------------------------------------------- long spans cost nothing
+
+def _with_long_arcs(fsts, span):
+    """Each graph with two more arcs of ``span`` frames (a self-loop and an
+    arc into a final state): longer than every sequence, on no path."""
+    out = []
+    for f in fsts:
+        arcs = f.arcs(spans=True) + [(f.start, f.start, 0, 0.0, span), (f.start, int(np.argmax(f.final)), 1, 0.0, span)]
+        out.append(Fst.from_arcs(arcs, {s: float(v) for s, v in enumerate(f.final) if v > -np.inf},
+                                 start=f.start, num_states=f.num_states))
+    return out
+
+
+@pytest.mark.parametrize("engine", ENGINES_WITH_SPANS)
+@pytest.mark.parametrize("span", [20_000, 10**6, 10**9])
+def test_arcs_longer_than_every_sequence_cost_nothing(engine, span):
+    """Arcs spanning more frames than the longest sequence are on no path:
+    the same numbers as without them (path enumeration), and the memory the
+    call allocates does not grow with the span (NumPy's allocations are
+    traced; the compiled pass is handed only the spans up to the longest
+    length, and sizes its work arrays by them)."""
+    import tracemalloc
+
+    from chainfb.engines import numba_log
+
+    fsts, x, lengths = _case(4)
+    long = _with_long_arcs(fsts, span)
+    assert max(f.max_span for f in long) == span
+    _engine_fb(engine, fsts, x, lengths)  # compiled and loaded before the memory is traced
+    tracemalloc.start()
+    try:
+        ll, post = _engine_fb(engine, long, x, lengths)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _check_fb(fsts, x, lengths, ll, post)
+    assert peak < 1 << 20, f"{peak} bytes for arcs of span {span} over {lengths.max()} frames"
+    if engine == "numba":
+        bound = numba_log._span_bound(Lattice.of(FstBatch(long)), lengths)
+        assert bound.max() <= lengths.max() and span not in bound
+
+
+def test_a_long_duration_costs_no_more_than_a_short_one(monkeypatch):
+    """Multi-blank step graphs with big blanks of durations [2, 4] and [2,
+    999] over 1000 frames: the compiled pass works with the distinct spans
+    (1, 2 and the duration) and is handed arrays of the same total size for
+    both -- nothing scales with the duration's value."""
+    from chainfb.engines import numba_log
+    from chainfb.transducer.graphs import multiblank_graphs
+
+    sizes = {}
+    run = numba_log._run_spans
+
+    def counted(*args):
+        sizes.setdefault(key, []).append(sum(a.size for a in args if isinstance(a, np.ndarray)))
+        return run(*args)
+
+    monkeypatch.setattr(numba_log, "_run_spans", counted)
+    rng = np.random.default_rng(15)
+    T, U = 1000, 3
+    for key in ((2, 4), (2, 999)):
+        lat = Lattice.of(multiblank_graphs(np.array([U, U - 1]), list(key), logit_lengths=np.array([T, T - 1])))
+        lengths = np.array([T + U, T - 1 + U - 1])
+        X = rng.normal(size=(T + U, lat.num_columns))
+        ll, _ = numba_log.forward_backward(lat, X, lengths)
+        assert np.isfinite(ll).all()
+        assert numba_log._span_bound(lat, lengths).tolist() == [1, *key]
+    assert sizes[2, 4] == sizes[2, 999]
+
+
+@pytest.mark.parametrize("durations", [[2, 4], [2, 23]])
+def test_long_durations_match_the_numpy_engine(durations):
+    """Multi-blank step graphs with a duration near the length: the compiled
+    pass against the NumPy engine (itself checked against enumeration)."""
+    from chainfb.engines import numba_log, numpy_log
+    from chainfb.transducer.graphs import multiblank_graphs
+
+    rng = np.random.default_rng(16)
+    T, U = 25, 3
+    lat = Lattice.of(multiblank_graphs(np.array([U, 2, 0]), durations, logit_lengths=np.array([T, 24, 23])))
+    lengths = np.array([T + U, 24 + 2, 23])
+    X = rng.normal(scale=3.0, size=(T + U, lat.num_columns))
+    ll, post = numba_log.forward_backward(lat, X, lengths)
+    ll_ref, post_ref = numpy_log.forward_backward(lat, X, lengths)
+    np.testing.assert_allclose(ll, ll_ref, rtol=1e-12)
+    np.testing.assert_allclose(post, post_ref, atol=1e-12)

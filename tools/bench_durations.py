@@ -15,7 +15,9 @@ process: the growth of the peak resident memory (Linux ``VmHWM``, reset
 through ``/proc/self/clear_refs``) above the inputs during a first step
 (compilation included) and during a second one (the compiled layout
 cached).  It includes the gradient (the size of the logits).  The cases
-pair a short duration set with one holding a duration of ``T - 1``.
+pair a short duration set with one holding a duration of ``T - 1``; the
+time of the second step and the fastest of ``--repeat`` more are printed
+too (what a long duration costs in time).
 
     python tools/bench_durations.py [--repeat 7] [--threads 2] [--numpy-engine] [--skip-memory]
 
@@ -126,15 +128,24 @@ def memory_worker(args, B=1, T=1000, U=50, V=256):
     for name in ("first", "second"):
         reset_peak()
         base = status_bytes("VmRSS")
+        t0 = time.perf_counter()
         step()
+        out[name + " s"] = time.perf_counter() - t0
         out[name] = status_bytes("VmHWM") - base
+    out["later s"] = min(_timed(step) for _ in range(args.repeat))
     print(json.dumps(out))
+
+
+def _timed(step) -> float:
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
 
 
 def run_memory(args):
     print("# memory: B=1 T=1000 U=50 V=256 float32, loss + backward, peak RSS growth above the inputs, "
-          "a fresh process per case")
-    print(f"{'case':24s} {'first step MiB':>15s} {'second step MiB':>16s}")
+          f"a fresh process per case; time: the second step, and the fastest of {args.repeat} more")
+    print(f"{'case':24s} {'first step MiB':>15s} {'second step MiB':>16s} {'second s':>9s} {'min s':>8s}")
     res = {}
     for case in MEMORY_CASES:
         cmd = [sys.executable, __file__, "--worker", case, "--threads", str(args.threads)]
@@ -146,11 +157,13 @@ def run_memory(args):
             print(f"{case:24s} failed: {last}")
             continue
         res[case] = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"{case:24s} {res[case]['first'] / 2**20:15.0f} {res[case]['second'] / 2**20:16.0f}")
+        print(f"{case:24s} {res[case]['first'] / 2**20:15.0f} {res[case]['second'] / 2**20:16.0f} "
+              f"{res[case]['second s']:9.4f} {res[case]['later s']:8.4f}")
     for short, long in (("multiblank [2, 4]", "multiblank [2, 999]"), ("tdt [0, 1, 2, 3, 4]", "tdt [0, 1, 2, 3, 999]")):
         if short in res and long in res:
-            print(f"# {long} / {short}: first {res[long]['first'] / res[short]['first']:.2f}x, "
-                  f"second {res[long]['second'] / res[short]['second']:.2f}x")
+            print(f"# {long} / {short}: memory first {res[long]['first'] / res[short]['first']:.2f}x, "
+                  f"second {res[long]['second'] / res[short]['second']:.2f}x; "
+                  f"time {res[long]['later s'] / res[short]['later s']:.2f}x")
 
 
 def main(argv=None):

@@ -82,9 +82,10 @@ keep the pass above unchanged.  It forms a sequence's emissions itself,
 into work arrays of that sequence's frames and columns that the next
 sequence reuses (they stay in cache; no ``[T, C]`` array besides the
 scores and posteriors).  An arc from frame ``t + 1 - k`` into frame
-``t + 1`` combines cells of different frames' scales: each frame keeps the
-increment of its log offset, so the scale between two frames is a sum of at
-most ``k`` increments (no large offsets cancel), and frame ``t + 1`` is
+``t + 1`` combines cells of different frames' scales: each frame's log
+offset is kept as a double-double running sum, so the scale between two
+frames is one difference exact to its own rounding (no large offsets
+cancel, however long the span), and frame ``t + 1`` is
 formed relative to the largest of its source frames' references ``O_s + m_s``
 (frames without any path left out), each source frame's products rescaled
 by ``exp`` of its difference to it -- at most 1, so nothing overflows, and a
@@ -93,11 +94,14 @@ above, exact however far it lies below.  The betas are kept for every frame
 (an arc reads ``beta_{t+k}``); the posteriors of frame ``t`` are normalised
 by the frame's own total, the paths through a state at ``t``
 (``alpha_t B_t``) plus those on an arc read before ``t`` that lands after
-it, formed from local offset differences (scaled, or in the log domain when
-that total is small).  The backward reads each arc once per frame: one pass
-gives the beta sums, the posteriors' numerators and the per-span sums of
-the arcs read at the frame; the frames' totals, which need the arcs read at
-earlier frames, and the division by them follow the backward.
+it (scaled, or in the log domain when that total is small).  The backward
+reads each arc once per frame: one pass gives the beta sums, the
+posteriors' numerators and the per-span sums of the arcs read at the frame;
+the frames' totals, which need the arcs read at earlier frames (window sums
+of those per-span sums), and the division by them follow the backward.  A
+frame's work is its arcs plus a few terms per distinct span, and no array
+grows with a span's length: an arc longer than every sequence is left out
+(it is on no path), and a duration of 999 frames costs what one of 4 does.
 
 Sequences are independent: the compiled function releases the GIL and
 contiguous ranges of sequences, a few per thread of about equal work, run
@@ -1199,10 +1203,11 @@ def _span_out_slow(Q, LQ, t, L, ptr, other, span, lp, col, xt, off, base, k, out
 
 
 @_inline
-def _scales(g, r, off, R, K):
-    """``r[k] = exp(g[k] - R)`` and ``off[k] -= R`` for the frames in use
-    (``g[k] = -inf`` marks one not in use: ``r[k] = 0``)."""
-    for k in range(1, K + 1):
+def _scales(g, r, off, R, ks):
+    """``r[k] = exp(g[k] - R)`` and ``off[k] -= R`` for the spans ``k`` in
+    ``ks`` (``g[k] = -inf`` marks a frame not in use: ``r[k] = 0``)."""
+    for q in range(ks.shape[0]):
+        k = ks[q]
         if g[k] == -np.inf:
             r[k] = 0.0
         else:
@@ -1211,43 +1216,98 @@ def _scales(g, r, off, R, K):
 
 
 @_inline
-def _max_ref(g, K):
-    """The largest of ``g[1..K]`` (NaN if one is NaN; 0 if all are ``-inf``)."""
+def _max_ref(g, ks):
+    """The largest of ``g[k]`` over the spans ``k`` in ``ks`` (NaN if one is
+    NaN; 0 if all are ``-inf``)."""
     R = -np.inf
-    for k in range(1, K + 1):
-        if g[k] != g[k]:
-            return g[k]
-        if g[k] > R:
-            R = g[k]
+    for q in range(ks.shape[0]):
+        v = g[ks[q]]
+        if v != v:
+            return v
+        if v > R:
+            R = v
     return R if R > -np.inf else 0.0
+
+
+# Frame offsets as running sums in double-double (a float64 pair ``hi + lo``):
+# the difference of two frames' offsets is then exact to its own rounding,
+# however large the offsets, in O(1) -- a span of any length reads its
+# frames' scales without summing the increments in between.
+
+@_inline
+def _two_sum(a, b):
+    """``(s, e)``: ``s = fl(a + b)`` and its rounding error, ``a + b = s + e``."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@_inline
+def _dd_add(h, lo, x):
+    """The double-double ``h + lo`` plus the float ``x``."""
+    s, e = _two_sum(h, x)
+    e += lo
+    hs = s + e
+    return hs, e - (hs - s)
+
+
+@_inline
+def _dd_diff(ah, al, bh, bl):
+    """``(ah + al) - (bh + bl)`` as a float."""
+    s, e = _two_sum(ah, -bh)
+    return s + (e + (al - bl))
+
+
+@_inline
+def _dd_sum_minus(ah, al, bh, bl, c):
+    """``(ah + al) + (bh + bl) - c`` as a float."""
+    s1, e1 = _two_sum(ah, bh)
+    s2, e2 = _two_sum(s1, -c)
+    return s2 + (e2 + e1 + (al + bl))
 
 
 @_compile
 def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_col, in_span,
                out_ptr, out_dst, out_lp, out_w, out_col, out_span, sp_ptr, sp_dst, sp_lp, sp_w, sp_col, sp_span,
-               has_span, K, col_off, wshift, X, lengths, need_post, loglike, post):
-    """:func:`_run` for arcs that span up to ``K`` frames (``in_span`` /
-    ``out_span`` per arc; ``sp_*`` the out-arcs of span > 1 by source;
-    ``has_span [K+1]`` the spans some arc has; ``col_off [N+1]`` each
-    sequence's columns).  A sequence's emissions and frame maxima are formed
-    first, into work arrays of its frames and columns (reused by the next
-    sequence, so they stay in cache).  Per frame ``t`` the forward
-    offset increment ``inc[t] = O_t - O_{t-1}`` and the backward one
-    ``incb[t] = OB_t - OB_{t+1}`` are kept, so the scale between any two
-    frames is a sum of at most ``K`` increments (no large offsets cancel)."""
+               ks, col_off, wshift, X, lengths, need_post, loglike, post):
+    """:func:`_run` for arcs that span frames (``in_span`` / ``out_span`` per
+    arc; ``sp_*`` the out-arcs of span > 1 by source; ``ks`` the distinct
+    spans, ascending, of the arcs that can be on a path -- none longer than
+    the longest sequence --; ``col_off [N+1]`` each sequence's columns).
+    A sequence's emissions and frame maxima are formed first, into work
+    arrays of its frames and columns (reused by the next sequence, so they
+    stay in cache).  The forward and backward log offsets ``O_t``, ``OB_t``
+    are kept per frame as double-double running sums, so the scale between
+    any two frames is one exact difference: a frame's work is its arcs plus
+    one term per distinct span, and no array grows with a span's length.
+
+    The frames' totals (the paths through a state at ``t`` plus those on an
+    arc read before ``t`` that lands after it) take the arcs in flight from
+    running sums: each span ``k``'s arcs read at ``s`` have their mass, as a
+    fraction of the sequence's total ``exp(loglike)``, in ``V[s]``, so frame
+    ``t``'s in-flight mass is a window sum ``s in [t - k + 1, t - 1]`` of
+    prefix sums (absolute error ``L`` times float64's rounding of a total
+    near 1), and the largest scale in the window -- which decides, as for
+    one-frame arcs, whether the frame's scaled total is safe -- a sliding
+    maximum."""
     ninf = -np.inf
+    log_safe_total = np.log(_SAFE_TOTAL)
+    nks = ks.shape[0]
+    K = ks[nks - 1] if nks else 1
     g = np.empty(K + 1)
     r = np.empty(K + 1)
     off = np.empty(K + 1)
-    fl = np.empty((K, K + 1))
-    ef = np.empty((K, K + 1))
-    rank = np.full(K + 1, -1, np.int64)  # spans > 1 in use, numbered: G's columns
-    nsp = 0
-    for k in range(2, K + 1):
-        if has_span[k]:
-            rank[k] = nsp
-            nsp += 1
     gs = np.zeros(K + 1)
+    rank = np.full(K + 1, -1, np.int64)  # spans > 1, numbered: V's columns
+    nsp = 0
+    for q in range(nks):
+        if ks[q] > 1:
+            rank[ks[q]] = nsp
+            nsp += 1
+    long = np.empty(max(nsp, 1), np.int64)  # the spans > 1, by rank
+    for q in range(nks):
+        if ks[q] > 1:
+            long[rank[ks[q]]] = ks[q]
     maxL = 0
     width = 0
     for n in range(n0, n1):
@@ -1268,25 +1328,25 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         P = np.zeros((L + 1, W))
         LV = np.full((L + 1, W), ninf)
         live = np.zeros(L + 1, np.bool_)
-        inc = np.zeros(L + 1)
+        Oh = np.zeros(L + 1)  # O_t = Oh[t] + Ol[t]
+        Ol = np.zeros(L + 1)
         P[0, start[n] - s0] = 1.0
         live[0] = True
         offset = 0.0
         for t1 in range(1, L + 1):
-            # frame s = t1 - k relative to frame t1 - 1: d = O_s - O_{t1-1}
-            d = 0.0
-            for k in range(1, K + 1):
+            # frame s = t1 - k relative to frame t1 - 1: O_s - O_{t1-1}
+            for q in range(nks):
+                k = ks[q]
                 s = t1 - k
                 if s < 0:
                     g[k] = ninf
                     off[k] = 0.0
                     continue
-                if k > 1:
-                    d -= inc[s + 1]
+                d = _dd_diff(Oh[s], Ol[s], Oh[t1 - 1], Ol[t1 - 1])
                 off[k] = d
-                g[k] = d + Mrow[s] + wshift if live[s] and has_span[k] else ninf
-            R = _max_ref(g, K)
-            _scales(g, r, off, R, K)
+                g[k] = d + Mrow[s] + wshift if live[s] else ninf
+            R = _max_ref(g, ks)
+            _scales(g, r, off, R, ks)
             Pn, LVn = P[t1], LV[t1]
             for j in range(W):
                 v, maybe = _span_in_sum(P, LV, t1, in_ptr, in_src, in_span, in_w, in_col, E, cs0, X, r, s0, s0 + j)
@@ -1297,8 +1357,9 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                     _span_in_slow(P, LV, t1, in_ptr, in_src, in_span, in_lp, in_col, X, off, s0, s0 + j, Pn, LVn, j)
             lc = _normalise(Pn, LVn)
             live[t1] = _live(Pn, LVn)
-            inc[t1] = R + lc
-            offset += inc[t1]
+            inc = R + lc
+            offset += inc
+            Oh[t1], Ol[t1] = _dd_add(Oh[t1 - 1], Ol[t1 - 1], inc)
         fmax = _final_max(final, s0, W)
         m = ninf
         acc = 0.0
@@ -1307,16 +1368,20 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else ninf
         if not need_post or loglike[n] == ninf:
             continue
-        # G[s, rank[k]]: the scaled products alpha_s w E beta_{s + k} summed over the arcs of span k read at s, in
-        # the units of alpha_s's and beta_{s+k}'s scales (for the totals of frames s+1 .. s+k-1)
-        G = np.zeros((L + 1, max(nsp, 1)))
+        A = loglike[n]  # the reference of the in-flight masses (any value would do: they are divided by their sum)
+        # V[s, rank[k]]: the arcs of span k read at s, alpha_s w E beta_{s + k} summed, as a fraction of exp(A);
+        # Hd[s, rank[k]]: the log of their scale relative to exp(A) (-inf where the frames hold no path)
+        V = np.zeros((L + 1, max(nsp, 1)))
+        Hd = np.full((L + 1, max(nsp, 1)), ninf)
         zt = np.zeros(L + 1)  # alpha_t B_t summed, in the units of alpha_t's scale and frame t's R
         Rb = np.zeros(L + 1)
         lcb = np.zeros(L + 1)
         Q = np.zeros((L + 1, W))  # normalised betas of every frame, tiny cells as logs
         LQ = np.full((L + 1, W), ninf)
         liveb = np.zeros(L + 1, np.bool_)
-        incb = np.zeros(L + 1)
+        Bh = np.zeros(L + 1)  # OB_t = Bh[t] + Bl[t], OB_L = fmax
+        Bl = np.zeros(L + 1)
+        Bh[L] = fmax
         BP = np.empty(W)
         BL = np.empty(W)
         for j in range(W):
@@ -1325,27 +1390,26 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
         for t in range(L - 1, -1, -1):
             xt, et, pt = X[t], E[t], post[t]
             shift = Mrow[t] + wshift
-            # frame t + k relative to frame t + 1: d = OB_{t+k} - OB_{t+1}
-            d = 0.0
-            for k in range(1, K + 1):
+            # frame t + k relative to frame t + 1: OB_{t+k} - OB_{t+1}
+            for q in range(nks):
+                k = ks[q]
                 f = t + k
                 if f > L:
                     g[k] = ninf
                     off[k] = 0.0
                     continue
-                if k > 1:
-                    d -= incb[f - 1]
+                d = _dd_diff(Bh[f], Bl[f], Bh[t + 1], Bl[t + 1])
                 off[k] = d - shift
-                g[k] = d if liveb[f] and has_span[k] else ninf
-            R = _max_ref(g, K)
-            _scales(g, r, off, R, K)
+                g[k] = d if liveb[f] else ninf
+            R = _max_ref(g, ks)
+            _scales(g, r, off, R, ks)
             # one pass over the out-arcs of frame t: the beta sums B_t and, where alpha_t is scaled and nonzero,
             # the posteriors' numerators alpha_t w E beta_{t+k} r[k] into pt (divided by the frame's total in the
-            # pass below) and the frame's row of G
+            # pass below) and the per-span sums gs
             Pt = P[t]
             z = 0.0
-            for k in range(K + 1):
-                gs[k] = 0.0
+            for q in range(nks):
+                gs[ks[q]] = 0.0
             if need_post:  # written before the arcs add to it: a fresh page is mapped once, not read then copied
                 _zero_columns(post, t, t + 1, cs0, cs1)
             for i in range(W):
@@ -1360,9 +1424,14 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                                    BP, BL, i)
                 if ai != 0.0 and BP[i] != 0.0:
                     z += ai * BP[i]
-            for k in range(2, K + 1):
-                if rank[k] >= 0:
-                    G[t, rank[k]] = gs[k]
+            for q in range(nsp):
+                k = long[q]
+                f = t + k
+                if f <= L and live[t] and liveb[f]:
+                    h = _dd_sum_minus(Oh[t], Ol[t], Bh[f], Bl[f], A) + shift  # gs[k]'s scale, relative to exp(A)
+                    Hd[t, q] = h
+                    G = gs[k]
+                    V[t, q] = np.exp(np.log(G) + h) if G > 0.0 else G  # (0 stays 0, NaN stays NaN)
             zt[t] = z
             Rb[t] = R
             Qt, LQt = Q[t], LQ[t]
@@ -1372,67 +1441,60 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
             lc = _normalise(Qt, LQt)
             lcb[t] = lc
             liveb[t] = _live(Qt, LQt)
-            incb[t] = shift + R + lc
-        # the frames' totals (G complete now) and the posteriors divided by them
+            Bh[t], Bl[t] = _dd_add(Bh[t + 1], Bl[t + 1], shift + R + lc)
+        # the frames' totals and the posteriors divided by them; PV: V's prefix sums over the frames, dq: per
+        # span, the frames of its window by decreasing Hd (the sliding maximum)
+        PV = np.zeros((L + 2, max(nsp, 1)))
+        for s in range(L + 1):
+            for q in range(nsp):
+                PV[s + 1, q] = PV[s, q] + V[s, q]
+        dq = np.empty((max(nsp, 1), L + 1), np.int64)
+        head = np.zeros(max(nsp, 1), np.int64)
+        tail = np.zeros(max(nsp, 1), np.int64)
         for t in range(L):
+            for q in range(nsp):  # frame t's window of span long[q]: s in [t - k + 1, t - 1]
+                if t >= 1:
+                    h = Hd[t - 1, q]
+                    while tail[q] > head[q] and not Hd[dq[q, tail[q] - 1], q] > h:
+                        tail[q] -= 1
+                    dq[q, tail[q]] = t - 1
+                    tail[q] += 1
+                while head[q] < tail[q] and dq[q, head[q]] < t - long[q] + 1:
+                    head[q] += 1
             if not live[t]:
                 continue
             xt, pt = X[t], post[t]
             shift = Mrow[t] + wshift
             R = Rb[t]
-            d = 0.0
-            for k in range(1, K + 1):
+            for q in range(nks):
+                k = ks[q]
                 f = t + k
                 if f > L:
-                    break
-                if k > 1:
-                    d -= incb[f - 1]
-                off[k] = d - shift - R
+                    off[k] = 0.0
+                    continue
+                off[k] = _dd_diff(Bh[f], Bl[f], Bh[t + 1], Bl[t + 1]) - shift - R
             # paths through a state at t (alpha_t B_t), plus those on an arc read at s = t - dd < t that lands at
-            # s + k > t; in units of alpha_t's and B_t's scales
-            ref = 0.0
-            for dd in range(1, K):
-                s = t - dd
-                for k in range(K + 1):
-                    fl[dd, k] = ninf
-                    ef[dd, k] = ninf
-                if s < 0:
-                    continue
-                da = 0.0  # O_s - O_t
-                for u in range(s + 1, t + 1):
-                    da -= inc[u]
-                db = 0.0  # OB_{s+k} - OB_{t+1}
-                for k in range(dd + 1, K + 1):
-                    f = s + k
-                    if f > L:
-                        break
-                    if f > t + 1:
-                        db -= incb[f - 1]
-                    fl[dd, k] = da + db - shift - R
-                    if live[s] and liveb[f] and has_span[k]:
-                        ef[dd, k] = fl[dd, k] + Mrow[s] + wshift
-                        if ef[dd, k] > ref or ef[dd, k] != ef[dd, k]:
-                            ref = ef[dd, k]
-            zs = 0.0
-            for dd in range(1, K):
-                s = t - dd
-                if s < 0:
-                    break
-                if not live[s]:
-                    continue
-                for k in range(dd + 1, K + 1):
-                    if ef[dd, k] > -np.inf:
-                        e = np.exp(ef[dd, k] - ref)
-                        if e != 0.0:
-                            zs += G[s, rank[k]] * e
-            tot = zt[t] * np.exp(-ref) + zs
-            if tot >= _SAFE_TOTAL and tot < np.inf:
-                inv = np.exp(-ref) / tot
-                for c in range(cs0, cs1):
-                    pt[c] *= inv
-            elif tot != tot or tot == np.inf:  # NaN in: NaN out
+            # s + k > t; relative to exp(A) (cA: the log of alpha_t's and B_t's units relative to exp(A))
+            cA = _dd_sum_minus(Oh[t], Ol[t], Bh[t + 1], Bl[t + 1], A) + shift + R
+            zz = zt[t]
+            tot = np.exp(np.log(zz) + cA) if zz > 0.0 else zz
+            ref = 0.0  # the largest scale among the terms, in the units of frame t (as the scaled products see them)
+            for q in range(nsp):
+                lo = max(t - long[q] + 1, 0)
+                if lo <= t - 1:
+                    tot += PV[t, q] - PV[lo, q]
+                if head[q] < tail[q]:
+                    e = Hd[dq[q, head[q]], q] - cA
+                    if e > ref or e != e:
+                        ref = e
+            lt = np.log(tot) - cA - ref if tot > 0.0 else ninf  # the scaled total's log, as for one-frame arcs
+            if tot != tot or tot == np.inf or ref != ref:  # NaN in: NaN out
                 for a in range(out_ptr[s0], out_ptr[s0 + W]):
                     pt[out_col[a]] = np.nan
+            elif lt >= log_safe_total:
+                inv = np.exp(cA - np.log(tot))
+                for c in range(cs0, cs1):
+                    pt[c] *= inv
             else:  # a small total: the frame in the log domain (B_t from its normalised betas)
                 _zero_columns(post, t, t + 1, cs0, cs1)
                 Pt, LVt, Qt, LQt = P[t], LV[t], Q[t], LQ[t]
@@ -1440,10 +1502,9 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                 acc = 0.0
                 for i in range(W):
                     m, acc = _lse_push(m, acc, _logval(Pt[i], LVt[i]) + _logval(Qt[i], LQt[i]) + lcb[t])
-                for dd in range(1, K):
+                for dd in range(1, min(K, t + 1)):
                     s = t - dd
-                    if s < 0:
-                        break
+                    da = _dd_diff(Oh[s], Ol[s], Oh[t], Ol[t])  # O_s - O_t
                     for i in range(W):
                         la = _logval(P[s, i], LV[s, i])
                         if la == ninf:
@@ -1453,8 +1514,9 @@ def _run_spans(n0, n1, state_off, start, final, in_ptr, in_src, in_lp, in_w, in_
                             if k <= dd or s + k > L:
                                 continue
                             jd = sp_dst[a] - s0
+                            fl = da + _dd_diff(Bh[s + k], Bl[s + k], Bh[t + 1], Bl[t + 1]) - shift - R
                             m, acc = _lse_push(m, acc, la + sp_lp[a] + X[s, sp_col[a]]
-                                               + _logval(Q[s + k, jd], LQ[s + k, jd]) + fl[dd, k])
+                                               + _logval(Q[s + k, jd], LQ[s + k, jd]) + fl)
                 if acc != 0.0:
                     lz = m + np.log(acc)
                     for i in range(W):
@@ -1562,12 +1624,12 @@ def _block_arrays(lat: Lattice, sh: int) -> tuple:
 
 def _span_arrays(lat: Lattice) -> tuple:
     """What :func:`_run_spans` needs beyond :func:`_arrays`: each side's arc
-    spans, the out-arcs of span > 1 by source (CSR), the spans some arc has
-    ``[K+1]``, ``K`` and the sequences' column offsets, cached on the lattice."""
+    spans, the out-arcs of span > 1 by source (CSR), the distinct spans of
+    the arcs (ascending) and the sequences' column offsets, cached on the
+    lattice.  Nothing here grows with a span's length."""
     arrs = lat.__dict__.get("_numba_span_arrays")
     if arrs is None:
         f, b = lat.fwd, lat.bwd
-        K = int(lat.max_span)
         in_span = np.asarray(f.span, dtype=np.int64)
         out_span = np.asarray(b.span, dtype=np.int64)
         long = np.flatnonzero(out_span > 1)  # still sorted by source
@@ -1575,13 +1637,20 @@ def _span_arrays(lat: Lattice) -> tuple:
         np.cumsum(np.bincount(b.src[long], minlength=lat.num_states), out=sp_ptr[1:])
         lp = np.asarray(b.log_prob, dtype=np.float64)[long]
         wshift = _arrays(lat)[-1]
-        has_span = np.zeros(K + 1, dtype=np.bool_)
-        has_span[np.unique(in_span)] = True
         arrs = (in_span, out_span, sp_ptr, np.asarray(b.dst, dtype=np.int64)[long], lp, np.exp(lp - wshift),
-                np.asarray(b.col, dtype=np.int64)[long], out_span[long], has_span, K,
+                np.asarray(b.col, dtype=np.int64)[long], out_span[long], np.unique(in_span),
                 np.ascontiguousarray(lat.col_offsets, dtype=np.int64))
         lat._numba_span_arrays = arrs
     return arrs
+
+
+def _span_bound(lat: Lattice, lengths: np.ndarray) -> np.ndarray:
+    """The distinct arc spans (ascending) that the spanning pass works with
+    for sequences of ``lengths``: those no longer than the longest sequence
+    (an arc longer than every sequence is on no path, and costs nothing)."""
+    spans = _span_arrays(lat)[-2]
+    longest = int(lengths.max()) if len(lengths) else 0
+    return spans[spans <= longest]
 
 
 def _split(work: np.ndarray, parts: int) -> list:
@@ -1636,11 +1705,11 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         args = arrs + _distance_arrays(lat) + (np.asarray(lat.col_offsets, dtype=np.int64),
                                                *_block_arrays(lat, _BLOCK_SHIFT), X, _EMISSIONS_BYTES)
     else:  # arcs that span frames: the in-arcs' and out-arcs' spans join each side's arrays
-        (in_span, out_span, *spanning), (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = \
-            _span_arrays(lat), arrs
+        (in_span, out_span, sp_ptr, sp_dst, sp_lp, sp_w, sp_col, sp_span, _, col_off), \
+            (so, st, fi, ip, isrc, ilp, iw, ic, op, od, olp, ow, oc, ws) = _span_arrays(lat), arrs
         run = _run_spans
-        args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, *spanning, ws, X)
-        work = work * lat.max_span
+        args = (so, st, fi, ip, isrc, ilp, iw, ic, in_span, op, od, olp, ow, oc, out_span, sp_ptr, sp_dst, sp_lp,
+                sp_w, sp_col, sp_span, _span_bound(lat, lengths), col_off, ws, X)
     threads = max(1, get_num_threads())
     if threads < 2 or N < 2 or work.sum() < _MIN_PARALLEL_WORK:
         run(0, N, *args, lengths, need_posteriors, loglike, post)

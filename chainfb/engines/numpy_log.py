@@ -671,8 +671,10 @@ def _forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, ne
         boff = np.zeros((Tmax + 1, N))
         post = np.zeros((T, C))
         state_len = lengths[sos]
-        # arcs read before frame t that cross the cut after t: those of span > j, read at t - j
-        before = [np.flatnonzero(b.span > j) for j in range(1, lat.max_span)]
+        # arcs read before frame t that cross the cut after t: those of span > j, read at t - j; an arc longer
+        # than every sequence is on no path and left out, so the work follows the spans that can occur
+        cand = np.flatnonzero((b.span > 1) & (b.span <= Tmax))
+        K = int(b.span[cand].max()) if cand.size else 1
         for t in range(Tmax, -1, -1):
             bt = np.full(S, -np.inf)
             if t < Tmax:
@@ -698,10 +700,9 @@ def _forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, ne
                 continue
             g = w + alpha[t].take(b.src)  # relative to offset[t] + boff[t + 1]
             terms, ids = [g], [b.seq]
-            for j, sel in enumerate(before, start=1):
+            for j in range(1, min(K, t + 1)):
                 r = t - j
-                if r < 0:
-                    break
+                sel = cand[b.span[cand] > j]
                 sel = sel[t - j + b.span[sel] <= Tmax]
                 seq = b.seq[sel]
                 land = r + b.span[sel]
