@@ -18,6 +18,17 @@ def emulated_backend(tmp_path_factory):
     return EmulatedBackend(build(str(tmp_path_factory.mktemp("emu"))))
 
 
+@pytest.fixture(scope="session")
+def emulated_selftest_library(tmp_path_factory):
+    """The emulation library with the self-test kernels built in
+    (``tests/emulation/emulate_selftest.h``): its path."""
+    from emulation import build, find_compiler
+
+    if find_compiler() is None:
+        pytest.skip("no host C++ compiler for the kernel emulation")
+    return build(str(tmp_path_factory.mktemp("emu_selftest")), extra_flags=("-DCHAINFB_EMULATE_SELFTEST",))
+
+
 @pytest.fixture
 def emulated_kernels(emulated_backend):
     """Run every engine call and score map of the test on the emulated

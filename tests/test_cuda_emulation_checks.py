@@ -1,8 +1,12 @@
 """What the kernel emulation (tests/emulation/emulate.h) catches beyond a plain
 run: barriers after an exited thread, uninitialised shared memory (poisoned
-with NaN, one copy per block), launch limits, blocks in a random order, and
-data races (ThreadSanitizer on a replay of recorded launches)."""
+with NaN, one copy per block, static and dynamic), launch limits, blocks and
+threads in a random order, deadlocks and misused warp intrinsics, and data
+races (ThreadSanitizer on a replay of recorded launches); and what it
+reproduces or measures: CUDA's warp shuffles, the work kernels annotate,
+the math modes."""
 
+import ctypes
 import os
 import subprocess
 
@@ -15,9 +19,8 @@ pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ com
 
 
 @pytest.fixture(scope="module")
-def selftest(tmp_path_factory):
-    d = tmp_path_factory.mktemp("selftest")
-    return EmulatedBackend(build(str(d), extra_flags=("-DCHAINFB_EMULATE_SELFTEST",)))
+def selftest(emulated_selftest_library):
+    return EmulatedBackend(emulated_selftest_library)
 
 
 def test_barrier_after_exit_is_an_error(selftest):
@@ -51,6 +54,49 @@ def test_blocks_run_in_random_order(selftest):
     counter = np.zeros(1, dtype=np.int32)
     selftest.launch("cfb_selftest::block_order", 64, 2, [order, counter])
     assert sorted(order) == list(range(64)) and list(order) != list(range(64))
+
+
+def test_threads_of_each_phase_run_in_a_shuffled_order(selftest):
+    n, phases = 16, 6
+    order = np.full(phases * n, -1, dtype=np.int32)
+    counter = np.zeros(phases, dtype=np.int32)
+    selftest.launch("cfb_selftest::phase_order", 1, n, [order, counter, np.int32(phases)])
+    rows = order.reshape(phases, n)
+    assert all(sorted(r) == list(range(n)) for r in rows)
+    assert len({tuple(r) for r in rows}) == phases  # a new order in every phase
+
+
+def _race(be, monkeypatch, seed):
+    monkeypatch.setenv("CHAINFB_EMULATE_SEED", str(seed))
+    out = np.zeros(64, dtype=np.float32)
+    be.launch("cfb_selftest::shared_race", 64, 2, [out])
+    return out
+
+
+def test_a_race_changes_results_between_seeds_and_repeats_for_one(selftest, monkeypatch):
+    """Thread 1 reads a slot thread 0 writes, with no barrier between: it
+    sees the poison or the value depending on which runs first."""
+    a = _race(selftest, monkeypatch, 1)
+    assert np.isnan(a).any() and (a == 1).any()
+    np.testing.assert_array_equal(_race(selftest, monkeypatch, 1), a)  # the schedule is a function of the seed
+    assert not np.array_equal(_race(selftest, monkeypatch, 2), a, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode, block, match", [
+    (0, 2, r"deadlock in block \d+: .*exited"),
+    (1, 2, r"deadlock in block \d+: warp 0 diverged: .*__shfl_sync\(0x00000003\) at emulate_selftest.h:\d+"),
+    (2, 2, r"deadlock in block \d+: .*__syncthreads\(\)"),
+    (3, 2, r"thread 0 \(warp 0, lane 0\) of block \d+ calls __shfl_sync\(0x00000002\).*without its own lane"),
+    (4, 8, r"__shfl_xor_sync\(0xffffffff\).*names lanes 8-31 that warp 0 does not have \(it has lanes 0-7\)"),
+    (5, 2, r"reads lane 2 .*outside the mask"),
+    (6, 4, r"width 3"),
+])
+def test_misused_warp_intrinsics_are_errors_not_hangs(selftest, monkeypatch, mode, block, match):
+    for seed in (1, 2, 3):  # both orders of the two lanes
+        monkeypatch.setenv("CHAINFB_EMULATE_SEED", str(seed))
+        with pytest.raises(RuntimeError, match=match):
+            selftest.launch("cfb_selftest::warp_misuse", 3, block, [np.int32(mode), np.zeros(block, np.int32)])
+    selftest.launch("cfb_selftest::warp_misuse", 3, block, [np.int32(99), np.zeros(block, np.int32)])  # no misuse
 
 
 def _run_kernels(be):
@@ -100,3 +146,42 @@ def test_emulation_under_tsan(tmp_path):
         pytest.skip(f"could not run under TSan: {res.stderr[-300:]}")
     assert "WARNING: ThreadSanitizer" not in res.stderr, res.stderr[-3000:]
     assert res.returncode == 0 and "REPLAYED" in res.stdout, res.stderr[-2000:]
+
+
+def _tsan_replay(tmp_path, library, launches):
+    """Record `launches` ((name, grid, block, args) each) and replay each
+    alone under ThreadSanitizer; the replays' (returncode, stdout, stderr)."""
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    be = EmulatedBackend(library, record_to=str(rec))
+    for name, grid, block, args in launches:
+        be.launch(name, grid, block, args)
+    try:
+        exe = build_replay(str(tmp_path), extra_flags=("-fsanitize=thread", "-DCHAINFB_EMULATE_SELFTEST"))
+    except RuntimeError as e:
+        pytest.skip(f"ThreadSanitizer build not available: {str(e)[-200:]}")
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66")
+    out = []
+    for f in sorted(rec.iterdir()):
+        res = subprocess.run([exe, str(f)], capture_output=True, text=True, env=env, timeout=120)
+        if "REPLAYED" not in res.stdout and "ThreadSanitizer" not in res.stderr:
+            pytest.skip(f"could not run under TSan: {res.stderr[-300:]}")
+        out.append(res)
+    return out
+
+
+def test_tsan_sees_each_emulated_thread(tmp_path, emulated_selftest_library):
+    """Each CUDA thread is its own thread to ThreadSanitizer: a shared slot
+    written by one and read by another with no barrier between is a data
+    race, as is one ordered by a shuffle only; __syncwarp and __syncthreads
+    order them (no report)."""
+    f32 = np.float32
+    synced, race, shuffled = _tsan_replay(tmp_path, emulated_selftest_library, [
+        ("cfb_selftest::warp_handoff", 3, 2, [np.int32(0), np.zeros(3, f32)]),
+        ("cfb_selftest::shared_race", 3, 2, [np.zeros(3, f32)]),
+        ("cfb_selftest::warp_handoff", 3, 2, [np.int32(1), np.zeros(3, f32)]),
+    ])
+    assert synced.returncode == 0 and "WARNING: ThreadSanitizer" not in synced.stderr, synced.stderr[-3000:]
+    for res in (race, shuffled):
+        assert "WARNING: ThreadSanitizer: data race" in res.stderr and res.returncode == 66, res.stderr[-3000:]
+    assert "shared_race" in race.stderr and "warp_handoff" in shuffled.stderr

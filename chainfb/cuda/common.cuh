@@ -40,6 +40,62 @@
 #define CHAINFB_SHARED_ARRAY(T, name, n) __shared__ T name[n]
 #endif
 
+// ---- begin: dynamic shared memory, work annotations, math routing ----
+// CHAINFB_DYNAMIC_SHARED(T, name): `T* name` at the block's dynamic shared
+// memory (the byte count given at launch), aligned to 16 bytes.  Host
+// build: the block's own dynamic buffer, poisoned like static shared memory.
+//
+// CHAINFB_WORK(cat, n): adds n units of work of category `cat` (a
+// chainfb::Work) to the calling thread's count.  Nothing on the device;
+// the host build counts it when a launch asks for counts, and reports per
+// block the phases, the span and the total of each category (see
+// tests/emulation/).
+//
+// CHAINFB_ROUTE_MATH(fn, x): fn(x) on the device; the host build's version
+// of fn (::cfb_emu::math_fn), which may move results by a few ulps
+// (CHAINFB_EMULATE_MATH).
+#ifdef CHAINFB_EMULATE
+#define CHAINFB_DYNAMIC_SHARED(T, name) T* name = ::cfb_emu::dynamic_shared<T>()
+#define CHAINFB_WORK(cat, n) (::cfb_emu::add_work((int)(cat), (unsigned long long)(n)))
+#define CHAINFB_ROUTE_MATH(fn, x) (::cfb_emu::math_##fn(x))
+#else
+#define CHAINFB_DYNAMIC_SHARED(T, name)                                      \
+  extern __shared__ __align__(16) unsigned char chainfb_dynamic_shared_[]; \
+  T* name = reinterpret_cast<T*>(chainfb_dynamic_shared_)
+#define CHAINFB_WORK(cat, n) ((void)0)
+#define CHAINFB_ROUTE_MATH(fn, x) (fn(x))
+#endif
+
+namespace chainfb {
+
+// Categories of work a kernel annotates with CHAINFB_WORK.
+enum Work {
+  kWorkArcF,     // one arc term in float: an arc's source value and score loaded, added, exponentiated
+  kWorkArcD,     // the same in double
+  kWorkStateF,   // one state or column result in float: a log and a store
+  kWorkStateD,   // the same in double
+  kWorkBytes,    // global memory bytes streamed by a map kernel
+  kWorkShuffle,  // one warp intrinsic call (counted by the host build itself)
+  kWorkCount
+};
+
+// The F or D category for real type R.
+template <typename R>
+__device__ Work work_arc();
+template <>
+__device__ __forceinline__ Work work_arc<float>() { return kWorkArcF; }
+template <>
+__device__ __forceinline__ Work work_arc<double>() { return kWorkArcD; }
+template <typename R>
+__device__ Work work_state();
+template <>
+__device__ __forceinline__ Work work_state<float>() { return kWorkStateF; }
+template <>
+__device__ __forceinline__ Work work_state<double>() { return kWorkStateD; }
+
+}  // namespace chainfb
+// ---- end: dynamic shared memory, work annotations, math routing ----
+
 namespace chainfb {
 
 typedef long long i64;
@@ -56,18 +112,18 @@ template <>
 struct Num<float> {
   static __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
   static __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
-  static __device__ __forceinline__ float exp_(float x) { return expf(x); }
-  static __device__ __forceinline__ float log_(float x) { return logf(x); }
-  static __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
+  static __device__ __forceinline__ float exp_(float x) { return CHAINFB_ROUTE_MATH(expf, x); }
+  static __device__ __forceinline__ float log_(float x) { return CHAINFB_ROUTE_MATH(logf, x); }
+  static __device__ __forceinline__ float log1p_(float x) { return CHAINFB_ROUTE_MATH(log1pf, x); }
 };
 
 template <>
 struct Num<double> {
   static __device__ __forceinline__ double neg_inf() { return -__longlong_as_double(0x7ff0000000000000LL); }
   static __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
-  static __device__ __forceinline__ double exp_(double x) { return exp(x); }
-  static __device__ __forceinline__ double log_(double x) { return log(x); }
-  static __device__ __forceinline__ double log1p_(double x) { return log1p(x); }
+  static __device__ __forceinline__ double exp_(double x) { return CHAINFB_ROUTE_MATH(exp, x); }
+  static __device__ __forceinline__ double log_(double x) { return CHAINFB_ROUTE_MATH(log, x); }
+  static __device__ __forceinline__ double log1p_(double x) { return CHAINFB_ROUTE_MATH(log1p, x); }
 };
 
 // log(exp(a) + exp(b)), -inf when both are -inf, NaN when either is NaN

@@ -2,14 +2,16 @@
 // in a standalone program, so the emulation can run under
 // sanitizers that cannot be preloaded into Python (ThreadSanitizer).  Built
 // with emulate_launch.cpp; usage: replay FILE...  Each file holds one launch:
-//   u32 name_len, name, u32 grid, u32 block, u32 nargs,
+//   u32 name_len, name, u32 grid, u32 block, u32 shared_mem (dynamic, bytes),
+//   u32 nargs,
 //   per argument: u8 kind (0 array, 1 scalar), u64 nbytes, the bytes.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
-extern "C" int cfb_launch(const char* name, unsigned grid, unsigned block, void** args);
+extern "C" int cfb_launch_ex(const char* name, unsigned grid, unsigned block, unsigned shared_mem, void** args,
+                             int count);
 extern "C" const char* cfb_last_error();
 
 template <class T>
@@ -21,10 +23,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     FILE* f = std::fopen(argv[i], "rb");
     if (!f) return 2;
-    std::uint32_t len = 0, grid = 0, block = 0, nargs = 0;
+    std::uint32_t len = 0, grid = 0, block = 0, shared_mem = 0, nargs = 0;
     if (!get(f, &len)) return 3;
     std::vector<char> name(len + 1, 0);
-    if (std::fread(name.data(), 1, len, f) != len || !get(f, &grid) || !get(f, &block) || !get(f, &nargs)) return 3;
+    if (std::fread(name.data(), 1, len, f) != len || !get(f, &grid) || !get(f, &block) || !get(f, &shared_mem) ||
+        !get(f, &nargs))
+      return 3;
     std::vector<std::vector<unsigned char>> data(nargs);
     std::vector<void*> ptrs(nargs), args(nargs);
     for (std::uint32_t a = 0; a < nargs; ++a) {
@@ -37,7 +41,7 @@ int main(int argc, char** argv) {
       args[a] = kind == 0 ? static_cast<void*>(&ptrs[a]) : static_cast<void*>(data[a].data());
     }
     std::fclose(f);
-    int rc = cfb_launch(name.data(), grid, block, args.data());
+    int rc = cfb_launch_ex(name.data(), grid, block, shared_mem, args.data(), 0);
     if (rc != 0) {
       std::fprintf(stderr, "%s: %s\n", name.data(), rc == -1 ? "unknown kernel" : cfb_last_error());
       return 4;
