@@ -103,3 +103,39 @@ def test_kernels_fit_1024_thread_blocks(src, arch, tmp_path):
     for regs, smem in used:
         assert int(regs) * 1024 <= 65536, report
         assert int(smem or 0) <= 48 * 1024, report
+
+
+_PROBE = r'''
+template <typename R>
+CHAINFB_KERNEL void chainfb_probe(const R* x, R* out, int n) {
+  CHAINFB_DYNAMIC_SHARED(R, buf);
+  CHAINFB_DYNAMIC_SHARED(int, again);
+  const int t = threadIdx.x;
+  buf[t] = x[t];
+  __syncthreads();
+  R v = buf[(t + 1) % n] + (R)again[0];
+  CHAINFB_WORK(chainfb::work_arc<R>(), 1);
+  CHAINFB_WORK(chainfb::work_state<R>(), n);
+  CHAINFB_WORK(chainfb::kWorkBytes, sizeof(R));
+  out[t] = chainfb::Num<R>::exp_(v) + chainfb::Num<R>::log_(v) + chainfb::Num<R>::log1p_(v);
+}
+const void* chainfb_instantiate[] = {(const void*)&chainfb_probe<float>, (const void*)&chainfb_probe<double>};
+'''
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not available")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nvcc_compiles_the_kernel_annotations(arch, tmp_path):
+    """What common.cuh gives kernels beyond today's (CHAINFB_DYNAMIC_SHARED,
+    twice in one scope; CHAINFB_WORK with the work_arc / work_state
+    categories) compiles without warnings, the dynamic shared memory
+    16-byte aligned."""
+    cu = tmp_path / "probe.cu"
+    cu.write_text(load_source("common.cuh") + _PROBE)
+    arch_num = arch.split("_")[1]
+    cmd = [NVCC, f"-arch=compute_{arch_num}", "--ptx", "-std=c++17", "-Werror", "all-warnings",
+           "-o", str(tmp_path / "out.ptx"), str(cu)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0 and "warning" not in res.stderr.lower(), res.stderr
+    ptx = (tmp_path / "out.ptx").read_text()
+    assert ".extern .shared .align 16 .b8 chainfb_dynamic_shared_[]" in ptx

@@ -49,3 +49,32 @@ def test_extras_name_both_cuda_majors():
     extras = cfg["options.extras_require"]
     assert "cupy-cuda12x[ctk]" in extras["gpu-cu12"] and "cupy-cuda13x[ctk]" in extras["gpu-cu13"]
     assert extras["gpu"].strip() == extras["gpu-cu13"].strip()
+
+
+class _FakeKernel:
+    """A RawKernel stand-in: records its launches and attribute changes."""
+
+    def __init__(self):
+        self.max_dynamic_shared_size_bytes = 48 * 1024
+        self.calls = []
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        self.calls.append((grid, block, args, shared_mem, self.max_dynamic_shared_size_bytes))
+
+
+def test_cupy_backend_passes_dynamic_shared_memory(monkeypatch):
+    """``shared_mem`` reaches the RawKernel call; above 48 KiB the kernel's
+    max_dynamic_shared_size_bytes is raised first."""
+    monkeypatch.setattr(k, "_import_cupy", lambda: _fake_cupy(13000))
+    monkeypatch.setattr(k, "_torch_cuda_major", lambda: None)
+    be = k.CupyBackend()
+    kern = _FakeKernel()
+    monkeypatch.setattr(be, "function", lambda name: kern)
+    be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2])
+    be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2], shared_mem=1024)
+    be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2], shared_mem=100 * 1024)
+    be.launch("chainfb::fb_forward<float>", 0, 64, [1, 2], shared_mem=100 * 1024)  # an empty grid: nothing
+    assert kern.calls == [((3,), (64,), (1, 2), 0, 48 * 1024), ((3,), (64,), (1, 2), 1024, 48 * 1024),
+                          ((3,), (64,), (1, 2), 100 * 1024, 100 * 1024)]
+    with pytest.raises(ValueError, match="shared_mem"):
+        be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2], shared_mem=-1)

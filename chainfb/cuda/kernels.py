@@ -9,11 +9,13 @@ A *kernel backend* is what the CUDA engines (:mod:`chainfb.engines.cuda`,
 ``xp``
     the array module of its memory (``cupy`` for the GPU): every array the
     callers allocate or convert for the kernels comes from ``xp``.
-``launch(name, grid, block, args)``
+``launch(name, grid, block, args, shared_mem=0)``
     run the kernel instantiation ``name`` (a key of :data:`KERNELS`) on a
     1-D grid of ``grid`` blocks of ``block`` threads (nothing for ``grid <=
-    0``); ``args`` is a list of ``xp`` arrays (C-contiguous) and NumPy
-    scalars whose types match the kernel's parameters exactly.
+    0``) with ``shared_mem`` bytes of dynamic shared memory per block (what
+    ``CHAINFB_DYNAMIC_SHARED`` in ``common.cuh`` points at); ``args`` is a
+    list of ``xp`` arrays (C-contiguous) and NumPy scalars whose types
+    match the kernel's parameters exactly.
 ``cache_key()``
     a hashable key of where arrays made now live and are ordered (device
     and stream): device copies cached on a lattice are kept per key (see
@@ -178,6 +180,10 @@ def _torch_version_cuda():
     return torch.version.cuda
 
 
+#: dynamic shared memory a kernel may use without opting in (bytes)
+_DEFAULT_DYNAMIC_SHARED = 48 * 1024
+
+
 class CupyBackend:
     """Launch chainfb kernels on the current CUDA device through CuPy."""
 
@@ -200,10 +206,20 @@ class CupyBackend:
     def function(self, name: str):
         return self.module(KERNELS[name]).get_function(name)
 
-    def launch(self, name: str, grid: int, block: int, args) -> None:
+    def launch(self, name: str, grid: int, block: int, args, shared_mem: int = 0) -> None:
+        """Run kernel ``name`` on ``grid`` blocks of ``block`` threads with
+        ``shared_mem`` bytes of dynamic shared memory per block (above the
+        48 KiB a kernel gets by default, its
+        ``max_dynamic_shared_size_bytes`` is raised first)."""
         if grid <= 0:
             return
-        self.function(name)((int(grid),), (int(block),), tuple(args))
+        shared_mem = int(shared_mem)
+        if shared_mem < 0:
+            raise ValueError(f"{name}: shared_mem must be >= 0, got {shared_mem}")
+        fn = self.function(name)
+        if shared_mem > _DEFAULT_DYNAMIC_SHARED and fn.max_dynamic_shared_size_bytes < shared_mem:
+            fn.max_dynamic_shared_size_bytes = shared_mem
+        fn((int(grid),), (int(block),), tuple(args), shared_mem=shared_mem)
 
     def cache_key(self):
         """Where arrays made now live and are ordered: the current device and
