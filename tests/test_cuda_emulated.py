@@ -66,6 +66,24 @@ def test_engine_random_graphs_variable_lengths(be, block):
     assert np.isinf(ll).any() and np.isfinite(ll).any()  # both kinds occur in this batch
 
 
+@pytest.mark.parametrize("T, block, num_phones", [(20000, 32, 0), (20000, 256, 75)])
+def test_engine_long_sequences(be, T, block, num_phones):
+    """Long sequences through the emulated kernels (each thread a fiber, a
+    barrier per frame): 20,000 frames of a 2-state graph at 32 threads and of
+    a 151-state numerator-like graph at 256 threads, with a second, shorter
+    sequence, against the NumPy engine (to the rounding that 20,000 frames of
+    log-sums in another order accumulate)."""
+    rng = np.random.default_rng(T + block)
+    if num_phones:
+        fst = numerator_like_fst(rng, num_phones=num_phones, num_pdfs=200)
+    else:
+        fst = Fst.from_arcs([(0, 0, 0, -0.5), (0, 1, 1, -1.0), (1, 1, 1, -0.3), (1, 0, 0, -1.2)], {1: 0.0},
+                            num_states=2)
+    lat = Lattice.of(FstBatch([fst, fst]))
+    X = rng.normal(size=(T, lat.num_columns))
+    _compare(be, lat, X, np.array([T, 500]), block=block, rtol=1e-7, atol=1e-10)
+
+
 def test_engine_matches_path_enumeration(be):
     rng = np.random.default_rng(1)
     for _ in range(6):

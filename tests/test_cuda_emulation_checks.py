@@ -116,6 +116,19 @@ def _run_kernels(be):
                          kind_weight=np.ones(4), clamp=0.5, threads_per_row=4, block_size=8, **args)
 
 
+def test_portable_fiber_switch(tmp_path):
+    """The swapcontext fibers (the emulation's switch off x86-64) run the
+    kernels as the hand-written switch does."""
+    be = EmulatedBackend(build(str(tmp_path), extra_flags=("-DCHAINFB_EMULATE_UCONTEXT",
+                                                           "-DCHAINFB_EMULATE_SELFTEST")))
+    _run_kernels(be)
+    out = np.zeros(2 * 40, dtype=np.int64)
+    be.launch("cfb_selftest::warp_sum", 2, 40, [out])
+    np.testing.assert_array_equal(out[0::2], [496] * 32 + [284] * 8)
+    with pytest.raises(RuntimeError, match="deadlock in block"):
+        be.launch("cfb_selftest::warp_misuse", 2, 2, [np.int32(2), np.zeros(2, np.int32)])
+
+
 def test_replay_of_recorded_launches(tmp_path):
     rec = tmp_path / "rec"
     rec.mkdir()
@@ -149,13 +162,13 @@ def test_emulation_under_tsan(tmp_path):
 
 
 def _tsan_replay(tmp_path, library, launches):
-    """Record `launches` ((name, grid, block, args) each) and replay each
-    alone under ThreadSanitizer; the replays' (returncode, stdout, stderr)."""
+    """Record `launches` ((name, grid, block, args, shared_mem) each) and
+    replay each alone under ThreadSanitizer; the replays' results."""
     rec = tmp_path / "rec"
     rec.mkdir()
     be = EmulatedBackend(library, record_to=str(rec))
-    for name, grid, block, args in launches:
-        be.launch(name, grid, block, args)
+    for name, grid, block, args, shared_mem in launches:
+        be.launch(name, grid, block, args, shared_mem=shared_mem)
     try:
         exe = build_replay(str(tmp_path), extra_flags=("-fsanitize=thread", "-DCHAINFB_EMULATE_SELFTEST"))
     except RuntimeError as e:
@@ -176,12 +189,14 @@ def test_tsan_sees_each_emulated_thread(tmp_path, emulated_selftest_library):
     race, as is one ordered by a shuffle only; __syncwarp and __syncthreads
     order them (no report)."""
     f32 = np.float32
-    synced, race, shuffled = _tsan_replay(tmp_path, emulated_selftest_library, [
-        ("cfb_selftest::warp_handoff", 3, 2, [np.int32(0), np.zeros(3, f32)]),
-        ("cfb_selftest::shared_race", 3, 2, [np.zeros(3, f32)]),
-        ("cfb_selftest::warp_handoff", 3, 2, [np.int32(1), np.zeros(3, f32)]),
+    synced, dynamic, race, shuffled = _tsan_replay(tmp_path, emulated_selftest_library, [
+        ("cfb_selftest::warp_handoff", 3, 2, [np.int32(0), np.zeros(3, f32)], 0),
+        ("cfb_selftest::dynamic_shared", 3, 8, [np.zeros(3 * 16, f32), np.int32(0)], 8 * 4),
+        ("cfb_selftest::shared_race", 3, 2, [np.zeros(3, f32)], 0),
+        ("cfb_selftest::warp_handoff", 3, 2, [np.int32(1), np.zeros(3, f32)], 0),
     ])
-    assert synced.returncode == 0 and "WARNING: ThreadSanitizer" not in synced.stderr, synced.stderr[-3000:]
+    for res in (synced, dynamic):
+        assert res.returncode == 0 and "WARNING: ThreadSanitizer" not in res.stderr, res.stderr[-3000:]
     for res in (race, shuffled):
         assert "WARNING: ThreadSanitizer: data race" in res.stderr and res.returncode == 66, res.stderr[-3000:]
     assert "shared_race" in race.stderr and "warp_handoff" in shuffled.stderr

@@ -75,23 +75,25 @@ enum Work {
   kWorkStateF,   // one state or column result in float: a log and a store
   kWorkStateD,   // the same in double
   kWorkBytes,    // global memory bytes streamed by a map kernel
-  kWorkShuffle,  // one warp intrinsic call (counted by the host build itself)
+  kWorkShuffle,  // one warp shuffle or __syncwarp call (counted by the host build itself)
   kWorkCount
 };
 
-// The F or D category for real type R.
+// The F or D category for real type R (float or double).
 template <typename R>
-__device__ Work work_arc();
+struct WorkOf;
 template <>
-__device__ __forceinline__ Work work_arc<float>() { return kWorkArcF; }
+struct WorkOf<float> {
+  static constexpr Work arc = kWorkArcF, state = kWorkStateF;
+};
 template <>
-__device__ __forceinline__ Work work_arc<double>() { return kWorkArcD; }
+struct WorkOf<double> {
+  static constexpr Work arc = kWorkArcD, state = kWorkStateD;
+};
 template <typename R>
-__device__ Work work_state();
-template <>
-__device__ __forceinline__ Work work_state<float>() { return kWorkStateF; }
-template <>
-__device__ __forceinline__ Work work_state<double>() { return kWorkStateD; }
+__device__ __forceinline__ Work work_arc() { return WorkOf<R>::arc; }
+template <typename R>
+__device__ __forceinline__ Work work_state() { return WorkOf<R>::state; }
 
 }  // namespace chainfb
 // ---- end: dynamic shared memory, work annotations, math routing ----

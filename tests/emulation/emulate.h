@@ -432,8 +432,14 @@ inline void run_group(Launch& L, const std::vector<unsigned>& order, unsigned fi
     blocks.push_back(std::move(b));
   }
   init_main_context(&L.main);
+  try {
+    for (auto& b : blocks)
+      for (unsigned t = 0; t < b->threads; ++t) make_context<fiber_main>(&b->fibers[t], &b->fibers[t], &L.main);
+  } catch (...) {  // no stack for a fiber: nothing ran yet
+    for (auto& b : blocks) release_block(b.get());
+    throw;
+  }
   for (auto& b : blocks) {
-    for (unsigned t = 0; t < b->threads; ++t) make_context<fiber_main>(&b->fibers[t], &b->fibers[t], &L.main);
     for (std::size_t i = b->queue.size(); i > 1; --i) std::swap(b->queue[i - 1], b->queue[L.rng.below(i)]);
     make_ready(b.get());
   }
