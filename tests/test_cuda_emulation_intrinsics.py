@@ -249,10 +249,15 @@ def test_math_modes_move_results_by_their_ulps(be, monkeypatch, dtype, mode, lo,
     moved = _ulps(got[~special], ref[~special])
     assert moved.min() >= lo and moved.max() <= hi
     assert set(np.unique(moved)) == set(range(lo, hi + 1))  # every step occurs over these inputs
-    # numpy's nextafter bounds, for the upward mode
-    if mode == "ulp2_up":
-        one = np.nextafter(ref[~special], np.inf)
-        assert (got[~special] >= one).all() and (got[~special] <= np.nextafter(one, np.inf)).all()
+    # numpy's nextafter bounds: lo..hi steps from libm's result
+    r, g = ref[~special], got[~special]
+    below, above = r, r
+    for _ in range(-lo if lo < 0 else 0):
+        below = np.nextafter(below, -np.inf)
+    for _ in range(hi):
+        above = np.nextafter(above, np.inf)
+    least = np.nextafter(r, np.inf) if lo == 1 else below
+    assert (g >= least).all() and (g <= above).all()
     np.testing.assert_array_equal(_run_math(be, x).view(np.uint8), got.view(np.uint8))  # deterministic
     if mode == "ulp2_random":
         monkeypatch.setenv("CHAINFB_EMULATE_SEED", "777")

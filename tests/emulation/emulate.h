@@ -90,8 +90,7 @@ struct Fiber : Context {
   uint3 tid{0, 0, 0};
   Block* blk = nullptr;
   St state = St::Ready;
-  WarpOp* op = nullptr;     // the warp intrinsic it takes part in
-  std::uint64_t value = 0;  // its operand there, and its result
+  std::uint64_t value = 0;  // its operand in a warp intrinsic, and its result
   std::uint64_t result = 0;
   int arg = 0;  // source lane, delta or lane mask
   Rng math{0};  // emulate_math.h
@@ -107,7 +106,6 @@ struct Stats {
 };
 
 struct Launch {
-  const char* name = "";
   uint3 grid_dim{1, 1, 1}, block_dim{1, 1, 1};
   std::size_t dynamic_shared = 0;
   void (*body)(void*) = nullptr;  // runs the kernel in the current fiber
@@ -116,7 +114,6 @@ struct Launch {
   bool fatal = false;  // stop: fibers are abandoned
   Rng rng{0};          // the schedule
   std::uint64_t math_seed = 0;
-  bool counting = false;
   double weights[kMaxWork] = {};
   Stats* stats = nullptr;
   Context main;  // the launching thread
@@ -485,7 +482,6 @@ inline std::string launch(const LaunchConfig& c, void (*body)(void*), void* arg)
   const unsigned env_seed = env_unsigned("CHAINFB_EMULATE_SEED", 12345u);
   const unsigned concurrent = std::max(1u, env_unsigned("CHAINFB_EMULATE_CONCURRENT_BLOCKS", 4u));
   Launch L;
-  L.name = c.name;
   L.grid_dim = {c.grid, 1, 1};
   L.block_dim = {c.block, 1, 1};
   L.dynamic_shared = c.shared_mem;
@@ -496,7 +492,6 @@ inline std::string launch(const LaunchConfig& c, void (*body)(void*), void* arg)
   const std::uint64_t key = mix(mix(env_seed, hash_name(c.name)), ((std::uint64_t)c.grid << 32) ^ c.block);
   L.rng = Rng{mix(key, c.shared_mem)};
   L.math_seed = mix(key, 0x6d617468u);
-  L.counting = c.count;
   std::copy(g_weights, g_weights + kMaxWork, L.weights);
   L.stats = c.count ? c.stats : nullptr;
   if (L.stats) {

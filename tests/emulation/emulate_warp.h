@@ -198,7 +198,6 @@ inline std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t value, 
     op->line = loc.line();
     b->pending.push_back(op);
   }
-  f->op = op;
   f->value = value;
   f->arg = arg;
   op->arrived |= 1u << lane;
@@ -213,7 +212,6 @@ inline std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t value, 
   yield(f);
   if (kind == WarpKind::Sync) tsan_acquire(&op->edge);
   const std::uint64_t r = f->result;
-  f->op = nullptr;
   if (--op->refs == 0) b->free_ops.push_back(op);
   return r;
 }
