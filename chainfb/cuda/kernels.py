@@ -62,8 +62,7 @@ SOURCES = {
     + [
         f"chainfb::transducer_grad<{i}, {r}>"
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
-    ]
-    + [f"chainfb::transducer_zero_col<{r}>" for r in ("float", "double")],
+    ],
 }
 
 #: kernel name -> source file

@@ -4,43 +4,59 @@ on a kernel backend (the GPU's: :func:`chainfb.cuda.kernels.cupy_backend`).
 Conventions (shared with the NumPy twins the tests check them against,
 ``tests/oracles/cuda_twins.py``):
 
-- ``logits [B, T, U1, V]`` contiguous (``U1 = Umax + 1``), float16,
-  bfloat16 (torch only), float32 or float64; math in float32, or float64 for
-  float64 logits (the *compute dtype*).
-- Each grid row ``(b, u)`` has ``J`` arc kinds ``j``, described by two int
-  tables of shape ``[B, U1, J]``: ``sym[b, u, j]``, the vocabulary index the
-  arc reads (or -1), and ``colidx[b, u, j]``, its compact engine column (or
-  -1).  Entry ``(b, u, j)`` is *used* iff ``colidx >= 0`` and ``sym >= 0``.
-  The kernels attach no meaning to ``j``: what a kind is (blank, label, big
-  blank, ...) lives only in these tables and in ``kind_weight``.
+- ``logits [B, T, U1, V + D]`` contiguous (``U1 = Umax + 1``): ``V`` token
+  logits, then ``num_durations = D >= 0`` duration logits (TDT; ``D = 0``
+  for RNN-T and multi-blank); float16, bfloat16 (torch only), float32 or
+  float64; math in float32, or float64 for float64 logits (the *compute
+  dtype*).
+- Each grid row ``(b, u)`` has ``J`` arc kinds ``j``, described by int
+  tables of shape ``[B, U1, J]``: ``sym[b, u, j]``, the token the arc reads
+  (or -1), ``colidx[b, u, j]``, its compact engine column (or -1), and,
+  optionally, ``counts[b, u, j]``: the arc is read at frames ``t < counts``
+  only (TDT's boundary rules); and by ``kind_duration [J]`` (optional): the
+  duration logit kind ``j`` reads, or -1 for none.  Entry ``(b, u, j)`` is
+  *used* iff ``colidx >= 0``, ``sym >= 0`` (and ``kind_duration < D``),
+  *read at t* iff used and ``t < counts``.  The kernels attach no meaning to
+  ``j``: what a kind is (blank, label, big blank, duration, ...) lives only
+  in these tables and in ``kind_weight``.
 - Step ``n = t + u``.  Row ``(b, t, u)`` is *live* iff ``t < T_b`` and
-  ``u <= U_b``.
+  ``u <= U_b``; *read* iff live and, when ``counts`` is given, some entry
+  is read at ``t``.
 
-``transducer_gather`` reads the logits once: ``X[n, colidx[b,u,j]] =
-logits[b,t,u,sym[b,u,j]] - lse[b,t,u]`` for used entries (``lse`` the
-log-sum-exp over ``V``, or 0 when ``fused_log_softmax`` is false), ``-inf``
-wherever no live row writes; ``X[n, zero_col[b]] = 0`` for ``n < T_b + U_b``.
-``transducer_grad`` reads them once more and writes the gradient once::
+``transducer_gather`` reads each read row once: ``X[n, colidx[b,u,j]] =
+logits[b,t,u,sym[b,u,j]] - lse[b,t,u] (+ logits[b,t,u,V+d_j] - dlse[b,t,u]
+when d_j = kind_duration[j] >= 0) - shift`` for the entries read at ``t``
+(``lse`` the log-sum-exp over the ``V`` token logits, or 0 when
+``fused_log_softmax`` is false; ``dlse`` over the ``D`` duration logits),
+``-inf`` at every other step of the columns; ``X[n, zero_col[b]] = 0`` for
+``n < T_b + U_b``.  ``transducer_grad`` reads the row once more and writes
+the gradient row once::
 
-    grad[b,t,u,k] = scale[b] * clamp(softmax_k * sum_j w_j post_j
-                                     - sum_j w_j post_j [k == sym_j])
+    grad[b,t,u,k]   = scale[b] * clamp(softmax_k * sum_j w_j post_j - sum_j w_j post_j [k == sym_j])   (k < V)
+    grad[b,t,u,V+i] = scale[b] * (dsoftmax_i * sum_{j: d_j >= 0} post_j - sum_j post_j [d_j == i])     (i < D)
 
-with ``post_j = post[t+u, colidx[b,u,j]]`` for used entries and 0 otherwise,
-``w = kind_weight [J]``, no softmax term when ``fused_log_softmax`` is
-false, the clamp to ``[-clamp, clamp]`` only when ``clamp > 0``, and zero on
-rows that are not live.
+with ``post_j = post[t+u, colidx[b,u,j]]`` for the entries read at ``t``
+and 0 otherwise, ``w = kind_weight [J]``, a softmax taken as 0 where its
+normaliser is not finite (and the token one when ``fused_log_softmax`` is
+false), the clamp to ``[-clamp, clamp]`` only when ``clamp > 0`` and only
+on the token part, and zero on rows that are not read.
 
 Derivation: the arc of kind ``j`` at ``(b, t, u)`` scores ``x_j =
-logits[sym_j] - lse``, so ``d x_j / d logits[k] = [k == sym_j] - softmax_k``
-(no softmax term when not fused), and the engine's ``post_j`` is ``d logP /
-d x_j``.  For a cost whose gradient w.r.t. ``x_j`` is ``-w_j post_j``, the
-chain rule gives ``d cost / d logits[k] = -sum_j w_j post_j ([k == sym_j] -
-softmax_k)``, the formula above.  With ``w = 1`` it is ``d(-logP) / d
-logits`` (the gradient of the loss, not of the log-likelihood); RNN-T with
-FastEmit passes ``w = [1, 1 + lambda, 1, ...]`` (blank, label, big blanks).
+logits[sym_j] - lse (+ logits[V + d_j] - dlse) - shift``, so ``d x_j / d
+logits[k] = [k == sym_j] - softmax_k`` (no softmax term when not fused) and
+``d x_j / d logits[V + i] = [i == d_j] - dsoftmax_i``, and the engine's
+``post_j`` is ``d logP / d x_j``.  For a cost whose gradient w.r.t. ``x_j``
+is ``-w_j post_j`` through the tokens and ``-post_j`` through the durations,
+the chain rule gives the formulas above.  With ``w = 1`` it is ``d(-logP) /
+d logits`` (the gradient of the loss, not of the log-likelihood); RNN-T with
+FastEmit passes ``w = [1, 1 + lambda, 1, ...]`` (blank, label, big blanks),
+TDT ``1`` on its blank kinds and ``1 + lambda`` on its label kinds (NeMo's
+FastEmit leaves the duration gradient alone).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,10 +67,10 @@ __all__ = [
     "transducer_gather",
     "transducer_grad",
     "logits_storage",
+    "lse_shape",
 ]
 
 _IN = {"f32": "float, float", "f64": "double, double", "f16": "chainfb::F16, float", "bf16": "chainfb::BF16, float"}
-_MAX_J = 16
 
 
 def logits_storage(xp, logits):
@@ -130,12 +146,60 @@ def _host(x):
     return None
 
 
-def check_common(xp, logits, sym, colidx, logit_lengths, target_lengths):
+@dataclass
+class RowArgs:
+    """The validated arguments both row kernels take (:func:`check_common`):
+    the logits' storage ``arr`` and type tag, the sizes, and the index tables
+    as contiguous int32 ``xp`` arrays (``counts``, ``kind_duration``: None
+    when not given)."""
+
+    arr: object
+    tag: str
+    B: int
+    T: int
+    U1: int
+    V: int
+    D: int
+    J: int
+    sym: object
+    colidx: object
+    counts: object
+    kind_duration: object
+    logit_lengths: object
+    target_lengths: object
+
+    def launch(self, backend, kernel, fused_log_softmax, threads_per_row, block_size, extra_args):
+        """Launch row kernel ``kernel`` (``threads_per_row`` threads per
+        ``(b, t, u)`` row): the row arguments, then ``extra_args``."""
+        i32 = np.int32
+        rows = self.B * self.T * self.U1
+        backend.launch(
+            f"chainfb::{kernel}<{_IN[self.tag]}>",
+            _launch_shape(rows, threads_per_row, block_size) if rows else 0,
+            block_size,
+            [self.arr, i32(self.B), i32(self.T), i32(self.U1), i32(self.V), i32(self.D), self.sym, self.colidx,
+             _null_or(self.counts), _null_or(self.kind_duration), i32(self.J), self.logit_lengths,
+             self.target_lengths, i32(bool(fused_log_softmax)), i32(threads_per_row)] + list(extra_args),
+        )
+
+
+def _null_or(a):
+    """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array."""
+    return np.uint64(0) if a is None else a
+
+
+def check_common(xp, logits, sym, colidx, logit_lengths, target_lengths, num_durations=0, kind_duration=None,
+                 counts=None) -> RowArgs:
     """Validate and normalise the arguments shared by gather and grad."""
     arr, tag = logits_storage(xp, logits)
-    B, T, U1, V = (int(s) for s in arr.shape)
+    B, T, U1, W = (int(s) for s in arr.shape)
     if U1 < 1:
         raise ValueError("logits: the U1 dimension (max target length + 1) must be >= 1")
+    D = int(num_durations)
+    if not 0 <= D < W:
+        raise ValueError(f"num_durations: expected 0 <= D < {W} (the logits' last dimension holds V >= 1 token "
+                         f"logits, then the D duration logits), got {num_durations}")
+    V = W - D
     sym_host = _host(sym)
     sym = _ints(xp, sym, "sym", ndim=3)
     colidx = _ints(xp, colidx, "colidx", ndim=3)
@@ -144,17 +208,28 @@ def check_common(xp, logits, sym, colidx, logit_lengths, target_lengths):
     if colidx.shape != sym.shape:
         raise ValueError(f"colidx: expected the shape of sym {tuple(sym.shape)}, got {tuple(colidx.shape)}")
     J = int(sym.shape[2])
-    if J > _MAX_J:
-        raise ValueError(f"sym/colidx: at most {_MAX_J} arc kinds are supported, got J={J}")
     if sym_host is not None and sym_host.size and (sym_host.min() < -1 or sym_host.max() >= V):
         raise ValueError(f"sym: symbols must lie in [-1, V={V}), got [{sym_host.min()}, {sym_host.max()}]")
+    if kind_duration is not None:
+        h = _host(kind_duration)
+        kind_duration = _ints(xp, kind_duration, "kind_duration", shape=(J,))
+        if h is not None and h.size and (h.min() < -1 or h.max() >= D):
+            raise ValueError(f"kind_duration: duration indices must lie in [-1, D={D}), got [{h.min()}, {h.max()}]")
+    if counts is not None:
+        counts = _ints(xp, counts, "counts", shape=sym.shape)  # any values are safe: they only restrict reads
     for name, a, hi in (("logit_lengths", logit_lengths, T), ("target_lengths", target_lengths, U1 - 1)):
         h = _host(a)  # device lengths are safe: they only decide which in-bounds rows are live
         if h is not None and h.dtype.kind in "iu" and h.size and (h.min() < 0 or h.max() > hi):
             raise ValueError(f"{name}: every length must lie in [0, {hi}], got [{h.min()}, {h.max()}]")
     logit_lengths = _ints(xp, logit_lengths, "logit_lengths", shape=(B,))
     target_lengths = _ints(xp, target_lengths, "target_lengths", shape=(B,))
-    return arr, tag, (B, T, U1, V, J), sym, colidx, logit_lengths, target_lengths
+    return RowArgs(arr, tag, B, T, U1, V, D, J, sym, colidx, counts, kind_duration, logit_lengths, target_lengths)
+
+
+def lse_shape(B: int, T: int, U1: int, D: int) -> tuple:
+    """Shape of the gather's normalisers: ``[B, T, U1]``, or ``[B, T, U1, 2]``
+    (token, duration) when there are ``D > 0`` duration logits."""
+    return (B, T, U1, 2) if D else (B, T, U1)
 
 
 def check_kind_weight(xp, kind_weight, J, R):
@@ -193,100 +268,90 @@ def _launch_shape(rows, tpr, block):
     return (rows + per - 1) // per
 
 
-def _launch_rows(backend, kernel, tag, arr, dims, sym, colidx, Tl, Ul, fused_log_softmax, threads_per_row,
-                 block_size, extra_args):
-    """Launch a transducer row kernel (``threads_per_row`` threads per
-    ``(b, t, u)`` row): the row arguments both kernels share, then its own."""
-    B, T, U1, V, J = dims
-    i32 = np.int32
-    rows = B * T * U1
-    backend.launch(
-        f"chainfb::{kernel}<{_IN[tag]}>",
-        _launch_shape(rows, threads_per_row, block_size) if rows else 0,
-        block_size,
-        [arr, i32(B), i32(T), i32(U1), i32(V), sym, colidx, i32(J), Tl, Ul, i32(bool(fused_log_softmax)),
-         i32(threads_per_row)] + list(extra_args),
-    )
-
-
 @on_torch_stream
 def transducer_gather(backend, logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns,
-                      zero_col=None, fused_log_softmax=True, threads_per_row=32, block_size=128):
+                      zero_col=None, fused_log_softmax=True, threads_per_row=32, block_size=128, num_durations=0,
+                      kind_duration=None, counts=None, shift=0.0, every_column=False):
     """Fused log-softmax + skewed gather of the engine's scores.
 
     Parameters
     ----------
     backend : the kernel backend (:func:`chainfb.cuda.kernels.cupy_backend`
         on the GPU; interface in :mod:`chainfb.cuda.kernels`).
-    logits : ``[B, T, U1, V]`` ``backend.xp`` array or torch tensor (CUDA
-        for the GPU; float16, bfloat16, float32, float64), contiguous.
-    sym, colidx : ``[B, U1, J]`` ints: the vocabulary index and the compact
-        column of each arc kind, -1 where unused (see the module docstring).
+    logits : ``[B, T, U1, V + D]`` ``backend.xp`` array or torch tensor
+        (CUDA for the GPU; float16, bfloat16, float32, float64), contiguous.
+    sym, colidx : ``[B, U1, J]`` ints: the token and the compact column of
+        each arc kind, -1 where unused (see the module docstring).
     logit_lengths, target_lengths : ``[B]`` ints.
     num_rows, num_columns : the shape of ``X`` (``num_rows >= T + U1 - 1``
         covers every step).
     zero_col : ``[B]`` ints or None: a column scoring 0 for ``n < T_b + U_b``.
-    fused_log_softmax : bool
+    fused_log_softmax : bool (the token logits; the duration logits are
+        always log-softmaxed)
     threads_per_row, block_size : launch shape (a power of two dividing
         ``block_size <= 1024`` threads per ``(b, t, u)`` row).
+    num_durations : ``D``, the duration logits after the ``V`` token logits.
+    kind_duration : ``[J]`` ints in ``[-1, D)`` or None (no kind reads a
+        duration logit).
+    counts : ``[B, U1, J]`` ints or None: entry ``(b, u, j)`` is read at
+        frames ``t < counts[b, u, j]`` only.
+    shift : a constant subtracted from every score (TDT's ``sigma``).
+    every_column : ``colidx`` and ``zero_col`` name each of the
+        ``num_columns`` columns exactly once (a compiled layout's tables):
+        ``X`` is then not filled beforehand, the kernel writes all of it.
 
     Returns
     -------
     X : ``backend.xp`` ``[num_rows, num_columns]`` compute dtype (float32, or float64)
-    lse : ``backend.xp`` ``[B, T, U1]`` compute dtype (0 where not live)
+    lse : ``backend.xp`` compute dtype, ``[B, T, U1]`` (the token
+        normalisers) or, when ``D > 0``, ``[B, T, U1, 2]`` (token, duration);
+        0 on rows that are not read.
     """
     xp = backend.xp
     _check_columns(colidx, zero_col, int(num_columns))
-    arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
-    B, T, U1 = dims[:3]
-    R = kernel_float_dtype(tag)
-    X = xp.full((int(num_rows), int(num_columns)), -np.inf, dtype=R)
-    lse = xp.zeros((B, T, U1), dtype=R)
+    a = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths, num_durations, kind_duration, counts)
+    R = kernel_float_dtype(a.tag)
+    shape = (int(num_rows), int(num_columns))
+    # the kernel writes every step of the columns it is given; without rows (T = 0) nothing is written
+    X = xp.empty(shape, dtype=R) if every_column and a.T > 0 else xp.full(shape, -np.inf, dtype=R)
+    lse = xp.empty(lse_shape(a.B, a.T, a.U1, a.D), dtype=R)
+    zc = None if zero_col is None else _ints(xp, zero_col, "zero_col", shape=(a.B,))
     i32 = np.int32
-    _launch_rows(backend, "transducer_gather", tag, arr, dims, sym, colidx, Tl, Ul, fused_log_softmax,
-                 threads_per_row, block_size, [X, i32(num_rows), i32(num_columns), lse])
-    if zero_col is not None:
-        zc = _ints(xp, zero_col, "zero_col", shape=(B,))
-        total = B * int(num_rows)
-        rname = "float" if R == np.float32 else "double"
-        backend.launch(
-            f"chainfb::transducer_zero_col<{rname}>",
-            min((total + block_size - 1) // block_size, 65535),
-            block_size,
-            [zc, Tl, Ul, i32(B), X, i32(num_rows), i32(num_columns)],
-        )
+    a.launch(backend, "transducer_gather", fused_log_softmax, threads_per_row, block_size,
+             [R.type(shift), X, i32(num_rows), i32(num_columns), _null_or(zc), lse])
     return X, lse
 
 
 @on_torch_stream
 def transducer_grad(backend, logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight,
-                    clamp=-1.0, fused_log_softmax=True, threads_per_row=32, block_size=128):
+                    clamp=-1.0, fused_log_softmax=True, threads_per_row=32, block_size=128, num_durations=0,
+                    kind_duration=None, counts=None):
     """Fused transducer gradient w.r.t. the logits.
 
     Parameters as :func:`transducer_gather`, plus ``post [num_rows, C]``
-    (engine posteriors), ``lse [B, T, U1]`` (from the gather), ``scale [B]``
-    (or a scalar), ``kind_weight [J]`` (the weight ``w_j`` of each arc kind)
-    and ``clamp`` (<= 0: none).
+    (engine posteriors), ``lse`` (from the gather), ``scale [B]`` (or a
+    scalar), ``kind_weight [J]`` (the weight ``w_j`` of each arc kind's
+    token terms) and ``clamp`` (<= 0: none; the token part only).
 
     Returns
     -------
-    grad : ``[B, T, U1, V]``, same type (``backend.xp`` array / torch
+    grad : ``[B, T, U1, V + D]``, same type (``backend.xp`` array / torch
     tensor) and dtype as ``logits``.
     """
     xp = backend.xp
     colidx_in = colidx
-    arr, tag, dims, sym, colidx, Tl, Ul = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths)
-    B, T, U1, V, J = dims
-    R = kernel_float_dtype(tag)
+    a = check_common(xp, logits, sym, colidx, logit_lengths, target_lengths, num_durations, kind_duration, counts)
+    R = kernel_float_dtype(a.tag)
     if post.ndim != 2:
         raise ValueError(f"post: expected 2-D [num_rows, C], got shape {tuple(post.shape)}")
     _check_columns(colidx_in, None, int(post.shape[1]))
-    kind_weight = check_kind_weight(xp, kind_weight, J, R)
+    kind_weight = check_kind_weight(xp, kind_weight, a.J, R)
     post = xp.ascontiguousarray(xp.asarray(post, dtype=R))
     lse = xp.ascontiguousarray(xp.asarray(lse, dtype=R))
-    if lse.shape != (B, T, U1):
-        raise ValueError(f"lse: expected shape {(B, T, U1)}, got {tuple(lse.shape)}")
-    scale = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(scale, dtype=R), (B,)))
+    want = lse_shape(a.B, a.T, a.U1, a.D)
+    if lse.shape != want:
+        raise ValueError(f"lse: expected shape {want}, got {tuple(lse.shape)}")
+    scale = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(scale, dtype=R), (a.B,)))
     out = None
     if is_torch(logits) and xp is not np:
         # the gradient (as big as the logits) comes from torch's caching allocator, not CuPy's pool
@@ -297,12 +362,11 @@ def transducer_grad(backend, logits, sym, colidx, logit_lengths, target_lengths,
 
         grad = cupy_view(out)
     else:
-        grad = xp.empty(arr.shape, dtype=arr.dtype)
+        grad = xp.empty(a.arr.shape, dtype=a.arr.dtype)
     i32 = np.int32
-    _launch_rows(backend, "transducer_grad", tag, arr, dims, sym, colidx, Tl, Ul, fused_log_softmax,
-                 threads_per_row, block_size,
-                 [post, i32(post.shape[0]), i32(post.shape[1]), lse, scale, kind_weight, R.type(clamp), grad])
-    return out if out is not None else wrap_grad(grad, tag, logits)
+    a.launch(backend, "transducer_grad", fused_log_softmax, threads_per_row, block_size,
+             [post, i32(post.shape[0]), i32(post.shape[1]), lse, scale, kind_weight, R.type(clamp), grad])
+    return out if out is not None else wrap_grad(grad, a.tag, logits)
 
 
 def wrap_grad(grad, tag, like):

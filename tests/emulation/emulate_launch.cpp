@@ -83,8 +83,6 @@ const Entry kTable[] = {
     CFB_ENTRY("chainfb::transducer_grad<double, double>", chainfb::transducer_grad<double, double>),
     CFB_ENTRY("chainfb::transducer_grad<chainfb::F16, float>", chainfb::transducer_grad<F16, float>),
     CFB_ENTRY("chainfb::transducer_grad<chainfb::BF16, float>", chainfb::transducer_grad<BF16, float>),
-    CFB_ENTRY("chainfb::transducer_zero_col<float>", chainfb::transducer_zero_col<float>),
-    CFB_ENTRY("chainfb::transducer_zero_col<double>", chainfb::transducer_zero_col<double>),
 #ifdef CHAINFB_EMULATE_SELFTEST
     CFB_ENTRY("cfb_selftest::early_exit_then_sync", cfb_selftest::early_exit_then_sync),
     CFB_ENTRY("cfb_selftest::read_shared_first", cfb_selftest::read_shared_first),
