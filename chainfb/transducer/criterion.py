@@ -51,7 +51,8 @@ from ..cuda import kernels
 from . import cpu_maps
 from .graphs import TransducerLayout, compile_layout
 
-__all__ = ["TransducerCriterion", "symbol_table", "torch_compute_dtype", "layout_tables", "kernel_tables"]
+__all__ = ["TransducerCriterion", "symbol_table", "torch_compute_dtype", "layout_tables", "kernel_tables",
+           "kernel_gather", "kernel_gradient"]
 
 
 def torch_compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -91,8 +92,10 @@ def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dic
 def kernel_tables(layout: TransducerLayout, backend) -> dict:
     """The layout's tables as the score-map kernels take them, int32 arrays
     on ``backend``'s device (``colidx [B, U1, J]``, ``logit_lengths``,
-    ``target_lengths`` ``[B]``), built once per
-    device and stream (``backend.cache_key()``) and kept with the layout."""
+    ``target_lengths`` ``[B]``; for TDT also ``counts [B, U1, J]``, the
+    frames each arc is read at, and ``kind_duration [J]``, the duration
+    index of each arc kind), built once per device and stream
+    (``backend.cache_key()``) and kept with the layout."""
 
     def build():
         xp = backend.xp
@@ -100,10 +103,65 @@ def kernel_tables(layout: TransducerLayout, backend) -> dict:
         def up(a):
             return None if a is None else xp.ascontiguousarray(xp.asarray(a.astype(np.int32)))
 
-        return {"colidx": up(layout.colidx), "logit_lengths": up(layout.logit_lengths),
-                "target_lengths": up(layout.target_lengths)}
+        out = {"colidx": up(layout.colidx), "logit_lengths": up(layout.logit_lengths),
+               "target_lengths": up(layout.target_lengths)}
+        if layout.family == "tdt":
+            D = len(layout.durations)
+            out.update(counts=up(layout.slot_counts()), kind_duration=up(np.tile(np.arange(D), 2)))
+        return out
 
     return layout.memo(("kernels", backend.cache_key()), build)
+
+
+def _kernel_weights(layout: TransducerLayout, backend, kind_weight: np.ndarray, dtype):
+    """``kind_weight [J]`` on ``backend``'s device in ``dtype``, built once per
+    device, stream, dtype and value and kept with the layout."""
+    key = ("kind_weight", backend.cache_key(), np.dtype(dtype).name, tuple(np.asarray(kind_weight).tolist()))
+    return layout.memo(key, lambda: backend.xp.asarray(np.asarray(kind_weight).astype(dtype)))
+
+
+def _kernel_args(layout: TransducerLayout, backend, sym) -> tuple:
+    """The arguments both score-map kernels take from a layout: ``(sym,
+    colidx, logit_lengths, target_lengths)`` and, for TDT, the duration
+    keywords (``num_durations``, ``kind_duration``, ``counts``)."""
+    m = kernel_tables(layout, backend)
+    kw = {}
+    if layout.family == "tdt":
+        kw = dict(num_durations=len(layout.durations), kind_duration=m["kind_duration"], counts=m["counts"])
+    return (sym, m["colidx"], m["logit_lengths"], m["target_lengths"]), kw
+
+
+def kernel_gather(backend, layout: TransducerLayout, x: torch.Tensor, sym, fused: bool = True, shift: float = 0.0):
+    """The engine's scores of a compiled transducer batch through the gather
+    kernel on ``backend``: ``x [B, T, U1, V (+ D)]`` the logits, ``sym [B,
+    U1, J]`` the token each arc kind reads (:func:`symbol_table`, or TDT's),
+    ``shift`` subtracted from every score.  Returns ``X [num_steps, C]``
+    (``backend.xp``, the kernels' compute dtype) and the state
+    :func:`kernel_gradient` takes: the contiguous logits and the row
+    normalisers."""
+    from ..cuda.transducer_maps import transducer_gather
+
+    xc = x.detach().contiguous()
+    args, kw = _kernel_args(layout, backend, sym)
+    X, lse = transducer_gather(backend, xc, *args, layout.num_steps, layout.lat.num_columns, fused_log_softmax=fused,
+                               shift=shift, every_column=True, **kw)
+    return X, (xc, lse)
+
+
+def kernel_gradient(backend, layout: TransducerLayout, sym, state, loglike, post, kind_weight, clamp: float,
+                    fused: bool = True):
+    """The gradient ``[B, T, U1, V (+ D)]`` (the logits' type and dtype)
+    through the gradient kernel: ``state`` from :func:`kernel_gather`,
+    ``loglike [B]`` and ``post`` the engine's outputs, ``kind_weight [J]``
+    each arc kind's weight, ``clamp`` on the token part; utterances whose
+    log-likelihood is not finite get a zero gradient."""
+    from ..cuda.transducer_maps import transducer_grad
+
+    xc, lse = state
+    scale = backend.xp.isfinite(loglike).astype(lse.dtype)
+    args, kw = _kernel_args(layout, backend, sym)
+    return transducer_grad(backend, xc, *args, post, lse, scale, _kernel_weights(layout, backend, kind_weight, lse.dtype),
+                           clamp=clamp, fused_log_softmax=fused, **kw)
 
 
 def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big_blanks=()) -> torch.Tensor:
@@ -188,19 +246,8 @@ class TransducerCriterion(Criterion):
         if kb is None:
             X, self._state = _torch_gather(x, self.sym, self.layout, self.fused, need_grad)
             return X
-        from ..cuda.transducer_maps import transducer_gather
-
-        lay = self.layout
-        m = kernel_tables(lay, kb)
-        X, self._state = transducer_gather(
-            kb, x.detach().contiguous(), self.sym, m["colidx"], m["logit_lengths"], m["target_lengths"],
-            lay.num_steps, self.lattice.num_columns, fused_log_softmax=self.fused)
+        X, self._state = kernel_gather(kb, self.layout, x, self.sym, self.fused)
         return X
-
-    def _kernel_weights(self, kb, dtype):
-        """``kind_weight`` on ``kb``'s device in ``dtype``, kept with the layout."""
-        key = ("kind_weight", kb.cache_key(), np.dtype(dtype).name, tuple(self.kind_weight.tolist()))
-        return self.layout.memo(key, lambda: kb.xp.asarray(self.kind_weight.astype(dtype)))
 
     def finish(self, x, loglike, post):
         kb = self._backend
@@ -223,16 +270,8 @@ class TransducerCriterion(Criterion):
             bad = ~torch.isfinite(ll)
             grad = _torch_gradient(state, post, self.kind_weight, self.clamp, bad, out_dtype=x.dtype)
             return value, grad
-        from ..cuda.transducer_maps import transducer_grad
-
-        lay = self.layout
-        m = kernel_tables(lay, kb)
-        xp = kb.xp
-        scale = xp.isfinite(loglike).astype(loglike.dtype)
-        grad = transducer_grad(
-            kb, x.detach().contiguous(), self.sym, m["colidx"], m["logit_lengths"], m["target_lengths"], post,
-            state, scale, self._kernel_weights(kb, state.dtype), clamp=self.clamp, fused_log_softmax=self.fused)
-        return value, grad
+        return value, kernel_gradient(kb, self.layout, self.sym, state, loglike, post, self.kind_weight, self.clamp,
+                                      self.fused)
 
 
 @dataclass

@@ -20,11 +20,18 @@ the one transducer compiler, :func:`~chainfb.transducer.graphs.compile_layout`
 (``family="tdt"``), which also lists the ``(column, t)`` entries where each
 move is allowed (:class:`~chainfb.transducer.graphs.ScoreEntries`).
 
-Score map (torch ops on the logits' device, so CUDA logits stay on the GPU
-and the CUDA engine runs them): column ``(b, u, j)`` at step ``t + u`` reads
-``S[b, t, u, kind, i]``, the arc score above, for the ``t`` where the move is
-allowed, ``-inf`` elsewhere.  ``S [B, T, U + 1, 2, D]`` is built from one
-token-normaliser and one duration-normaliser per ``(b, t, u)``.
+Score map: column ``(b, u, j)`` at step ``t + u`` reads ``S[b, t, u, kind,
+i]``, the arc score above, for the ``t`` where the move is allowed, ``-inf``
+elsewhere; ``S [B, T, U + 1, 2, D]`` comes from one token-normaliser and one
+duration-normaliser per ``(b, t, u)``.  Three backends, picked by where the
+logits live: for CUDA logits the transducer kernels
+(:func:`~chainfb.transducer.criterion.kernel_gather` /
+:func:`~chainfb.transducer.criterion.kernel_gradient`: arc kind ``j = kind * D
++ i`` reads the blank or the label and duration logit ``i``, at the frames
+the layout's counts allow; one read of each row per kernel, the scores and
+the engine in float32 for 16/32-bit logits, float64 for float64); on the CPU
+the compiled map of :mod:`~chainfb.transducer.cpu_maps` (float32/float64
+logits with Numba), else torch ops.
 
 Gradient of the cost ``-(1 + lambda) loglike`` (NeMo's TDT gradient):
 with ``P[b, t, u, kind, i]`` the arc posteriors, ``Pb``/``Pl`` their sums over
@@ -35,11 +42,13 @@ durations for the blank/the label, and ``w = Pb + (1 + lambda) Pl``::
 
 (FastEmit scales only the token terms of the label arcs, and ``clamp``
 clamps only the token part, as NeMo's kernel does; the duration part is the
-plain derivative).  ``P`` is filled by assignment and reduced with dense
-torch ops, so the gradient is deterministic on the GPU; the one 4-D buffer
-besides the logits holds the token softmax (times its row sum, which the
-gradient divides out) during the gather and becomes the gradient.  The index tables are the layout's, cached per device
-(:func:`~chainfb.transducer.criterion.layout_tables`): a call uploads no
+plain derivative).  Every backend is deterministic.  On the torch backend
+``P`` is filled by assignment and reduced with dense torch ops, and the one
+4-D buffer besides the logits holds the token softmax (times its row sum,
+which the gradient divides out) during the gather and becomes the gradient.
+The index tables are the layout's, cached per device
+(:func:`~chainfb.transducer.criterion.layout_tables`,
+:func:`~chainfb.transducer.criterion.kernel_tables`): a call uploads no
 metadata.
 
 Validation is shared with RNN-T (:func:`~chainfb.transducer.loss.check_inputs`
@@ -58,7 +67,9 @@ from .. import checks
 from .._arrays import as_array
 from ..criterion import Criterion, apply
 from . import cpu_maps
-from .criterion import TransducerCriterion, torch_compute_dtype, layout_tables, symbol_table
+from ..cuda import kernels
+from .criterion import (TransducerCriterion, kernel_gather, kernel_gradient, layout_tables, symbol_table,
+                        torch_compute_dtype)
 from .graphs import MAX_DURATION, compile_layout
 from .loss import check_inputs, check_options
 
@@ -112,11 +123,18 @@ class TDTCriterion(Criterion):
         self.layout = lay = compile_layout(target_lengths, logit_lengths, self.durations, umax=U1 - 1, family="tdt")
         self.lattice, self.lengths = lay.lat, lay.steps
         self.blank = int(blank)
-        # label index read at (b, u): targets[b, u] for u < U_b, the blank elsewhere (its weight is 0 there)
-        lab = symbol_table(targets, layout_tables(lay, targets.device)["target_lengths"], U1, self.blank)[..., 1]
-        self.labels = torch.where(lab < 0, self.blank, lab).to(torch.int64)
+        # the blank and the label read at (b, u) ([B, U1, 2]; the label -1 for u >= U_b)
+        self._sym = symbol_table(targets, layout_tables(lay, targets.device)["target_lengths"], U1, self.blank)
         self.sigma, self.fastemit_lambda, self.clamp = float(sigma), float(fastemit_lambda), float(clamp)
-        self._work = None
+        self.kind_weight = np.repeat([1.0, 1.0 + self.fastemit_lambda], D)  # blanks, then labels of each duration
+        self._work = self._backend = None
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """int64 ``[B, U1]``: the label read at ``(b, u)``, ``targets[b, u]``
+        for ``u < U_b`` and the blank elsewhere (its weight is 0 there)."""
+        lab = self._sym[..., 1]
+        return torch.where(lab < 0, self.blank, lab).to(torch.int64)
 
     def _entries(self, dev, T):
         """rows, cols and the flat index into ``S [B, T, U1, 2, D]`` of every entry, on ``dev``."""
@@ -125,8 +143,14 @@ class TDTCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         B, T, U1, VD = x.shape
-        V = self.V
+        V, D = self.V, len(self.durations)
         dev = x.device
+        kb = self._backend = kernels.backend_for(x)  # finish runs on the same backend
+        if kb is not None:  # the kernels: arc kind j = kind * D + i reads token sym[kind] and duration i
+            sym = self._sym[..., None].expand(B, U1, 2, D).reshape(B, U1, 2 * D)
+            X, state = kernel_gather(kb, self.layout, x, sym, shift=self.sigma)
+            self._work = ("kernels", sym, state)
+            return X
         xd = x.detach()
         if not xd.is_contiguous():
             xd = xd.contiguous()
@@ -169,6 +193,10 @@ class TDTCriterion(Criterion):
         work, self._work = self._work, None
         if post is None:
             return value, None
+        if work[0] == "kernels":
+            _, sym, state = work
+            return value, kernel_gradient(self._backend, self.layout, sym, state, loglike, post, self.kind_weight,
+                                          self.clamp)
         if work[0] == "compiled":
             _, labels, inv, grad, out = work
             cpu_maps.tdt_gradient(self.V, self.blank, labels, self.layout, inv, post, ~np.isfinite(np.asarray(loglike)),
