@@ -87,6 +87,31 @@ def test_transducer_nan_logit_like_cpu(be, durations, fused, clamp):
     assert not torch.isnan(g_k[[0, 2]]).any()
 
 
+@pytest.mark.parametrize("durations", [(), (2,)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_transducer_inf_logit_like_cpu(be, durations, dtype):
+    """A +inf logit that no arc reads: its row's scores are -inf (the
+    normaliser is +inf) and the row's softmax is taken as 0, so on the
+    kernel route as on the CPU route the utterance keeps a finite cost and a
+    finite gradient (no inf * 0)."""
+    from chainfb.transducer import TransducerCriterion
+
+    rng = np.random.default_rng(8)
+    B, T, U1, V = 3, 5, 3, 6
+    logits = torch.from_numpy(rng.normal(size=(B, T, U1, V))).to(dtype)
+    targets = torch.tensor([[0, 1], [0, 1], [1, 0]])
+    logits[1, 2, 1, 2] = float("inf")  # read by no arc of row (t=2, u=1): not the blank, a big blank or label 1
+    Tb, Ub = np.array([5, 4, 3]), np.array([2, 2, 1])
+    args = (logits.shape, targets, Tb, Ub, V - 1, durations, 0.0, True, 0.0, -1.0)
+    ll_cpu, g_cpu = TransducerCriterion(*args).run(logits)
+    with run_on(be):
+        ll_k, g_k = TransducerCriterion(*args).run(logits)
+    assert torch.isfinite(ll_cpu).all() and torch.isfinite(g_cpu).all()
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    np.testing.assert_allclose(ll_k.numpy(), ll_cpu.numpy(), rtol=tol)
+    torch.testing.assert_close(g_k, g_cpu, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "f64"])
 def test_transducer_gather_nan_row(be, kind):
     """A NaN logit: its row's lse is NaN and so is every score gathered from
