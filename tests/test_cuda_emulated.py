@@ -429,6 +429,9 @@ def test_emulation_under_ubsan(tmp_path):
                                        block_size=4, **args)
         transducer_grad(ub, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                            kind_weight=[1.0, 1.1, 1.0, 1.0], clamp=0.5, threads_per_row=2, block_size=4, **args)
+    import test_cuda_emulated_durations as du  # the duration axis: TDT's tables, rows at several offsets
+
+    du.sanitizer_cases(ub)
 
 
 def test_transducer_argument_errors(be):
@@ -581,6 +584,8 @@ nb.device_inputs(setattr)
 nb.out_of_range_checks(be)
 import test_cuda_emulated_spans as sp  # arcs that span frames, out-of-range lengths included
 sp.asan_cases(be)
+import test_cuda_emulated_durations as du  # the transducer kernels' duration axis
+du.sanitizer_cases(be)
 print("ASAN-CLEAN")
 """)
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")

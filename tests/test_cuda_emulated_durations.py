@@ -240,6 +240,33 @@ def test_duration_entries_out_of_range_on_the_device(be, monkeypatch):
     np.testing.assert_array_equal(transducer_grad(be, logits, **gk, **bad), transducer_grad(be, logits, **gk, **cut))
 
 
+def sanitizer_cases(be):
+    """Duration cases for the sanitizer runs of test_cuda_emulated.py: every
+    dtype, rows at several offsets, X written whole, out-of-range device
+    tables."""
+    from test_cuda_emulated_nan_bounds import device_inputs
+
+    rng = np.random.default_rng(21)
+    for kind in ("f16", "bf16", "f32", "f64"):
+        for V, offset in ((7, 0), (29, 3)):
+            logits, args, C, rows = _tdt_case(rng, V=V)
+            x = _offset(_as_input(logits, kind), offset) if kind != "bf16" else _as_input(logits, kind)
+            X, lse = transducer_gather(be, x, num_rows=rows + 2, num_columns=C, threads_per_row=2, block_size=4,
+                                       shift=0.1, every_column=True, **args)
+            post = np.abs(np.nan_to_num(X, neginf=0.0))
+            transducer_grad(be, x, post=post, lse=lse, scale=1.0, kind_weight=np.ones(args["sym"].shape[2]),
+                            clamp=0.5, threads_per_row=4, block_size=8, **args)
+    logits, args, C, rows = _tdt_case(rng)
+    kd, counts = args["kind_duration"].copy(), args["counts"].copy()
+    kd[1], kd[4], counts[0, 0, 0] = 7, -9, 2**31 - 1
+    bad = dict(args, kind_duration=kd, counts=counts)
+    with pytest.MonkeyPatch.context() as mp:
+        device_inputs(mp.setattr)
+        X, lse = transducer_gather(be, logits, num_rows=rows, num_columns=C, threads_per_row=2, block_size=4, **bad)
+        transducer_grad(be, logits, post=np.ones((rows, C), dtype=np.float32), lse=lse, scale=1.0,
+                        kind_weight=np.ones(len(kd)), threads_per_row=2, block_size=4, **bad)
+
+
 # ------------------------------------------------------------- tdt_loss through the kernels
 
 

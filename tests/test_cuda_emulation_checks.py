@@ -114,6 +114,13 @@ def _run_kernels(be):
                                      block_size=8, **args)
     t.transducer_grad(be, x, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
                          kind_weight=np.ones(4), clamp=0.5, threads_per_row=4, block_size=8, **args)
+    import test_cuda_emulated_durations as du  # the duration axis, X written whole
+
+    logits, args, C, rows = du._tdt_case(rng)
+    Xe, lse = t.transducer_gather(be, logits, num_rows=rows, num_columns=C, threads_per_row=4, block_size=8,
+                                  every_column=True, **args)
+    t.transducer_grad(be, logits, post=np.abs(np.nan_to_num(Xe, neginf=0.0)), lse=lse, scale=1.0,
+                      kind_weight=np.ones(args["sym"].shape[2]), threads_per_row=4, block_size=8, **args)
 
 
 def test_portable_fiber_switch(tmp_path):

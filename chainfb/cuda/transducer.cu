@@ -209,34 +209,6 @@ struct Entries {
   }
 };
 
-// A token some entries read and the sum of their weighted posteriors.
-template <typename R>
-struct TokenTerm {
-  int k;
-  R w;
-};
-
-// The smallest token >= from that an entry of e read at its frame reads
-// (k = INT_MAX when none) and the sum, in j order, of w_j post_j over the
-// entries reading it (w = kind_weight, post_n the step's posteriors).
-template <typename R>
-__device__ TokenTerm<R> next_token(const Entries& e, int from, const R* post_n, const R* kind_weight) {
-  TokenTerm<R> r{0x7fffffff, R(0)};
-  int col, k, d;
-  CHAINFB_ROLLED
-  for (int j = 0; j < e.J; ++j) {
-    if (!e.read(j, col, k, d) || k < from || k > r.k) continue;
-    const R wj = kind_weight[j] * post_n[col];
-    if (k < r.k) {
-      r.k = k;
-      r.w = wj;
-    } else {
-      r.w += wj;
-    }
-  }
-  return r;
-}
-
 // The gather.  For every live row: lse[b,t,u] = logsumexp_{k<V} logits[b,t,u,k]
 // (0 when !fused), and, when D > 0, dlse[b,t,u] = logsumexp_{i<D}
 // logits[b,t,u,V+i]; both 0 on rows that are not read.  lse_out is [B, T,
@@ -366,9 +338,9 @@ CHAINFB_KERNEL void transducer_gather(const In* logits, int B, int T, int U1, in
 // lambda, 1, ...] (blank, label, big blanks); TDT w_j = 1 on the blanks and
 // 1 + lambda on the labels of every duration.
 //
-// Each lane visits its token elements in increasing order and keeps the
-// next token some entry reads (Entries::next_token), so the correction costs
-// a comparison per element whatever J is.
+// The token part is written in one pass of softmax terms (no per-element
+// test, whatever J is); then the lane that wrote the element of each token
+// some entry reads writes it again with the entries' terms.
 template <typename In, typename R>
 CHAINFB_KERNEL void transducer_grad(const In* logits, int B, int T, int U1, int V, int D, const int* sym,
                                     const int* colidx, const int* count, const int* kind_dur, int J,
@@ -425,13 +397,23 @@ CHAINFB_KERNEL void transducer_grad(const In* logits, int B, int T, int U1, int 
   rewrite_row<In, R>(p, g, V, lane, tpr, [&](int, auto& x) {
     for (int m = 0; m < (int)(sizeof(x) / sizeof(x[0])); ++m) x[m] = token_value(x[m], R(0));
   });
-  // the tokens some entry reads, in increasing order: the lane that stored the element stores it again
-  // with the entries' terms (its line still in cache)
+  // the tokens the entries read: the lane that stored the element stores it again with the entries' terms
+  // (its line still in cache), once per token (at its first entry), the terms summed in j order
   const RowSplit<In> split(p, g, V);
+  int col, k, d, col2, k2, d2;
   CHAINFB_ROLLED
-  for (TokenTerm<R> tk = next_token(en, 0, post_n, kind_weight); tk.k < V;
-       tk = next_token(en, tk.k + 1, post_n, kind_weight))
-    if (split.owner(tk.k, tpr) == lane) g[tk.k] = Storage<In>::store(token_value((R)Storage<In>::load(p[tk.k]), tk.w));
+  for (int j = 0; j < J; ++j) {
+    if (!en.read(j, col, k, d) || split.owner(k, tpr) != lane) continue;
+    R w = R(0);
+    bool first = true;
+    CHAINFB_ROLLED
+    for (int i = 0; i < J && first; ++i) {
+      if (!en.read(i, col2, k2, d2) || k2 != k) continue;
+      first = i >= j;
+      w += kind_weight[i] * post_n[col2];
+    }
+    if (first) g[k] = Storage<In>::store(token_value((R)Storage<In>::load(p[k]), w));
+  }
   if (D > 0) {
     const R dnorm = lse[2 * row + 1];
     const bool dsoft = is_finite(dnorm);
