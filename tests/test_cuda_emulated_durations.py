@@ -267,6 +267,34 @@ def sanitizer_cases(be):
                         kind_weight=np.ones(len(kd)), threads_per_row=2, block_size=4, **bad)
 
 
+def test_annotated_bytes_match_the_count(tmp_path):
+    """The score-map kernels' byte annotations (CHAINFB_WORK), counted under
+    the emulation for one loss call of each family, equal the bytes
+    tools/count_map_work.py's map_bytes counts from the layout."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import count_map_work as cmw
+
+    try:
+        be, take = cmw.counting_backend()
+    except cmw.OwnCounter as e:
+        pytest.skip(str(e))
+    T, U, V = np.array([7, 5, 2]), np.array([2, 0, 1]), 21
+    for name in cmw.CASES:
+        for dtype in (torch.float32, torch.float16):
+            case = cmw.make_case(name, T, U, V)
+            case = (case[0].to(dtype),) + case[1:]
+            names, ops, got = cmw.count_call(be, take, name, case)
+            assert [n.split("<")[0].split("::")[-1] for n in names] == [
+                "transducer_gather", "fb_forward", "fb_backward", "transducer_grad"]
+            lay = cmw.criterion_layout(name, case[0].shape[2], T, U, case[4])
+            bytes_in = case[0].element_size()
+            want = {k: sum(v) for k, v in cmw.map_bytes(lay, tuple(case[0].shape), bytes_in, 4).items()}
+            assert {k: got[k] for k in want} == want, (name, dtype, got, want)
+
+
 # ------------------------------------------------------------- tdt_loss through the kernels
 
 

@@ -8,8 +8,15 @@ max 151).  Bytes that must move: the live rows of the logits read twice (once
 per kernel) and the whole gradient written once.
 
     python tools/bench_transducer_maps.py --device cuda [--dtype float32|float16|bfloat16]
-                                          [--repeat 5] [--peak-gbps 3350]
+                                          [--repeat 5] [--peak-gbps 3350] [--family rnnt|multiblank|tdt]
     python tools/bench_transducer_maps.py --device cpu   # tiny smoke run of the kernels' CPU emulation
+
+``--family`` times the maps as a loss compiles them (``TransducerCriterion``
+/ ``TDTCriterion``: its layout's tables, ``gather`` and ``finish`` on
+fixed posteriors): RNN-T, multi-blank with big blanks ``[2, 4]``, TDT with
+durations ``[0, 1, 2, 3, 4]`` (``V + 5`` logits); the bytes are then those
+of ``tools/count_map_work.py``'s ``map_bytes``.  Without it, the bare
+kernels on RNN-T tables.
 
 The engine pass between the two kernels is not included (it depends on the
 transducer compiler); see tools/bench_engine.py for the engine.
@@ -52,6 +59,8 @@ def main(argv=None):
     ap.add_argument("--max-labels", type=int, default=151)
     ap.add_argument("--vocab", type=int, default=500)
     ap.add_argument("--peak-gbps", type=float, default=None, help="GPU memory bandwidth, e.g. 3350 (H100 SXM)")
+    ap.add_argument("--family", default=None, choices=["rnnt", "multiblank", "tdt"],
+                    help="time the maps as this loss compiles them")
     args = ap.parse_args(argv)
     import torch
 
@@ -75,6 +84,8 @@ def main(argv=None):
 
         be = cupy_backend()
         B, Tmax, Umax, V = args.batch, args.max_frames, args.max_labels, args.vocab
+    if args.family:
+        return run_family(args, be, B, Tmax, Umax, V)
     from chainfb.cuda import transducer_maps as tm
 
     impl = types.SimpleNamespace(transducer_gather=functools.partial(tm.transducer_gather, be),
@@ -127,6 +138,72 @@ def main(argv=None):
     if args.device == "cuda":
         print(f"peak memory allocated by torch {torch.cuda.max_memory_allocated() / 1e9:.2f} GB "
               f"(CuPy's pool: {cupy.get_default_memory_pool().total_bytes() / 1e9:.2f} GB)")
+
+
+def run_family(args, be, B, Tmax, Umax, V):
+    """Time ``gather`` and ``finish`` of the criterion ``args.family``
+    compiles, on the kernel backend ``be``."""
+    import torch
+
+    from count_map_work import CASES, map_bytes  # tools/ is the script's directory
+
+    from chainfb.transducer import TDTCriterion, TransducerCriterion
+
+    rng = np.random.default_rng(0)
+    kw, _, _ = make_case(rng, B, Tmax, Umax, V)
+    Tl, Ul = kw["logit_lengths"].astype(np.int64), kw["target_lengths"].astype(np.int64)
+    durations = [d for name, d in CASES.items() if name.startswith(args.family)][0]
+    tdt = args.family == "tdt"
+    width = V + len(durations) if tdt else V
+    targets = torch.from_numpy(rng.integers(0, V - 1 - len(durations), (B, Umax)))
+    logits = torch.randn(B, Tmax, Umax + 1, width, dtype=torch.float32).to(getattr(torch, args.dtype))
+    if args.device == "cuda":
+        logits, targets = logits.cuda(), targets.cuda()
+    shape = tuple(logits.shape)
+    if tdt:
+        crit = TDTCriterion(shape, targets, Tl, Ul, V - 1, durations, sigma=0.05)
+    else:
+        crit = TransducerCriterion(shape, targets, Tl, Ul, V - 1, durations, sigma=0.05 if durations else 0.0)
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    if args.device == "cuda":
+        from chainfb.cuda.interop import torch_stream
+
+        where = torch_stream(logits.device.index)
+    else:  # the emulated kernels for every score map (tests/ is on the path, see main)
+        from emulation import run_on
+
+        where = run_on(be)
+    with where:
+        X = crit.gather(logits)  # warm-up: compiles, uploads the tables
+        xp = be.xp
+        post = xp.asarray(np.abs(rng.normal(size=X.shape)) * 0.01, dtype=X.dtype)
+        loglike = xp.zeros(B, dtype=X.dtype)
+        crit.finish(logits, loglike, post)
+        tg, tr = [], []
+        for _ in range(args.repeat):
+            sync()
+            t0 = time.perf_counter()
+            crit.gather(logits)
+            sync()
+            t1 = time.perf_counter()
+            crit.finish(logits, loglike, post)
+            sync()
+            tg.append(t1 - t0)
+            tr.append(time.perf_counter() - t1)
+    item = logits.element_size()
+    nb = map_bytes(crit.layout, shape, item, np.dtype(X.dtype).itemsize)
+    print(f"device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
+          + f", {args.family} logits {shape} {args.dtype}")
+    for name, t in (("transducer_gather", min(tg)), ("transducer_grad", min(tr))):
+        moved = sum(nb[name])
+        line = f"{name:18s} {t * 1e3:9.3f} ms  {moved / 2**20:9.1f} MiB -> {moved / t / 1e9:7.1f} GB/s"
+        if args.peak_gbps:
+            line += f" = {moved / t / 1e9 / args.peak_gbps:.1%} of {args.peak_gbps:.0f} GB/s"
+        print(line)
 
 
 if __name__ == "__main__":
