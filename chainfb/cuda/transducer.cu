@@ -96,31 +96,6 @@ struct RowSplit {
   }
 };
 
-// f(k0, x) for the row p[0, n) lane `lane` takes (RowSplit), a block of M
-// consecutive elements at a time (M = 1, or a pack's N): x[0, M) = p[k0,
-// k0 + M) in the compute type.
-template <typename In, typename R, typename F>
-__device__ __forceinline__ void read_row(const In* p, int n, int lane, int tpr, F f) {
-  const RowSplit<In> s(p, nullptr, n);
-  constexpr int N = Pack<In>::N;
-  for (int k = lane; k < s.head; k += tpr) {
-    const R x[1] = {(R)Storage<In>::load(p[k])};
-    f(k, x);
-  }
-  const PackBits* pp = reinterpret_cast<const PackBits*>(p + s.head);
-  for (int q = lane; q < s.packs; q += tpr) {
-    Pack<In> v;
-    v.bits = pp[q];
-    R x[N];
-    for (int m = 0; m < N; ++m) x[m] = (R)Storage<In>::load(v.v[m]);
-    f(s.head + q * N, x);
-  }
-  for (int k = s.tail() + lane; k < n; k += tpr) {
-    const R x[1] = {(R)Storage<In>::load(p[k])};
-    f(k, x);
-  }
-}
-
 // acc.add(x[m]) for m < M: the same result with one rescale per block,
 // without a branch per element, where the block holds no NaN and no +inf
 // (those take acc.add, whose handling of them is the reference).
@@ -144,30 +119,32 @@ __device__ __forceinline__ void add_block(LogAcc<R>& acc, const R (&x)[M]) {
     for (int m = 0; m < M; ++m) acc.s += Num<R>::exp_(x[m] - acc.m);
 }
 
-// The row g[0, n) lane `lane` takes (RowSplit over p and g), a block of M
-// consecutive elements at a time (M = 1, or a pack's N): x[0, M) = p[k0,
-// k0 + M) in the compute type, f(k0, x) turns them into the values to
-// store, g[k0, k0 + M) = x.  Each lane visits its blocks in increasing k0.
+// f(k0, x) for the row p[0, n) lane `lane` takes (RowSplit over p and g), a
+// block of M consecutive elements at a time (M = 1, or a pack's N): x[0, M)
+// = p[k0, k0 + M) in the compute type.  With a row g, f turns x into the
+// values to store there: g[k0, k0 + M) = x.  Each lane visits its blocks in
+// increasing k0.
 template <typename In, typename R, typename F>
-__device__ __forceinline__ void rewrite_row(const In* p, In* g, int n, int lane, int tpr, F f) {
+__device__ __forceinline__ void visit_row(const In* p, In* g, int n, int lane, int tpr, F f) {
   const RowSplit<In> s(p, g, n);
   constexpr int N = Pack<In>::N;
   auto one = [&](int k) {
     R x[1] = {(R)Storage<In>::load(p[k])};
     f(k, x);
-    g[k] = Storage<In>::store(x[0]);
+    if (g) g[k] = Storage<In>::store(x[0]);
   };
   for (int k = lane; k < s.head; k += tpr) one(k);
   const PackBits* pp = reinterpret_cast<const PackBits*>(p + s.head);
-  PackBits* gp = reinterpret_cast<PackBits*>(g + s.head);
   for (int q = lane; q < s.packs; q += tpr) {
     Pack<In> v;
     v.bits = pp[q];
     R x[N];
     for (int m = 0; m < N; ++m) x[m] = (R)Storage<In>::load(v.v[m]);
     f(s.head + q * N, x);
-    for (int m = 0; m < N; ++m) v.v[m] = Storage<In>::store(x[m]);
-    gp[q] = v.bits;
+    if (g) {
+      for (int m = 0; m < N; ++m) v.v[m] = Storage<In>::store(x[m]);
+      reinterpret_cast<PackBits*>(g + s.head)[q] = v.bits;
+    }
   }
   for (int k = s.tail() + lane; k < n; k += tpr) one(k);
 }
@@ -251,7 +228,7 @@ CHAINFB_KERNEL void transducer_gather(const In* logits, int B, int T, int U1, in
   const In* p = logits + row * W;
   LogAcc<R> acc;
   acc.init();
-  if (read && fused) read_row<In, R>(p, V, lane, tpr, [&](int, const auto& x) { add_block(acc, x); });
+  if (read && fused) visit_row<In, R>(p, nullptr, V, lane, tpr, [&](int, auto& x) { add_block(acc, x); });
   R norm = group_logsum<R>(acc, tpr);  // every thread takes part (no early exit before it)
   if (row >= rows) return;
   if (!read || !fused) norm = R(0);
@@ -394,7 +371,7 @@ CHAINFB_KERNEL void transducer_grad(const In* logits, int B, int T, int U1, int 
     if (clamp > R(0)) v = v < -clamp ? -clamp : (v > clamp ? clamp : v);
     return sc * v;
   };
-  rewrite_row<In, R>(p, g, V, lane, tpr, [&](int, auto& x) {
+  visit_row<In, R>(p, g, V, lane, tpr, [&](int, auto& x) {
     for (int m = 0; m < (int)(sizeof(x) / sizeof(x[0])); ++m) x[m] = token_value(x[m], R(0));
   });
   // the tokens the entries read: the lane that stored the element stores it again with the entries' terms
