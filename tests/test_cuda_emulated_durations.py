@@ -140,6 +140,19 @@ def test_gather_writes_every_column(be, monkeypatch, durations):
         np.testing.assert_allclose(Xw, twins.transducer_gather(logits, **kt)[0], rtol=4e-6, atol=4e-6)
 
 
+@pytest.mark.parametrize("family, durations", [("rnnt", ()), ("rnnt", (2, 4, 50)), ("tdt", (0, 1, 2, 4)),
+                                               ("tdt", (1, 3, 50))])
+def test_layout_tables_name_every_column_once(family, durations):
+    """The criteria pass ``every_column=True``: their layout's ``colidx``
+    names each engine column exactly once (durations no utterance can take
+    get no columns)."""
+    from chainfb.transducer.graphs import compile_layout
+
+    lay = compile_layout([3, 0, 2, 5], [7, 1, 4, 6], durations, umax=6, family=family)
+    named = lay.colidx[lay.colidx >= 0]
+    np.testing.assert_array_equal(np.sort(named), np.arange(lay.lat.num_columns))
+
+
 def test_zero_column_in_the_gather_launch(be):
     """The zero column is written by the gather itself: one launch."""
     rng = np.random.default_rng(18)

@@ -23,10 +23,12 @@
 // (Pack), so reads and writes are coalesced.
 //
 // Bytes moved are reported through CHAINFB_WORK(chainfb::kWorkBytes, n) (a
-// work counter of the tests' emulation; nothing on the GPU): the logits row
-// once per kernel where it is read, each element of X, lse, post and the
-// gradient where it is accessed.  The [B, U1, J] tables and the lengths,
-// re-read from cache by the T rows of each (b, u), are not counted.
+// work counter the tests' emulation can define; a no-op otherwise, on the
+// GPU always): the logits row once per kernel where it is read, each element
+// of X, lse, post and the gradient where it is first accessed.  The [B, U1,
+// J] tables and the lengths, re-read from cache by the T rows of each (b,
+// u), and the gradient's second stores of a few elements (in cache) are not
+// counted.
 #include "common.cuh"
 
 #ifndef CHAINFB_WORK
