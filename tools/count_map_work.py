@@ -5,9 +5,8 @@ route -- the route of CUDA logits: the score-map kernels of
 a GPU, for ``rnnt_loss``, ``multiblank_rnnt_loss`` (big blanks ``[2, 4]``)
 and ``tdt_loss`` (durations ``[0, 1, 2, 3, 4]``).
 
-Counted under the kernels' CPU emulation (``tests/emulation``, built with a
-counter behind the kernels' ``CHAINFB_WORK(chainfb::kWorkBytes, n)``
-annotations), on a small batch with float32 logits after a warm-up call:
+Counted under the kernels' CPU emulation (``tests/emulation``, counting the
+kernels' ``CHAINFB_WORK(chainfb::kWorkBytes, n)`` annotations), on a small batch with float32 logits after a warm-up call:
 the kernel launches, the torch operations that are not views (each one at
 least one launch on a GPU) with the bytes of their tensors, and the bytes
 each score-map kernel moves by its annotations next to the count of
@@ -31,43 +30,24 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# the counter behind the annotations (the emulation is one translation unit)
-COUNTER = """#include <atomic>
-namespace cfb_work { inline std::atomic<long long> bytes{0}; }
-#define CHAINFB_WORK(cat, n) (::cfb_work::bytes.fetch_add((long long)(n), std::memory_order_relaxed))
-extern "C" long long cfb_work_take() { return ::cfb_work::bytes.exchange(0); }
-"""
-
 CASES = {"rnnt": (), "multiblank [2, 4]": (2, 4), "tdt [0, 1, 2, 3, 4]": (0, 1, 2, 3, 4)}
 
 
-class OwnCounter(RuntimeError):
-    """The emulation or the kernels' common header defines ``CHAINFB_WORK``
-    themselves: this tool's counter would clash with theirs."""
-
-
 def counting_backend():
-    """The emulated kernels with a byte counter: ``(backend, take)``,
+    """The emulated kernels counting their work: ``(backend, take)``,
     ``take()`` the bytes annotated since the last call."""
-    import ctypes
-
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from emulation import EMULATION_DIR, EmulatedBackend, build
+    from emulation import EmulatedBackend, build
 
-    from chainfb.cuda.kernels import source_dir
+    be = EmulatedBackend(build(tempfile.mkdtemp(prefix="chainfb-work-")), count=True)
+    seen = [0]
 
-    for path in (os.path.join(EMULATION_DIR, "emulate.h"), os.path.join(source_dir(), "common.cuh")):
-        with open(path, encoding="utf-8") as f:
-            if "define CHAINFB_WORK" in f.read():
-                raise OwnCounter(f"{path} defines CHAINFB_WORK: count the annotations with that counter")
+    def take():
+        total = sum(s.work.get("kWorkBytes", 0) for s in be.stats[seen[0]:])
+        seen[0] = len(be.stats)
+        return total
 
-    d = tempfile.mkdtemp(prefix="chainfb-work-")
-    header = os.path.join(d, "work_counter.h")
-    with open(header, "w") as f:
-        f.write(COUNTER)
-    be = EmulatedBackend(build(d, extra_flags=("-include", header)))
-    be.lib.cfb_work_take.restype = ctypes.c_longlong
-    return be, be.lib.cfb_work_take
+    return be, take
 
 
 def make_case(name, T, U, V, seed=0):
@@ -157,8 +137,8 @@ def count_call(be, take, name, case):
     per_kernel = {}
     launch = be.launch
 
-    def counted(kname, grid, block, args):
-        launch(kname, grid, block, args)
+    def counted(kname, grid, block, args, **kw):
+        launch(kname, grid, block, args, **kw)
         key = kname.split("<")[0].split("::")[-1]
         per_kernel[key] = per_kernel.get(key, 0) + take()
 

@@ -22,24 +22,15 @@
 // lanes stride over the row, in 16-byte packs where the row's start allows
 // (Pack), so reads and writes are coalesced.
 //
-// Bytes moved are reported through CHAINFB_WORK(chainfb::kWorkBytes, n) (a
-// work counter the tests' emulation can define; a no-op otherwise, on the
-// GPU always): the logits row once per kernel where it is read, each element
+// Bytes moved are reported through CHAINFB_WORK(chainfb::kWorkBytes, n) (the
+// emulation counts them; nothing on the GPU): the logits row once per kernel
+// where it is read, each element
 // of X, lse, post and the gradient where it is first accessed.  The [B, U1,
 // J] tables and the lengths, re-read from cache by the T rows of each (b,
 // u), and the gradient's second stores of a few elements (in cache) are not
 // counted.
 #include "common.cuh"
 
-#ifndef CHAINFB_WORK
-namespace chainfb {
-namespace work_fallback {
-enum WorkKind { kWorkBytes };
-}
-using namespace work_fallback;  // chainfb::kWorkBytes, unless common.cuh declares its own
-}  // namespace chainfb
-#define CHAINFB_WORK(cat, n) ((void)0)
-#endif
 
 // A loop over the arc kinds, rolled: it runs once or a few times per row,
 // off the per-element path, and unrolled copies would only cost registers.
