@@ -20,6 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT_DIRS = ("chainfb", "tests", "graphs", "tools", "docs", "recipes", ".ci")
 SKIP_PARTS = {"__pycache__", ".pytest_cache", "build", "dist", ".git", ".venv", "exp"}
 QUICK_TEST_FILE = "test_fst.py"
+# caches that a checkout holds once its code has run (bytecode, Numba's compiled functions), planted in the
+# copy that is built
+CACHE_FILES = ("chainfb/engines/__pycache__/numba_log._forward-120.py311.nbi",
+               "chainfb/engines/__pycache__/numba_log._forward-120.py311.1.nbc",
+               "chainfb/transducer/__pycache__/cpu_maps.cpython-311.pyc", "tools/__pycache__/_cli.cpython-311.pyc")
 
 
 def _source_files():
@@ -54,6 +59,9 @@ def dists(tmp_path_factory):
     for name in SOURCE:
         os.makedirs(src / os.path.dirname(name), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, name), src / name)
+    for name in CACHE_FILES:  # what running the code leaves in a checkout: none of it may ship
+        os.makedirs(src / os.path.dirname(name), exist_ok=True)
+        (src / name).write_bytes(b"\0" * 64)
     r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, f"python -m build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
@@ -94,7 +102,7 @@ def test_wheel_holds_the_library_only(dists):
     assert "chainfb/py.typed" in library
     # no recipe, no test-only emulation (the C++ host emulation and its selftest kernels)
     assert not [n for n in library if "recipes" in n.split("/")]
-    assert not [n for n in library if n.endswith((".h", ".cpp", ".c", ".so", ".pyc"))]
+    assert not [n for n in library if n.endswith((".h", ".cpp", ".c", ".so", ".pyc", ".nbi", ".nbc"))]
     emulation = sorted(n for n in library if os.path.basename(n).startswith("emulat"))
     if os.path.isdir(os.path.join(ROOT, "tests", "emulation")):
         assert emulation == []
@@ -123,7 +131,7 @@ def test_sdist_is_the_whole_project(dists):
     # every source file of the project's directories, tests/emulation and recipes/ included where they exist
     wanted = {n for n in SOURCE if n.split("/", 1)[0] in PROJECT_DIRS}
     assert wanted - names == set()
-    assert not [n for n in names if "__pycache__" in n.split("/") or n.endswith(".pyc")]
+    assert not [n for n in names if "__pycache__" in n.split("/") or n.endswith((".pyc", ".nbi", ".nbc"))]
     with open(os.path.join(ROOT, "LICENSE"), encoding="utf-8") as f:
         assert "Apache License" in f.read() and "LICENSE" in names
 
