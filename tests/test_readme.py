@@ -6,7 +6,10 @@
   read the shipped example files).
 - Every ```bash block of docs/*.md that installs nothing (no ``pip install``) runs the same way under
   ``bash -e``.
+- The package's long description (setup.cfg) links to nothing by a relative path: a package index renders it
+  outside the repository.
 """
+import configparser
 import glob
 import os
 import re
@@ -51,6 +54,19 @@ def test_readme_has_python_blocks():
 def test_docs_have_runnable_blocks():
     assert ("chain.md", 1, "python") in {d[:3] for d in DOC_BLOCKS}
     assert ("chain.md", 1, "bash") in {d[:3] for d in DOC_BLOCKS}
+
+
+def test_long_description_is_self_contained():
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    field = cfg["metadata"]["long_description"]
+    assert field.startswith("file:"), field
+    text = _read(os.path.join(ROOT, field[len("file:"):].strip()))
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)", text)  # [text](target) and ![alt](target)
+    targets += re.findall(r"^\s*\[[^\]]+\]:\s*(\S+)", text, re.M)  # [label]: target
+    targets += re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)""", text, re.I)  # HTML links and images
+    relative = [t for t in targets if not re.match(r"https?://", t)]
+    assert not relative, f"{field}: relative links or images {relative}"
 
 
 def test_python_blocks_parser():
