@@ -4,6 +4,7 @@ enumeration, ChainLoss gradcheck, Kaldi's finite-difference test, and the
 fallback for impossible sequences."""
 
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -290,6 +291,18 @@ def test_fallback_for_impossible_sequence():
         warnings.simplefilter("ignore")
         v = per(y, nums, lengths)
     assert v[1].item() == pytest.approx(10.0 * 2)
+
+
+def test_fallback_warning_names_the_line_that_called_the_loss():
+    loss, nums = setup_loss()
+    y = torch.randn(3, 8, 10, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        loss(y, nums, [8, 2, 7])  # through torch's Module.__call__
+        loss.forward(y, nums, [8, 2, 7])
+    assert [(w.category, w.filename, w.lineno) for w in seen] == [(RuntimeWarning, __file__, line),
+                                                                   (RuntimeWarning, __file__, line + 1)]
 
 
 def test_float32_and_reductions():

@@ -49,6 +49,8 @@ objective), ``frames`` (``sum w_n L_n``), ``objf_per_frame``,
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -171,5 +173,18 @@ class ChainLoss(torch.nn.Module):
             warnings.warn(
                 f"ChainLoss: {len(idx)} sequence(s) {idx} have a non-finite objective (numerator "
                 f"{num.detach()[bad].tolist()}, denominator {den.detach()[bad].tolist()}); using Kaldi's "
-                f"fallback ({DEFAULT_OBJF} per frame, zero derivative)", RuntimeWarning, stacklevel=3)
+                f"fallback ({DEFAULT_OBJF} per frame, zero derivative)", RuntimeWarning,
+                stacklevel=_caller_stacklevel())
         return total, info["frames"]
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning issued by the function calling this one to the first frame
+    outside chainfb and torch's ``nn.Module`` call machinery: the line that called the loss (``loss(y, ...)`` or
+    ``loss.forward(y, ...)``), however many frames lie between."""
+    inside = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+              os.path.abspath(torch.nn.modules.module.__file__))
+    frame, level = sys._getframe(2), 2  # level 1: the caller itself, a frame of this module
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
