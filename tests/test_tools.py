@@ -139,6 +139,19 @@ def test_help_parses_before_importing_torch_or_chainfb(tmp_path, tool):
     assert r.stdout.strip().splitlines()[-1] == "EXIT 0 IMPORTED []"
 
 
+@pytest.mark.parametrize("helper", ["_cli.py", "_memory.py", "_progress.py"])
+def test_helper_modules_say_what_they_are(tmp_path, helper):
+    r = run_tool(helper, "--help", cwd=tmp_path)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    first, _, note = r.stdout.strip().splitlines()
+    assert first.startswith(f"{helper}: ") and len(first) > len(helper) + 10, first
+    assert "helper module" in note and "not a command" in note, note
+    r = run_tool(helper, cwd=tmp_path)
+    assert r.returncode == 2 and not r.stdout
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"{helper}: error: ") and "not a command" in line, line
+
+
 def test_train_digits_help_shows_every_default(tmp_path):
     r = run_tool("train_digits.py", "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

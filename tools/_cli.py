@@ -3,6 +3,7 @@
 import argparse
 import difflib
 import os
+import sys
 
 
 class Parser(argparse.ArgumentParser):
@@ -92,3 +93,22 @@ def check_context_options(parser, args):
         v = getattr(args, opt.lstrip("-").replace("-", "_"))
         if v < 0:
             parser.error(f"argument {opt}: expected a count >= 0, got {v}")
+
+
+def not_a_command(path, doc, argv=None):
+    """What a helper module of ``tools/`` (imported by the scripts there, no command line of its own) does when run
+    as a script: ``--help`` / ``-h`` says what it is (exit status 0); anything else says so in one line on stderr
+    (exit status 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = os.path.basename(path)
+    what = f"{name}: {' '.join(doc.strip().split(chr(10) * 2)[0].split())}" if doc and doc.strip() else name
+    note = f"{name} is a helper module imported by the scripts in tools/, not a command"
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"{what}\n\n{note}; run one of those scripts instead (each has --help).")
+        raise SystemExit(0)
+    print(f"{name}: error: {note} (--help says what it is)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    not_a_command(__file__, __doc__)

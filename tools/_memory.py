@@ -19,3 +19,9 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+if __name__ == "__main__":
+    from _cli import not_a_command  # tools/ is the script's directory
+
+    not_a_command(__file__, __doc__)

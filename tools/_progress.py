@@ -7,3 +7,9 @@ def progress(iterable, **kw):
     except ImportError:
         return iterable
     return tqdm(iterable, **kw)
+
+
+if __name__ == "__main__":
+    from _cli import not_a_command  # tools/ is the script's directory
+
+    not_a_command(__file__, __doc__)
