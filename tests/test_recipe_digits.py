@@ -400,6 +400,133 @@ def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
     assert os.stat(p).st_mode & 0o777 == 0o666 & ~mask  # the permissions open() would give, not mkstemp's
 
 
+class _InterruptedWrites:
+    """A file whose third write first sends this process ``signal``: Ctrl-C (or SIGTERM) in the middle of a
+    ``torch.save``."""
+
+    def __init__(self, f, sig):
+        self.f, self.sig, self.writes = f, sig, 0
+
+    def write(self, b):
+        import signal
+
+        self.writes += 1
+        if self.writes == 3:
+            os.kill(os.getpid(), getattr(signal, self.sig))
+        return self.f.write(b)
+
+    def flush(self):
+        return self.f.flush()
+
+
+def _tiny_cfg(**kw):
+    return TrainConfig(**{**dict(epochs=1, batch_size=12, hidden=16, num_layers=1, phone_lm_order=2, progress=False,
+                                 max_steps=1), **kw})
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_checkpoint_is_written_keeps_the_finished_epoch(tiny, tmp_path, monkeypatch, sig):
+    import signal
+
+    from digits.signals import Terminated, terminate_as_interrupt
+
+    _, data = tiny
+    out = str(tmp_path / "exp")
+    train(data["train"], data["test"], _tiny_cfg(), out, log=lambda *_: None)
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _InterruptedWrites(f, sig)))
+    before = signal.getsignal(signal.SIGTERM)
+    with terminate_as_interrupt():  # what tools/train_digits.py does: SIGTERM raises Terminated
+        with pytest.raises(Terminated if sig == "SIGTERM" else KeyboardInterrupt):
+            train(data["train"], data["test"], _tiny_cfg(epochs=2), out, log=lambda *_: None)
+    monkeypatch.undo()
+    state = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
+    assert state["epoch"] == 2  # the epoch that was being saved is kept, with its outputs
+    assert len(json.load(open(os.path.join(out, "history.json")))) == 2
+    assert json.load(open(os.path.join(out, "results.json")))["epochs"] == 2
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_save_failing_half_way_leaves_the_previous_checkpoint(tiny, tmp_path, monkeypatch):
+    _, data = tiny
+    out = str(tmp_path / "exp")
+    train(data["train"], data["test"], _tiny_cfg(), out, log=lambda *_: None)
+    real_save = torch.save
+
+    def save_half(obj, f):
+        import io
+
+        buf = io.BytesIO()
+        real_save(obj, buf)
+        f.write(buf.getvalue()[:buf.tell() // 2])
+        raise KeyboardInterrupt  # e.g. a second Ctrl-C, or a kill of the writer
+
+    monkeypatch.setattr(torch, "save", save_half)
+    with pytest.raises(KeyboardInterrupt):
+        train(data["train"], data["test"], _tiny_cfg(epochs=2), out, log=lambda *_: None)
+    monkeypatch.undo()
+    state = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
+    assert state["epoch"] == 1
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    logs = []
+    res = train(data["train"], data["test"], _tiny_cfg(epochs=2), out, log=logs.append)
+    assert any("resumed" in line and "after epoch 1" in line for line in logs) and res["epochs"] == 2
+
+
+def test_another_model_configuration_in_the_same_directory_is_refused(tiny, tmp_path):
+    from digits.train import OtherModelRun, model_differences
+
+    _, data = tiny
+    out = str(tmp_path / "exp")
+    train(data["train"], data["test"], _tiny_cfg(), out, log=lambda *_: None)
+    before = open(os.path.join(out, "checkpoint.pt"), "rb").read()
+    assert model_differences(out, _tiny_cfg(epochs=3, l2_regularize=0.0)) == []  # resumable changes
+    bigger = _tiny_cfg(hidden=32, lr=1e-3)
+    assert model_differences(out, bigger) == ["hidden 16 -> 32", "lr 0.003 -> 0.001"]
+    with pytest.raises(OtherModelRun, match=r"another model configuration \(hidden 16 -> 32, lr 0.003 -> 0.001\)"):
+        train(data["train"], data["test"], bigger, out, log=lambda *_: None)
+    assert open(os.path.join(out, "checkpoint.pt"), "rb").read() == before  # the old run is untouched
+    res = train(data["train"], data["test"], bigger, out, resume=False, log=lambda *_: None)  # asked for
+    assert res["config"]["hidden"] == 32 and model_differences(out, bigger) == []
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_after_saving(tiny, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cache, _ = tiny
+    out = tmp_path / "exp"
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, tool, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
+                          "--max-words", "3", "--corpus-seed", "3", "--epochs", "1000", "--max-steps", "1",
+                          "--hidden", "16", "--phone-lm-order", "2", "--out", str(out), "--no-progress",
+                          "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 240
+        while not (out / "history.json").exists() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()
+        os.kill(p.pid, signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 143, (p.returncode, stderr[-2000:])
+    (line,) = stderr.strip().splitlines()
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    done = json.load(open(out / "history.json"))
+    assert state["epoch"] == len(done) >= 1 and state["history"] == done
+    assert "terminated (SIGTERM)" in line and f"epoch {len(done)} is complete" in line, line
+    assert "resumes from the last completed epoch" in line
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
 # ------------------------------------------------------- every criterion
 
 

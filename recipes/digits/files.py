@@ -3,9 +3,10 @@ on the same directory: atomic writes through unique temporary names, and a
 directory lock.
 
 - :func:`atomic_write`: write into a fresh temporary file in the target's
-  directory, then ``os.replace`` it over the target: a reader (or a rerun
-  after a kill) sees the old file or the new one, never half of one, and two
-  writers never share a temporary name.
+  directory, fsync it, then ``os.replace`` it over the target (and fsync the
+  directory): a reader (or a rerun after a kill or a crash) sees the old file
+  or the new one, never half of one, and two writers never share a
+  temporary name.
 - :class:`DirLock`: an advisory ``fcntl`` lock on ``<dir>/.lock``; the
   second run on a directory waits for it (the corpus cache) or stops with
   :class:`DirectoryBusy` (an output directory).  The lock dies with its
@@ -38,10 +39,24 @@ def atomic_write(path: str, mode: str = "w", suffix: str = ""):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(d)  # the rename itself survives a crash
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # a directory that cannot be opened for reading: the rename stands, unsynced
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # file systems that do not sync directories
+        pass
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

@@ -22,10 +22,11 @@ from .decode import wer
 from .files import DirLock, atomic_write, save_figure
 from .lexicon import SILENCE, cmudict_lexicon, phone_inventory, sample_phone_sequence, to_chain_lexicon, write_lexicon
 from .model import build_model, subsampled_lengths
+from .signals import held as held_signals
 from .tasks import make_task
 
 __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history", "shard_batches", "run_criterion",
-           "OtherCriterionRun"]
+           "OtherCriterionRun", "OtherModelRun", "model_differences"]
 
 
 class Recipe:
@@ -262,6 +263,45 @@ def check_criterion(out_dir: str, criterion: str) -> None:
                                 f"directory (or remove it)")
 
 
+class OtherModelRun(ValueError):
+    """The output directory holds a checkpoint of another model configuration."""
+
+
+def model_differences(out_dir: str, cfg: TrainConfig) -> List[str]:
+    """The settings that a resumed run must share with its checkpoint (model, sizes, learning rate, batch size,
+    seed, criterion, context units) and that differ between the checkpoint in ``out_dir`` and ``cfg``, as
+    ``"name <checkpoint's> -> <cfg's>"``; empty when ``out_dir`` holds no readable checkpoint or one of the same
+    configuration."""
+    path = os.path.join(out_dir, "checkpoint.pt")
+    if not os.path.exists(path):
+        return []
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        there = state.get("config_model")
+        if there is None:
+            fields = TrainConfig.__dataclass_fields__
+            there = _model_key(TrainConfig(**{k: v for k, v in state["config"].items() if k in fields}))
+    except Exception:  # noqa: BLE001 -- an unreadable checkpoint is reported (and moved aside) by train()
+        return []
+    here = _model_key(cfg)
+    there, here = dict(dict(context="mono"), **there), dict(dict(context="mono"), **here)
+    if "mono" in (there["context"], here["context"]):  # the tying counts of biphones only
+        for k in ("min_biphone_count", "min_monophone_count"):
+            there.pop(k, None)
+            here.pop(k, None)
+    return [f"{k} {there.get(k)!r} -> {here.get(k)!r}" for k in sorted(set(there) | set(here))
+            if there.get(k) != here.get(k)]
+
+
+def check_model(out_dir: str, cfg: TrainConfig) -> None:
+    """Raise :class:`OtherModelRun` when ``out_dir`` holds a checkpoint that ``cfg`` cannot resume
+    (:func:`model_differences`)."""
+    diff = model_differences(out_dir, cfg)
+    if diff:
+        raise OtherModelRun(f"{out_dir} holds a run of another model configuration ({', '.join(diff)}); choose "
+                            f"another directory (or remove it, or start it over without resuming)")
+
+
 def _load_checkpoint(path: str, device, log):
     """The checkpoint's state, or None: an unreadable file (a truncated or corrupted write) is reported, moved
     aside to ``<path>.corrupt`` and training starts from scratch."""
@@ -288,7 +328,10 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
     Every output belongs to the checkpoint it reports: the checkpoint holds the test hypotheses of its epoch,
     and the outputs are (re)written from it, atomically, after every epoch; a rerun after a kill rewrites them.
     ``out_dir`` is locked for the run: a second run on it raises :class:`digits.files.DirectoryBusy`; a directory
-    holding another criterion's run raises :class:`OtherCriterionRun`.
+    holding another criterion's run raises :class:`OtherCriterionRun`, and one holding a checkpoint of another
+    model configuration :class:`OtherModelRun` unless ``resume`` is False (which starts it over).  The checkpoint
+    and the outputs of an epoch are written with SIGINT and SIGTERM held (:func:`digits.signals.held`): a signal
+    while they are written takes effect once they are complete.
 
     Under torchrun every process trains on its shard of each epoch's batches (:func:`shard_batches`: equal
     counts); only rank 0 evaluates and writes."""
@@ -297,6 +340,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
         return _train(train_set, test_set, cfg, out_dir, resume, log)
     with DirLock(out_dir, wait=False):
         check_criterion(out_dir, cfg.criterion)
+        if resume:
+            check_model(out_dir, cfg)
         return _train(train_set, test_set, cfg, out_dir, resume, log)
 
 
@@ -440,13 +485,14 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
                 + (f" (greedy {greedy_wer:.2f}%)" if greedy_wer is not None else "")
                 + f"  (wall {h['elapsed_s']:.0f} s, CPU {h['cpu_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more "
                                                    f"frames than they have" if skipped else ""))
-            with atomic_write(ckpt, "wb") as f:
-                torch.save(dict(model=encoder.state_dict(), heads=net.heads.state_dict(), optimizer=opt.state_dict(),
-                                scheduler=sched.state_dict(), history=history, hyps=hyps, epoch=epoch + 1,
-                                config=dataclasses.asdict(cfg), config_model=_model_key(cfg),
-                                elapsed=h["elapsed_s"], cpu=h["cpu_s"]), f)
-            write_outputs(out_dir, history, hyps, test_set, _results(cfg, history, train_set, test_set, device, world,
-                                                                           graph_sizes()))
+            with held_signals():  # Ctrl-C / SIGTERM while the epoch is saved: saved first, then stopped
+                with atomic_write(ckpt, "wb") as f:
+                    torch.save(dict(model=encoder.state_dict(), heads=net.heads.state_dict(),
+                                    optimizer=opt.state_dict(), scheduler=sched.state_dict(), history=history,
+                                    hyps=hyps, epoch=epoch + 1, config=dataclasses.asdict(cfg),
+                                    config_model=_model_key(cfg), elapsed=h["elapsed_s"], cpu=h["cpu_s"]), f)
+                write_outputs(out_dir, history, hyps, test_set, _results(cfg, history, train_set, test_set, device,
+                                                                         world, graph_sizes()))
         if world > 1:
             import torch.distributed as dist
 
