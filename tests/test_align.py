@@ -3,6 +3,7 @@ the documented tie rule, brute force and torchaudio (where installed);
 transducers against path enumeration; chain pdf alignments against brute
 force; phone/word segments; impossible utterances; the CTM tool's writer."""
 
+import itertools
 import math
 import os
 import sys
@@ -15,7 +16,8 @@ import chainfb
 from chainfb import Fst
 from chainfb.alignment import (TokenSpan, align_pdfs, ctc_min_frames, forced_align, grid_align, merge_tokens,
                                phone_segments, pruned_rnnt_align, rnnt_align, tdt_align, word_segments)
-from chainfb.chain import Topology, numerator_graph, read_lexicon
+from chainfb.alignment import Segment
+from chainfb.chain import Lexicon, Topology, numerator_graph, read_lexicon
 from oracles import tdt as tdt_oracle
 from oracles import transducer as rnnt_oracle
 from oracles.fst import brute_force_best
@@ -386,6 +388,144 @@ def test_chain_phone_and_word_segments():
         word_segments(segs, ["oh", "oh"], {"oh": [("OW",)]})
 
 
+def test_phone_and_word_segments_of_left_biphone_pdfs():
+    from chainfb.chain import BiphoneSet
+
+    phones = ["SIL", "A", "B", "C"]
+    # A seen often enough for a monophone unit; the other phones (SIL after the start excepted) share the zerophone
+    ctx = BiphoneSet(phones, np.zeros((5, 4), np.int64), phone_counts=[0, 50, 0, 0], min_biphone_count=1,
+                     min_monophone_count=20)
+    topo = Topology.chain()
+    pdf = ctx.pdf_map(topo)  # [left + 1, phone, class]
+    seq = [("SIL", 2), ("A", 3), ("B", 2), ("C", 2), ("SIL", 1), ("C", 2)]
+    pdfs, left = [], -1
+    for ph, n in seq:
+        p = phones.index(ph)
+        pdfs += [pdf[left + 1, p, 0]] + [pdf[left + 1, p, 1]] * (n - 1)
+        left = p
+    zero = ("SIL", "B", "C")
+    segs = phone_segments(pdfs, topo, phones, ctx)
+    assert [(s.label, s.start, s.end, s.shared_by) for s in segs] == [
+        ("SIL", 0, 2, ()), ("A", 2, 5, ()), ("<zero>", 5, 7, zero), ("<zero>", 7, 9, zero), ("<zero>", 9, 10, zero),
+        ("<zero>", 10, 12, zero)]
+    assert [s.shared_by for s in phone_segments(pdfs, topo, context=ctx)][2] == (0, 2, 3)  # ids without names
+    lex = read_lexicon(["x A B", "x A", "y C"])
+    words = word_segments(segs, ["x", "y", "y"], lex)
+    # C and SIL share a unit here: the last 'y' is the first of the last two segments (a word before a silence)
+    assert [(w.label, w.start, w.end) for w in words] == [("x", 2, 7), ("y", 7, 9), ("y", 9, 10)]
+    # through a numerator graph built with the biphones: the Viterbi pdfs give back the words
+    g = numerator_graph(["x", "y", "y"], lex, topo, phones, context=ctx)
+    sc = np.full((1, len(pdfs), ctx.num_pdfs(topo)), -10.0)
+    sc[0, np.arange(len(pdfs)), pdfs] = 0.0
+    a = align_pdfs(g, sc)[0]
+    assert a.pdfs.tolist() == [int(x) for x in pdfs]
+    got = word_segments(phone_segments(a.pdfs, topo, phones, ctx), ["x", "y", "y"], lex)
+    assert [(w.label, w.start, w.end) for w in got] == [("x", 2, 7), ("y", 7, 9), ("y", 9, 10)]
+    with pytest.raises(ValueError, match="units"):
+        phone_segments([ctx.num_pdfs(topo)], topo, phones, ctx)
+    with pytest.raises(ValueError, match="phones lists 3"):
+        phone_segments(pdfs, topo, phones[:3], ctx)
+    with pytest.raises(TypeError, match="context"):
+        phone_segments(pdfs, topo, phones, "biphone")
+
+
+def _segs(*labels, frames=2):
+    """Phone segments of ``frames`` frames each; a tuple label is a segment several phones share."""
+    return [Segment("<zero>", k * frames, (k + 1) * frames, lab) if isinstance(lab, tuple) else
+            Segment(lab, k * frames, (k + 1) * frames) for k, lab in enumerate(labels)]
+
+
+def _brute_word_segments(segs, words, lexicon, silence="SIL"):
+    """Every way of spelling ``words`` with the segments (a pronunciation per word, a number of silence
+    segments at each of the W + 1 boundaries), in the documented preference order (fewer silences at the
+    earliest boundary, then the pronunciation listed first, boundary by boundary); the first of the most
+    probable ones as ``[(word, start, end)]``, or None."""
+    def fits(seg, phone):
+        return seg.label == phone or phone in seg.shared_by
+
+    W, n = len(words), len(segs)
+    choices = []  # per word: [(pronunciation, log-prob)]
+    for w in words:
+        choices.append([(tuple(ph), math.log(pr)) for ph, pr in lexicon[w]])
+    best, best_score = None, -math.inf
+    for sil in itertools.product(range(n + 1), repeat=W + 1):
+        if sum(sil) > n:
+            continue
+        for pick in itertools.product(*[range(len(c)) for c in choices]):
+            order = [x for pair in itertools.zip_longest(sil, pick) for x in pair if x is not None]
+            expected, spans = [], []
+            for j in range(W + 1):
+                expected += [silence] * sil[j]
+                if j < W:
+                    ph, _ = choices[j][pick[j]]
+                    spans.append((len(expected), len(expected) + len(ph)))
+                    expected += list(ph)
+            if len(expected) != n or not all(fits(sg, x) for sg, x in zip(segs, expected)):
+                continue
+            score = sum(choices[j][pick[j]][1] for j in range(W))
+            if score > best_score + 1e-9 * (1 + abs(best_score)) or best is None:
+                key = order
+                best, best_score = ([(w, segs[a].start, segs[b - 1].end) for w, (a, b) in zip(words, spans)],
+                                    key), score
+            elif abs(score - best_score) <= 1e-9 * (1 + abs(best_score)) and order < best[1]:
+                best = ([(w, segs[a].start, segs[b - 1].end) for w, (a, b) in zip(words, spans)], order)
+    return None if best is None else best[0]
+
+
+def test_word_segments_take_silences_and_prefix_pronunciations_exactly():
+    segs = [Segment("A", 0, 3), Segment("SIL", 3, 6), Segment("B", 6, 8), Segment("C", 8, 10)]
+    lex = read_lexicon(["a A", "a A B", "b B C", "b C"])
+    assert [(w.label, w.start, w.end) for w in word_segments(segs, ["a", "b"], lex)] == [("a", 0, 3), ("b", 6, 10)]
+    only = read_lexicon(["a A", "a A B", "b B C"])
+    assert [(w.label, w.start, w.end) for w in word_segments(segs, ["a", "b"], only)] == [("a", 0, 3), ("b", 6, 10)]
+    # no silence: both spellings are valid; the more probable pronunciations win, else the first listed
+    plain = [s for s in segs if s.label != "SIL"]
+    assert [(w.start, w.end) for w in word_segments(plain, ["a", "b"], lex)] == [(0, 3), (6, 10)]
+    weighted = read_lexicon(["a 0.5 A", "a 1.0 A B", "b 1.0 B C", "b 1.0 C"])
+    assert [(w.start, w.end) for w in word_segments(plain, ["a", "b"], weighted)] == [(0, 8), (8, 10)]
+    # a segment several phones share (a tied biphone unit) is resolved from the transcript
+    shared = _segs("SIL", ("A", "SIL"), "B", "C")
+    assert [(w.label, w.start, w.end) for w in word_segments(shared, ["a", "b"], only)] == [("a", 2, 4), ("b", 4, 8)]
+    with pytest.raises(ValueError, match="do not spell word 'b'"):
+        word_segments(_segs("A", "SIL", "C"), ["a", "b"], only)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_word_segments_match_brute_force_on_small_lexicons(seed):
+    rng = np.random.default_rng(seed)
+    phones = ["A", "B", "C", "SIL"]
+    checked = raised = 0
+    for _ in range(60):
+        lex = {}
+        for w in ("x", "y", "z"):
+            prons = {tuple(rng.choice(phones[:3], rng.integers(1, 4))) for _ in range(rng.integers(1, 4))}
+            if rng.random() < 0.2:
+                prons.add(tuple(rng.choice(phones, 2)))  # a pronunciation with a silence phone in it
+            lex[w] = [(list(p), float(rng.choice([1.0, 0.5, 0.25]))) for p in sorted(prons)]
+        words = list(rng.choice(["x", "y", "z"], rng.integers(1, 4)))
+        # the segments of one spelling (or, a quarter of the time, random phones), some shared by two phones
+        labels = []
+        for j, w in enumerate(words + [None]):
+            labels += ["SIL"] * int(rng.integers(0, 3) if rng.random() < 0.5 else 0)
+            if w is not None:
+                labels += lex[w][rng.integers(len(lex[w]))][0]
+        if rng.random() < 0.25:
+            labels = list(rng.choice(phones, rng.integers(1, 8)))
+        labels = [(str(x), str(rng.choice(phones))) if rng.random() < 0.15 else str(x) for x in labels]
+        segs = _segs(*labels)
+        expected = _brute_word_segments(segs, words, {w: [(p, pr) for p, pr in v] for w, v in lex.items()})
+        lexicon = Lexicon({w: [(tuple(p), pr) for p, pr in v] for w, v in lex.items()})
+        if expected is None:
+            with pytest.raises(ValueError, match="phone_segs"):
+                word_segments(segs, words, lexicon)
+            raised += 1
+        else:
+            assert [(w.label, w.start, w.end) for w in word_segments(segs, words, lexicon)] == expected, \
+                (labels, words, lex)
+            checked += 1
+    assert checked >= 20 and raised >= 5
+
+
 def test_phone_segments_with_shared_and_looping_entry_pdfs():
     hmm3 = Topology.hmm3()  # class 0 both enters and loops: back-to-back copies merge
     assert [(s.label, s.start, s.end) for s in phone_segments([3, 3, 4, 5, 3, 4, 5], hmm3)] == [(1, 0, 7)]
@@ -412,7 +552,7 @@ def test_ctm_lines_and_frame_times():
         == [("tw", 0, 4), ("o", 6, 9)]
 
 
-@pytest.mark.parametrize("criterion", ["chain", "ctc", "rnnt", "pruned-rnnt", "tdt"])
+@pytest.mark.parametrize("criterion", ["chain", "chain-biphone", "ctc", "rnnt", "pruned-rnnt", "tdt"])
 def test_tool_aligns_every_criterion_to_the_transcript(criterion):
     """tools/align.py's per-criterion alignment on a model's raw outputs (random
     weights: the words must still come back in order, inside the frames)."""
@@ -427,10 +567,15 @@ def test_tool_aligns_every_criterion_to_the_transcript(criterion):
     vocab = ["oh", "one", "two", "four", "nine"]
     corpus = R.corpus.Corpus(np.zeros((0, 40), np.float32), np.zeros(4, np.int64), texts, ["a", "b", "c"],
                              ["v"] * 3)
+    context = "biphone" if criterion == "chain-biphone" else "mono"
+    criterion = criterion.split("-biphone")[0]
     cfg = R.train.TrainConfig(criterion=criterion, hidden=16, encoder_dim=16, decoder_dim=8, joiner_dim=16,
-                              phone_lm_order=2)
+                              phone_lm_order=2, context=context, min_biphone_count=2, min_monophone_count=2)
     torch.manual_seed(0)
-    task = R.tasks.make_task(criterion, lambda: R.train.Recipe(corpus, words=vocab, phone_lm_order=2), vocab, cfg)
+    task = R.tasks.make_task(criterion, lambda: R.train.make_recipe(corpus, vocab, cfg), vocab, cfg)
+    if context == "biphone":  # units of one phone, and one unit that several rare phones share
+        ctx = task.recipe.context
+        assert ctx.has_zerophone and ctx.num_biphone_units > 0
     task.modules.eval()
     T = 40
     y = torch.randn(3, T, task.out_dim)

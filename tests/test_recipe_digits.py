@@ -527,6 +527,37 @@ def test_sigterm_stops_a_run_like_ctrl_c_after_saving(tiny, tmp_path):
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
 
 
+def test_align_tool_finds_the_default_run_and_its_corpus_and_aligns_biphones(tiny, tmp_path, monkeypatch):
+    """``tools/align.py`` with no arguments, where ``tools/train_digits.py`` (also with none) wrote a left-biphone
+    chain model: the run in exp/digits/chain, the corpus from its checkpoint, the biphones' phones."""
+    cache, data = tiny
+    out = tmp_path / "exp" / "digits" / "chain"
+    cfg = _tiny_cfg(epochs=2, max_steps=2, hidden=32, lr=5e-3, context="biphone", min_biphone_count=3,
+                    min_monophone_count=3)
+    train(data["train"], data["test"], cfg, str(out), log=lambda *_: None)
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["corpus"]["config"]["num_train"] == TINY.num_train and state["corpus"]["cache_dir"] == cache
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    try:
+        import align as tool
+    finally:
+        sys.path.pop(0)
+    monkeypatch.chdir(tmp_path)
+    entries = set(os.listdir(cache))
+    assert os.path.abspath(tool.main([])) == str(out / "test.ctm")
+    assert set(os.listdir(cache)) == entries  # the training corpus, not another one synthesized
+    words = {}
+    for line in open(out / "test.ctm"):
+        utt, _, start, dur, word = line.split()
+        words.setdefault(utt, []).append(word)
+        assert float(start) >= 0 and float(dur) > 0
+    test = data["test"]
+    assert words and all(words[u] == t for u, t in zip(test.utt_ids, test.texts) if u in words)
+    assert len(words) >= len(test) - 1  # a random-ish tiny model may leave an utterance without a path
+    with pytest.raises(SystemExit):  # an --exp that holds runs one level down names them
+        tool.main(["--exp", str(tmp_path / "exp" / "digits")])
+
+
 # ------------------------------------------------------- every criterion
 
 

@@ -2,11 +2,15 @@
 """Align the digit recipe's test set with a trained model and write word timings as CTM.
 
 Reads the model that tools/train_digits.py saved in --exp (checkpoint.pt; any criterion: chain, ctc, rnnt,
-pruned-rnnt, tdt), rebuilds the same corpus (give the corpus options the model was trained with), runs the model on
-the test utterances and force-aligns each to its reference transcript with chainfb's aligners (the engine's Viterbi
-over the criterion's own graph):
+pruned-rnnt, tdt; default: what `tools/train_digits.py` writes by default, exp/digits/chain, else the one
+criterion's run under exp/digits), rebuilds the same corpus (the checkpoint records the corpus options and cache
+directory it was trained with; options given here override them), runs the model on the test utterances and
+force-aligns each to its reference transcript with chainfb's aligners (the engine's Viterbi over the criterion's own
+graph):
 
-- chain: the pdf alignment through the numerator graph -> phone segments (chain topology) -> word segments;
+- chain: the pdf alignment through the numerator graph -> phone segments (chain topology; with --context biphone,
+  the phones of the biphone units, a unit that several rare phones share resolved from the transcript) -> word
+  segments (an exact search over the pronunciations and optional silences);
 - ctc: chainfb.forced_align -> token spans (merge_tokens) -> words (units between '|');
 - rnnt / tdt: the label frames of chainfb.rnnt_align / tdt_align -> words from their first letter's frame to
   their last letter's frame (+ its TDT duration);
@@ -16,6 +20,7 @@ Output frames are converted to seconds with the feature frame shift and the mode
 frame k starts at k * subsampling * frame_shift. CTM lines: "utt channel start duration word".
 """
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -23,14 +28,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def _recipes_on_path():
+    recipes = os.path.join(ROOT, "recipes")
+    if recipes not in sys.path:
+        sys.path.insert(0, recipes)
+
+
 def recipe_modules():
     """The digit recipe's modules (corpus, tasks, train, model, lexicon, units): the ``digits`` package in
     ``<repo>/recipes``."""
     import importlib
 
-    recipes = os.path.join(ROOT, "recipes")
-    if recipes not in sys.path:
-        sys.path.insert(0, recipes)
+    _recipes_on_path()
     return argparse.Namespace(**{m: importlib.import_module(f"digits.{m}")
                                  for m in ("corpus", "tasks", "train", "model", "lexicon", "units")})
 
@@ -104,7 +113,7 @@ def align_batch(task, criterion, y, ylens, texts, SIL="SIL"):
             if a.score == -float("inf"):
                 out.append(None)
                 continue
-            segs = word_segments(phone_segments(a.pdfs, r.topology, r.phones), t, r.chain_lexicon, SIL)
+            segs = word_segments(phone_segments(a.pdfs, r.topology, r.phones, r.context), t, r.chain_lexicon, SIL)
             out.append([(s.label, s.start, s.end) for s in segs])
         return out
     units = task.units
@@ -149,17 +158,61 @@ def align_batch(task, criterion, y, ylens, texts, SIL="SIL"):
     return out
 
 
+DEFAULT_EXP = os.path.join("exp", "digits")
+
+
+def find_exp(exp):
+    """``(directory holding checkpoint.pt, None)`` for ``--exp`` ``exp``, or ``(None, why not)``.  ``exp`` None:
+    ``exp/digits/chain`` (tools/train_digits.py's default output), else the one ``exp/digits/<criterion>`` that
+    holds a checkpoint."""
+    _recipes_on_path()
+    from digits.config import CRITERIA
+
+    def runs(d):
+        return [os.path.join(d, c) for c in CRITERIA if os.path.isfile(os.path.join(d, c, "checkpoint.pt"))]
+
+    if exp is not None:
+        if os.path.isfile(os.path.join(exp, "checkpoint.pt")):
+            return exp, None
+        inside = runs(exp)
+        return None, (f"no checkpoint.pt in {exp!r}" + (f"; it holds the runs {', '.join(inside)}: name one" if inside
+                                                         else " (train one with tools/train_digits.py --out)"))
+    found = runs(DEFAULT_EXP)
+    if len(found) == 1 or (found and found[0] == os.path.join(DEFAULT_EXP, "chain")):
+        return found[0], None
+    if not found:
+        return None, (f"no trained model in {os.path.join(DEFAULT_EXP, '<criterion>')} (what tools/train_digits.py "
+                      f"writes by default); train one, or name its output directory")
+    return None, f"several trained models ({', '.join(found)}): name one"
+
+
+def corpus_config(R, state, a):
+    """``(CorpusConfig, cache directory, where the options came from)``: the checkpoint's corpus (``state``),
+    or the recipe's default corpus for a checkpoint that does not record one, with the options given in ``a``
+    in place of its values."""
+    origin = state.get("corpus") or {}
+    dc = R.corpus.CorpusConfig.from_dict(origin["config"]) if origin.get("config") else R.corpus.CorpusConfig()
+    words = tuple(R.lexicon.parse_words(a.words)) if a.words else dc.words
+    snr = dc.snr_db if a.min_snr is None else (a.min_snr, max(a.min_snr, dc.snr_db[1]))
+    given = dict(num_train=a.num_train, num_test=a.num_test, max_words=a.max_words, seed=a.corpus_seed)
+    ccfg = dataclasses.replace(dc, words=words, snr_db=snr, **{k: v for k, v in given.items() if v is not None})
+    cache = a.cache_dir or origin.get("cache_dir") or R.corpus.default_cache_dir()
+    return ccfg, cache, "the checkpoint" if origin.get("config") else "the recipe's defaults"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--exp", default="exp/digits", help="the training output directory (holds checkpoint.pt)")
+    p.add_argument("--exp", default=None,
+                   help=f"the training output directory (holds checkpoint.pt; default: "
+                        f"{os.path.join(DEFAULT_EXP, 'chain')}, else the one run under {DEFAULT_EXP})")
     p.add_argument("--ctm", default=None, help="CTM file to write (default <exp>/test.ctm)")
     p.add_argument("--frame-shift", type=float, default=0.01, help="feature frame shift in seconds")
     p.add_argument("--subsampling", type=int, default=0, help="output frame subsampling (0: the model's)")
     p.add_argument("--channel", default="1", help="CTM channel field")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    g = p.add_argument_group("corpus (as given to tools/train_digits.py)")
-    g.add_argument("--cache-dir", default=None, help="where the synthesized corpus is kept (default: the recipe's)")
+    g = p.add_argument_group("corpus (default: the options and cache directory the checkpoint records)")
+    g.add_argument("--cache-dir", default=None, help="where the synthesized corpus is kept")
     g.add_argument("--num-train", type=int, default=None)
     g.add_argument("--num-test", type=int, default=None)
     g.add_argument("--words", default=None, help="comma-separated vocabulary")
@@ -167,38 +220,26 @@ def main(argv=None):
     g.add_argument("--min-snr", type=float, default=None)
     g.add_argument("--corpus-seed", type=int, default=None)
     a = p.parse_args(argv)
-    ckpt = os.path.join(a.exp, "checkpoint.pt")
-    if not os.path.exists(ckpt):
-        p.error(f"argument --exp: no checkpoint.pt in {a.exp!r} (train one with tools/train_digits.py --out)")
+    exp, why = find_exp(a.exp)
+    if exp is None:
+        p.error(f"argument --exp: {why}")
+    ckpt = os.path.join(exp, "checkpoint.pt")
     if a.frame_shift <= 0 or a.subsampling < 0 or a.batch_size < 1:
         p.error("--frame-shift must be > 0, --subsampling >= 0 and --batch-size >= 1")
 
     import torch
 
     R = recipe_modules()
-    dc = R.corpus.CorpusConfig()
-    words = R.lexicon.parse_words(a.words) if a.words else dc.words
-    snr = dc.snr_db if a.min_snr is None else (a.min_snr, max(a.min_snr, dc.snr_db[1]))
-    ccfg = R.corpus.CorpusConfig(
-        words=tuple(words), num_train=a.num_train if a.num_train is not None else dc.num_train,
-        num_test=a.num_test if a.num_test is not None else dc.num_test,
-        max_words=a.max_words if a.max_words is not None else dc.max_words, snr_db=snr,
-        seed=a.corpus_seed if a.corpus_seed is not None else dc.seed)
-    data = R.corpus.load_or_create(ccfg, a.cache_dir or R.corpus.default_cache_dir(), progress=False)
-    train_set, test_set = data["train"], data["test"]
     device = torch.device(a.device)
     state = torch.load(ckpt, map_location=device, weights_only=False)
+    ccfg, cache_dir, source = corpus_config(R, state, a)
+    print(f"{ckpt}: corpus {ccfg.key()} in {cache_dir} (options from {source})")
+    data = R.corpus.load_or_create(ccfg, cache_dir, progress=False)
+    train_set, test_set = data["train"], data["test"]
     cfg = R.train.TrainConfig(**{k: v for k, v in state["config"].items()
                                  if k in R.train.TrainConfig.__dataclass_fields__})
-    vocab = sorted({w for t in train_set.texts for w in t})
-    if set(vocab) <= set(R.corpus.DIGIT_WORDS):
-        vocab = [w for w in R.corpus.DIGIT_WORDS if w in vocab]
-
-    def make_recipe():
-        return R.train.Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
-                              normalize_numerators=cfg.normalize_numerators, seed=cfg.seed)
-
-    task = R.tasks.make_task(cfg.criterion, make_recipe, vocab, cfg)
+    vocab = R.train.vocabulary(train_set)
+    task = R.tasks.make_task(cfg.criterion, lambda: R.train.make_recipe(train_set, vocab, cfg), vocab, cfg)
     encoder = R.model.build_model(cfg.model, train_set.feats.shape[1], task.out_dim, cfg.hidden, cfg.num_layers,
                                   cfg.dropout)
     encoder.load_state_dict(state["model"])
@@ -218,7 +259,7 @@ def main(argv=None):
                     skipped.append(test_set.utt_ids[i])
                     continue
                 lines += ctm_lines(test_set.utt_ids[i], segs, a.frame_shift, sub, a.channel)
-    path = a.ctm or os.path.join(a.exp, "test.ctm")
+    path = a.ctm or os.path.join(exp, "test.ctm")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write("".join(line + "\n" for line in lines))

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -60,6 +60,15 @@ class CorpusConfig:
     word_gap: Tuple[int, int] = (0, 6)
     num_bins: int = 40
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "CorpusConfig":
+        """The configuration ``dataclasses.asdict`` gave ``d`` (lists back to tuples; unknown keys are an
+        error)."""
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"corpus configuration: unknown fields {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
     def key(self) -> str:
         """Short hash of the configuration (names the cache subdirectory)."""
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
@@ -69,13 +78,15 @@ class CorpusConfig:
 @dataclass
 class Corpus:
     """One split: ``feats`` float32 ``[sum T, num_bins]`` with ``offsets[U + 1]``, ``texts`` (list of word lists),
-    ``utt_ids`` and ``voices`` (the eSpeak voice of each utterance)."""
+    ``utt_ids`` and ``voices`` (the eSpeak voice of each utterance); ``origin``: where :func:`load_or_create` got
+    it (``{"config": CorpusConfig as a dict, "cache_dir": str}``), None for a corpus made otherwise (a subset)."""
 
     feats: np.ndarray
     offsets: np.ndarray
     texts: List[List[str]]
     utt_ids: List[str]
     voices: List[str]
+    origin: Optional[dict] = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return len(self.utt_ids)
@@ -247,14 +258,20 @@ def load_or_create(cfg: Optional[CorpusConfig] = None, cache_dir: Optional[str] 
         raise ValueError("num_train/num_test: expected at least one utterance each")
     if not 1 <= cfg.min_words <= cfg.max_words:
         raise ValueError(f"min_words/max_words: expected 1 <= min <= max, got {cfg.min_words}, {cfg.max_words}")
-    d = os.path.join(cache_dir or default_cache_dir(), cfg.key())
+    cache_dir = cache_dir or default_cache_dir()
+    d = os.path.join(cache_dir, cfg.key())
     with DirLock(d, wait=True):
+        out = None
         if os.path.exists(os.path.join(d, "meta.json")) or os.path.exists(os.path.join(d, "train.npz")):
             try:
-                return _load_entry(d)
+                out = _load_entry(d)
             except ValueError as e:
                 log(f"corpus cache entry {d} is incomplete or corrupted ({e}); synthesizing it again")
-        return _create_entry(d, cfg, progress)
+        if out is None:
+            out = _create_entry(d, cfg, progress)
+    for c in out.values():
+        c.origin = dict(config=dataclasses.asdict(cfg), cache_dir=os.path.abspath(cache_dir))
+    return out
 
 
 def _create_entry(d: str, cfg: CorpusConfig, progress: bool) -> Dict[str, Corpus]:

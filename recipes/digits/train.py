@@ -26,7 +26,7 @@ from .signals import held as held_signals
 from .tasks import make_task
 
 __all__ = ["TrainConfig", "Recipe", "train", "evaluate", "plot_history", "shard_batches", "run_criterion",
-           "OtherCriterionRun", "OtherModelRun", "model_differences"]
+           "OtherCriterionRun", "OtherModelRun", "model_differences", "vocabulary", "make_recipe"]
 
 
 class Recipe:
@@ -115,6 +115,22 @@ class Recipe:
                 f.write(f"{p} {i}\n")
         self.den.fst.write(os.path.join(out_dir, "den.fst"))
         self.decode_graph.write(os.path.join(out_dir, "decode.fst"))
+
+
+def vocabulary(train_set: Corpus) -> List[str]:
+    """The words of the training transcripts (the decoding vocabulary): the digits in their usual order, other
+    vocabularies sorted."""
+    vocab = sorted({w for t in train_set.texts for w in t})
+    if set(vocab) <= set(DIGIT_WORDS):
+        vocab = [w for w in DIGIT_WORDS if w in vocab]
+    return vocab
+
+
+def make_recipe(train_set: Corpus, vocab: List[str], cfg: TrainConfig) -> Recipe:
+    """The chain :class:`Recipe` of ``cfg`` (phone LM, numerator normalization, context units) over ``vocab``."""
+    return Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
+                  normalize_numerators=cfg.normalize_numerators, seed=cfg.seed, context=cfg.context,
+                  min_biphone_count=cfg.min_biphone_count, min_monophone_count=cfg.min_monophone_count)
 
 
 def _pad(corpus: Corpus, idx) -> tuple:
@@ -327,6 +343,8 @@ def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, r
 
     Every output belongs to the checkpoint it reports: the checkpoint holds the test hypotheses of its epoch,
     and the outputs are (re)written from it, atomically, after every epoch; a rerun after a kill rewrites them.
+    The checkpoint also records where the corpus came from (``corpus``: ``train_set.origin``, the corpus
+    configuration and cache directory of :func:`digits.corpus.load_or_create`), for tools that rebuild it.
     ``out_dir`` is locked for the run: a second run on it raises :class:`digits.files.DirectoryBusy`; a directory
     holding another criterion's run raises :class:`OtherCriterionRun`, and one holding a checkpoint of another
     model configuration :class:`OtherModelRun` unless ``resume`` is False (which starts it over).  The checkpoint
@@ -379,16 +397,8 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
     device = _device(cfg.device)
     if world > 1 and device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    vocab = sorted({w for t in train_set.texts for w in t})
-    if set(vocab) <= set(DIGIT_WORDS):
-        vocab = [w for w in DIGIT_WORDS if w in vocab]
-
-    def make_recipe():
-        return Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
-                      normalize_numerators=cfg.normalize_numerators, seed=cfg.seed, context=cfg.context,
-                      min_biphone_count=cfg.min_biphone_count, min_monophone_count=cfg.min_monophone_count)
-
-    task = make_task(cfg.criterion, make_recipe, vocab, cfg)
+    vocab = vocabulary(train_set)
+    task = make_task(cfg.criterion, lambda: make_recipe(train_set, vocab, cfg), vocab, cfg)
 
     def graph_sizes():  # after the epochs, when the numerator graphs are built (and cached) already
         return task.recipe.graph_sizes(train_set.texts) if cfg.criterion == "chain" else None
@@ -490,7 +500,8 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
                     torch.save(dict(model=encoder.state_dict(), heads=net.heads.state_dict(),
                                     optimizer=opt.state_dict(), scheduler=sched.state_dict(), history=history,
                                     hyps=hyps, epoch=epoch + 1, config=dataclasses.asdict(cfg),
-                                    config_model=_model_key(cfg), elapsed=h["elapsed_s"], cpu=h["cpu_s"]), f)
+                                    config_model=_model_key(cfg), elapsed=h["elapsed_s"], cpu=h["cpu_s"],
+                                    corpus=train_set.origin), f)
                 write_outputs(out_dir, history, hyps, test_set, _results(cfg, history, train_set, test_set, device,
                                                                          world, graph_sizes()))
         if world > 1:
