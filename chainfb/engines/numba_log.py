@@ -120,6 +120,7 @@ import os
 import numpy as np
 
 from ..lattice import Lattice
+from . import numba_cache
 from .threads import PARTS_PER_THREAD, get_num_threads, parallel
 
 __all__ = ["available", "forward_backward", "require"]
@@ -147,12 +148,12 @@ def require() -> None:
 
 
 def _compile(fn):
-    return numba.njit(nogil=True, cache=True)(fn) if numba is not None else fn
+    return numba_cache.njit(nogil=True)(fn) if numba is not None else fn
 
 
 def _inline(fn):
     """A helper compiled into its callers (no call per cell)."""
-    return numba.njit(nogil=True, cache=True, inline="always")(fn) if numba is not None else fn
+    return numba_cache.njit(nogil=True, inline="always")(fn) if numba is not None else fn
 
 
 # a sum of scaled probabilities at least this large is exact to float64's
@@ -786,7 +787,7 @@ def _exp_row(x, m, e, bits):
 
 
 if numba is not None:  # fused multiply-adds allowed, no reassociation (it would undo the split of ln 2)
-    _exp_row = numba.njit(nogil=True, cache=True, fastmath={"contract"})(_exp_row)
+    _exp_row = numba_cache.njit(nogil=True, fastmath={"contract"})(_exp_row)
 
 
 @_inline

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import numba_log
+from ..engines import numba_cache, numba_log
 from ..engines.numba_log import _has_nan, _row_max
 from ..engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
 
@@ -80,7 +80,7 @@ def new_gradient(shape, dtype) -> tuple:
 
 
 def _compile(fn):
-    return numba.njit(nogil=True, cache=True)(fn) if numba is not None else fn
+    return numba_cache.njit(nogil=True)(fn) if numba is not None else fn
 
 
 def _compile_fast(fn):
@@ -88,7 +88,7 @@ def _compile_fast(fn):
     infinities kept."""
     if numba is None:
         return fn
-    return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})(fn)
+    return numba_cache.njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})(fn)
 
 
 _LOG2E = np.float32(1.4426950408889634)
@@ -155,11 +155,11 @@ def _cell_used(counts, b, u, t):
 
 
 if numba is not None:
-    _cell_used = numba.njit(nogil=True, cache=True, inline="always")(_cell_used)
+    _cell_used = numba_cache.njit(nogil=True, inline="always")(_cell_used)
 
 
 def _inline(fn):
-    return numba.njit(nogil=True, cache=True, inline="always")(fn) if numba is not None else fn
+    return numba_cache.njit(nogil=True, inline="always")(fn) if numba is not None else fn
 
 
 @_compile

@@ -1,0 +1,154 @@
+"""Where the compiled CPU engine keeps its machine code, and a notice while
+it compiles.
+
+Numba compiles the engine (:mod:`~chainfb.engines.numba_log`) and the
+transducer score maps (:mod:`chainfb.transducer.cpu_maps`) the first time a
+process calls them -- about a minute of one core -- and keeps the result on
+disk, so that later processes load it in about a second.  Numba's own
+``cache=True`` keeps it next to the source (``__pycache__``) or, where
+that is not writable, in ``~/.cache/numba``; where neither is writable (a
+read-only install with a read-only or missing home directory: clusters,
+containers), ``cache=True`` fails at import.  :func:`njit` declares the
+functions with this module's cache instead, which looks, in order, for:
+
+1. ``NUMBA_CACHE_DIR``, when the user set it (Numba's own override);
+2. the ``__pycache__`` directory next to the source (a writable install);
+3. chainfb's per-user cache: ``$CHAINFB_CACHE/numba`` if set, else
+   ``$XDG_CACHE_HOME/chainfb/numba``, else ``~/.cache/chainfb/numba``;
+4. a per-user directory in the temporary directory
+   (``<tmp>/chainfb-<uid>/numba``, mode 0700);
+
+the first one writable is used (one subdirectory per source directory).
+Where none is, the functions are compiled in every process, as without a
+cache.  No environment variable or Numba setting of the process is changed.
+
+While chainfb's functions compile, the logger ``chainfb`` says so once per
+process (a warning: one line on stderr when logging is not configured),
+with the directory the result goes to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import tempfile
+
+__all__ = ["njit", "cache_dirs", "compiled"]
+
+try:
+    import numba
+    from numba.core import caching
+    from numba.core import event as _event
+except ImportError:  # no Numba: nothing to compile (the engines fall back to NumPy)
+    numba = None
+
+_log = logging.getLogger("chainfb")
+_ours: set = set()  # ids of the dispatchers declared through njit
+_compiled = [0]  # chainfb functions compiled (not loaded from a cache) in this process
+_noticed = [False]
+
+
+def _user_root():
+    """chainfb's per-user cache directory for Numba (see the module docstring), or None."""
+    if os.environ.get("CHAINFB_CACHE"):
+        return os.path.join(os.environ["CHAINFB_CACHE"], "numba")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "chainfb", "numba") if os.path.isabs(base) else None
+
+
+def _temp_root():
+    """``<tmp>/chainfb-<uid>/numba``, its parent created private to this user; None when it cannot be (or is
+    someone else's, or a link)."""
+    top = os.path.join(tempfile.gettempdir(), f"chainfb-{os.getuid()}")
+    try:
+        os.makedirs(top, mode=0o700, exist_ok=True)
+        st = os.lstat(top)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return os.path.join(top, "numba")
+
+
+def cache_dirs() -> list:
+    """The directories chainfb's own locators try, in order, after ``NUMBA_CACHE_DIR`` and ``__pycache__``
+    (each one's subdirectories are per source directory)."""
+    return [d for d in (_user_root(), _temp_root()) if d is not None]
+
+
+def compiled() -> int:
+    """How many of chainfb's functions this process has compiled rather than loaded from a cache."""
+    return _compiled[0]
+
+
+if numba is not None:
+    _InTree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+    _UserProvided = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
+
+    class _RootLocator(_InTree):
+        """A cache in ``<root()>/<source directory name>_<hash of its path>`` (as Numba's user-wide
+        locator names it); no locator when ``root()`` is None or not writable."""
+
+        root = staticmethod(lambda: None)
+
+        def __init__(self, py_func, py_file):
+            super().__init__(py_func, py_file)
+            self._cache_path = os.path.join(self.root(), self.get_suitable_cache_subpath(py_file))
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if cls.root() is None:
+                return None
+            return super().from_function(py_func, py_file)
+
+    class _UserLocator(_RootLocator):
+        root = staticmethod(_user_root)
+
+    class _TempLocator(_RootLocator):
+        root = staticmethod(_temp_root)
+
+    class _Impl(caching.CompileResultCacheImpl):
+        _locator_classes = [_UserProvided, _InTree, _UserLocator, _TempLocator]
+
+    class _FunctionCache(caching.FunctionCache):
+        _impl_class = _Impl
+
+    class _Notice(_event.Listener):
+        """Counts the compilations of chainfb's functions and says once per process that they compile."""
+
+        def on_start(self, event):
+            d = event.data["dispatcher"]
+            if id(d) not in _ours:
+                return
+            _compiled[0] += 1
+            if not _noticed[0]:
+                _noticed[0] = True
+                cache = getattr(d, "_cache", None)
+                where = getattr(cache, "cache_path", None)
+                _log.warning(
+                    "chainfb: compiling the CPU engine with Numba, about a minute of one core "
+                    + (f"(once: later processes load it from the cache, e.g. {where})" if where else
+                       "(in every process: no writable cache directory; set CHAINFB_CACHE to one)"))
+
+        def on_end(self, event):
+            pass
+
+    _event.register("numba:compile", _Notice())
+
+
+def njit(**options):
+    """``numba.njit(**options)`` with the cache of this module (the module docstring) in place of
+    ``cache=True``; without Numba, the function itself."""
+    def declare(fn):
+        if numba is None:
+            return fn
+        d = numba.njit(**options)(fn)
+        try:
+            d._cache = _FunctionCache(fn)  # what Dispatcher.enable_caching() sets, with these locators
+        except (RuntimeError, OSError):  # no writable directory at all: compiled in every process
+            pass
+        _ours.add(id(d))
+        return d
+
+    return declare
