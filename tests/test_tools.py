@@ -152,6 +152,32 @@ def test_helper_modules_say_what_they_are(tmp_path, helper):
     assert line.startswith(f"{helper}: error: ") and "not a command" in line, line
 
 
+WAIT_PROBE = """
+import os, runpy, sys
+sys.argv = [{tool!r}, "--help"]
+try:
+    runpy.run_path({tool!r}, run_name="__main__")
+except SystemExit:
+    pass
+print("POLICY", os.environ.get("OMP_WAIT_POLICY"), "TORCH", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("given, expected", [({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
+                                             ({"GOMP_SPINCOUNT": "1000"}, "None"),
+                                             ({"KMP_BLOCKTIME": "0"}, "None")])
+def test_train_digits_makes_waiting_openmp_threads_sleep(tmp_path, given, expected):
+    """Before torch starts its OpenMP runtime, unless the user chose how its threads wait: spinning threads
+    stalled the recipe on a loaded machine (tools/bench_contention.py)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    env.update(given)
+    path = os.path.join(ROOT, "tools", "train_digits.py")
+    r = subprocess.run([sys.executable, "-c", WAIT_PROBE.format(tool=path)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"POLICY {expected} TORCH False"
+
+
 def test_train_digits_help_shows_every_default(tmp_path):
     r = run_tool("train_digits.py", "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -5,14 +5,17 @@ Starts ``--busy`` processes (default: one per CPU this process may use) that spi
 ``tools/train_digits.py --epochs 1 --max-steps <--steps>`` (the default corpus, chain; a fresh output directory
 each run) in a fresh process per setting, ``--repeat`` times each, the settings interleaved:
 
-- ``default``: the recipe as a user runs it (torch's and chainfb's thread counts left to their defaults);
-- ``one thread``: ``OMP_NUM_THREADS=1`` (torch, and chainfb's engines that run on torch's OpenMP threads).
+- ``default``: the recipe as a user runs it (torch's and chainfb's thread counts left to their defaults; the
+  tool makes OpenMP's waiting threads sleep, ``OMP_WAIT_POLICY=PASSIVE``);
+- ``one thread``: ``OMP_NUM_THREADS=1`` (torch, and chainfb's engines that run on torch's OpenMP threads);
+- with ``--spinning``, also ``spinning``: default threads with GNU libgomp's default waiting (a spin count of
+  300000 before a thread sleeps; the tool leaves the policy alone once one is given), what the recipe did before.
 
 Printed per run: the wall seconds of the whole process and of its epoch (training steps and decoding of the test
 set, from ``results.json``), then the median of each setting and the ratio default / one thread.  ``--busy 0``
 measures without the load.  The corpus is synthesized first if the cache has none (not timed).
 
-    python tools/bench_contention.py [--steps 6] [--repeat 1] [--busy N] [--cache-dir DIR]
+    python tools/bench_contention.py [--steps 6] [--repeat 1] [--busy N] [--spinning] [--cache-dir DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "train_digits.py")
-SETTINGS = {"default": {}, "one thread": {"OMP_NUM_THREADS": "1"}}
+SETTINGS = {"default": {}, "one thread": {"OMP_NUM_THREADS": "1"}, "spinning": {"GOMP_SPINCOUNT": "300000"}}
 
 
 def _busy(n):
@@ -37,7 +40,8 @@ def _busy(n):
 
 
 def _train(args, out, env_extra):
-    env = dict(os.environ, **env_extra)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    env.update(env_extra)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, TOOL, "--epochs", "1", "--max-steps", str(args.steps), "--out", out, "--no-progress"]
     if args.cache_dir:
@@ -60,16 +64,19 @@ def main(argv=None):
     p.add_argument("--busy", type=int, default=len(os.sched_getaffinity(0)),
                    help="busy-loop processes (default: one per CPU, %(default)s)")
     p.add_argument("--cache-dir", default=None, help="the corpus cache (default: the recipe's)")
+    p.add_argument("--spinning", action="store_true",
+                   help="also run the recipe with libgomp's default waiting (spinning), as before")
     a = p.parse_args(argv)
+    settings = {k: v for k, v in SETTINGS.items() if k != "spinning" or a.spinning}
     if a.steps < 1 or a.repeat < 1 or a.busy < 0:
         p.error("--steps and --repeat must be >= 1, --busy >= 0")
     with tempfile.TemporaryDirectory(prefix="chainfb-contention-") as tmp:
         _train(a, os.path.join(tmp, "warm-up"), SETTINGS["one thread"])  # the corpus and the compiled engine
         busy = _busy(a.busy)
-        times = {k: [] for k in SETTINGS}
+        times = {k: [] for k in settings}
         try:
             for i in range(a.repeat):
-                for name, env in SETTINGS.items():
+                for name, env in settings.items():
                     wall, epoch = _train(a, os.path.join(tmp, f"{name.replace(' ', '-')}-{i}"), env)
                     times[name].append((wall, epoch))
                     print(f"{name:10} run {i + 1}: process {wall:6.1f} s, epoch {epoch:6.1f} s "
@@ -82,8 +89,9 @@ def main(argv=None):
     med = {k: (statistics.median(w for w, _ in v), statistics.median(e for _, e in v)) for k, v in times.items()}
     for k, (w, e) in med.items():
         print(f"{k:10} median: process {w:6.1f} s, epoch {e:6.1f} s")
-    d, o = med["default"], med["one thread"]
-    print(f"default / one thread: process {d[0] / o[0]:.2f}x, epoch {d[1] / o[1]:.2f}x")
+    o = med["one thread"]
+    for k in [k for k in med if k != "one thread"]:
+        print(f"{k} / one thread: process {med[k][0] / o[0]:.2f}x, epoch {med[k][1] / o[1]:.2f}x")
 
 
 if __name__ == "__main__":

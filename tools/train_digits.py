@@ -21,6 +21,15 @@ import os
 import sys
 import time
 
+# OpenMP threads that wait for each other spin first (GNU libgomp, torch's runtime on Linux: some milliseconds)
+# and hold the core while the thread they wait for may need it: where other work keeps every core busy, the
+# recipe's steps ran 12x slower than on one thread (tools/bench_contention.py).  Set before torch starts its
+# runtime, unless the user chose a waiting policy: threads that wait sleep, and the thread count (so the numbers)
+# stays torch's.
+WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+if not any(v in os.environ for v in WAIT_SETTINGS):
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)  # chainfb from this checkout when it is not installed
 sys.path.insert(0, os.path.join(_ROOT, "recipes"))  # the recipe: recipes/digits, imported as `digits`
@@ -60,7 +69,6 @@ def run_all(argv, out, criteria):
     import subprocess
 
     from digits.compare import write_comparison
-
     from digits.signals import Terminated
 
     results = {}

@@ -300,7 +300,7 @@ def model_differences(out_dir: str, cfg: TrainConfig) -> List[str]:
     except Exception:  # noqa: BLE001 -- an unreadable checkpoint is reported (and moved aside) by train()
         return []
     here = _model_key(cfg)
-    there, here = dict(dict(context="mono"), **there), dict(dict(context="mono"), **here)
+    there, here = {"context": "mono", **there}, {"context": "mono", **here}  # monophone keys name no context
     if "mono" in (there["context"], here["context"]):  # the tying counts of biphones only
         for k in ("min_biphone_count", "min_monophone_count"):
             there.pop(k, None)
