@@ -82,9 +82,11 @@ class PdfCriterion(Criterion):
 
     def gather(self, x, need_grad=True):
         arr, xp = self._array(x, keep=True)
-        # float32 host scores stay float32 (half the memory; the compiled
-        # engine widens each one exactly as it reads it, the others convert)
-        X = self.score_map.gather(xp, arr, dtype=np.float32 if xp is np and arr.dtype == np.float32 else np.float64)
+        # float32 scores stay float32 (half the memory; the compiled CPU engine
+        # widens each one exactly as it reads it, the NumPy engine converts, and
+        # the CUDA kernels run the normalised recursion in float32, as torch's
+        # CUDA losses do for float32 inputs)
+        X = self.score_map.gather(xp, arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
         if self.clamp is not None:
             xp.clip(X, self.clamp[0], self.clamp[1], out=X)
         return X

@@ -5,7 +5,9 @@ live with the tests, under ``tests/oracles``).
   graphs have (self-loops, several finals, shared pdfs, dead ends,
   unreachable states, a start state other than 0);
 - :func:`numerator_like_fst`, :func:`denominator_like_fst`: graphs with the
-  size and shape of chain numerator and denominator graphs.
+  size and shape of chain numerator and denominator graphs;
+- :func:`kaldi_sized_denominator`: a denominator built as a recipe builds one
+  (a 4-gram phone LM on phone sequences, the chain topology), at Kaldi's size.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from .fst import Fst
 
-__all__ = ["random_fst", "numerator_like_fst", "denominator_like_fst"]
+__all__ = ["random_fst", "numerator_like_fst", "denominator_like_fst", "kaldi_sized_denominator"]
 
 
 def random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, start=None, num_finals=2, self_loops=True) -> Fst:
@@ -54,3 +56,23 @@ def denominator_like_fst(rng, num_states=3000, num_arcs=50000, num_pdfs=2000) ->
     lp = np.log(rng.uniform(0.05, 1.0, num_arcs))
     f = Fst(num_states, 0, src, dst, pdf, lp, np.zeros(num_states))
     return f
+
+
+def kaldi_sized_denominator(rng, num_phones: int = 40, num_utts: int = 4000):
+    """A :class:`chainfb.DenominatorGraph` at Kaldi's scale (~3,400 states,
+    ~48,000 arcs, 80 pdfs for the defaults): a 4-gram phone LM estimated on
+    ``num_utts`` synthetic Markov phone sequences of 20..79 phones, composed
+    with the chain topology."""
+    from .chain import DenominatorGraph, Topology, den_graph, estimate_phone_lm
+
+    trans = rng.dirichlet(np.full(num_phones, 0.3), size=num_phones).cumsum(1)
+    seqs = []
+    for _ in range(num_utts):
+        L = int(rng.integers(20, 80))
+        s = [int(rng.integers(num_phones))]
+        for u in rng.random(L - 1):
+            s.append(int(min(np.searchsorted(trans[s[-1]], u), num_phones - 1)))
+        seqs.append(s)
+    topo = Topology.chain()
+    lm = estimate_phone_lm(seqs, order=4, no_prune_order=3, num_extra_states=2000)
+    return DenominatorGraph(den_graph(lm, topo), topo.num_pdfs(num_phones))

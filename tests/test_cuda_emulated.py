@@ -146,14 +146,70 @@ def test_engine_leaky(be, block):
 
 def test_engine_deterministic_bitwise(be):
     rng = np.random.default_rng(5)
-    fsts = [random_fst(rng, num_states=6, num_arcs=25, num_pdfs=3) for _ in range(4)]
+    fsts = [random_fst(rng, num_states=40, num_arcs=300, num_pdfs=3) for _ in range(4)]
     lat = Lattice.of(FstBatch(fsts))
     X = rng.normal(size=(7, lat.num_columns))
     lengths = np.array([7, 5, 7, 3])
-    runs = [lattice_forward_backward(be, lat, X.copy(), lengths, block_size=b) for b in (4, 4, 2, 32)]
-    for ll, post in runs[1:]:
-        # fixed summation order per state and per column: identical bits, whatever the block size
-        assert np.array_equal(ll, runs[0][0]) and np.array_equal(post, runs[0][1])
+    runs = [lattice_forward_backward(be, lat, X.copy(), lengths, block_size=b) for b in (32, 32, 64, 128)]
+    assert np.array_equal(runs[1][0], runs[0][0]) and np.array_equal(runs[1][1], runs[0][1])  # run to run
+    for ll, post in runs[2:]:
+        # each state, chunk and column summed in a fixed order: the log-likelihoods are the same bits whatever the
+        # block size; a frame's total (the divisor of its posteriors) is summed over the block's threads
+        assert np.array_equal(ll, runs[0][0])
+        np.testing.assert_allclose(post, runs[0][1], rtol=4e-16, atol=0)
+
+
+@pytest.mark.parametrize("case", ["plain", "spans", "leaky", "shared", "large"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dtype):
+    """The three places a block may keep its rows (device memory, a shared
+    ring, a shared ring with each frame's inputs staged) change where values
+    live, not one operation."""
+    import chainfb.engines.cuda as cuda_engine
+    from chainfb.engines import cuda_shared
+
+    rng = np.random.default_rng(11)
+    leaky = None
+    run = lattice_forward_backward
+    if case == "shared":
+        f = random_fst(rng, num_states=30, num_arcs=200, num_pdfs=5)
+        lat = Lattice.of(FstBatch([f], np.zeros(3, dtype=np.int64)))
+        run = cuda_shared.forward_backward
+    elif case == "spans":
+        from test_cuda_emulated_spans import span_fst
+
+        lat = Lattice.of(FstBatch([span_fst(rng, num_states=6, num_arcs=20, max_span=3) for _ in range(3)]))
+    elif case == "large":  # more states and columns than threads: every thread stages several values
+        lat = Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=40, num_pdfs=120) for _ in range(2)]))
+    else:
+        lat = Lattice.of(FstBatch([random_fst(rng, num_states=20, num_arcs=120, num_pdfs=4) for _ in range(3)]))
+        if case == "leaky":
+            leaky = (0.1, np.log(np.full(lat.num_states, 0.05)))
+    X = rng.normal(size=(9, lat.num_columns)).astype(dtype)
+    lengths = rng.integers(0, 10, lat.num_sequences)
+    lengths[0] = 9
+    block = 32 if case == "large" else None
+    runs = {}
+    for mode in (2, 1, 0):
+        monkeypatch.setattr(cuda_engine, "MODES", (mode, 0))
+        monkeypatch.setattr(cuda_engine, "SHARED_BYTES", 227 * 1024)
+        runs[mode] = run(be, lat, X.copy(), lengths, leaky=leaky, block_size=block)
+    for mode in (1, 0):
+        assert np.array_equal(runs[mode][0], runs[2][0]) and np.array_equal(runs[mode][1], runs[2][1])
+    ll, post = forward_backward_numpy(lat, X.astype(np.float64), lengths, leaky=leaky)
+    tol = 1e-10 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(runs[2][0], ll, rtol=tol, atol=tol)
+    np.testing.assert_allclose(runs[2][1], post, rtol=tol, atol=tol)
+
+
+def test_shared_plan_chooses_the_most_that_fits():
+    from chainfb.engines.cuda import shared_plan
+
+    shape = {"max_states": 100, "max_columns": 50}
+    assert shared_plan(shape, 1, 8, 32, 10**6) == (2, 2 * (100 + 50) * 8)
+    assert shared_plan(shape, 1, 8, 32, 2 * 100 * 8) == (1, 2 * 100 * 8)
+    assert shared_plan(shape, 1, 8, 32, 100) == (0, 0)
+    assert shared_plan(dict(shape, max_columns=200), 1, 8, 32, 10**6)[0] == 1  # 200 > 4 values x 32 threads
 
 
 def test_engine_forward_only_and_errors(be):

@@ -220,7 +220,7 @@ def test_denominator_and_chain_loss_run_the_shared_kernels(be, coefficient):
     with run_on(be):
         ll, post = den.forward_backward(torch.from_numpy(y), lengths, coefficient)
     names = {name for name, _, _ in be.launches[start:]}
-    assert names == {"chainfb::fb_shared_forward<double>", "chainfb::fb_shared_backward<double>"}
+    assert names == {"chainfb::fb_shared_recursion<double>", "chainfb::fb_shared_posteriors<double>"}
     ll_ref, post_ref = den.forward_backward(y, lengths, coefficient, engine="numpy")
     np.testing.assert_allclose(ll.numpy(), ll_ref, rtol=1e-10)
     np.testing.assert_allclose(post.numpy(), post_ref, atol=1e-10)

@@ -271,8 +271,8 @@ def test_dispatch_runs_spans_on_both_kernel_engines(be):
             before = len(be.launches)
             lle, poste = engines.forward_backward(lat, X.copy(), lengths, engine=name)
             want = "fb" if name == "cuda" else "fb_shared"
-            assert {n.split("<")[0] for n, _, _ in be.launches[before:]} == {f"chainfb::{want}_forward",
-                                                                                f"chainfb::{want}_backward"}
+            assert {n.split("<")[0] for n, _, _ in be.launches[before:]} == {f"chainfb::{want}_recursion",
+                                                                                f"chainfb::{want}_posteriors"}
             fin = np.isfinite(ll)
             np.testing.assert_array_equal(np.isneginf(lle), np.isneginf(ll))
             np.testing.assert_allclose(lle[fin], ll[fin], rtol=1e-10)

@@ -61,7 +61,7 @@ import time
 import numpy as np
 
 import chainfb
-from chainfb.testing import denominator_like_fst, numerator_like_fst
+from chainfb.testing import denominator_like_fst, kaldi_sized_denominator, numerator_like_fst
 from _memory import reset_peak, status_bytes  # noqa: E402 -- tools/ is the script's directory
 
 
@@ -128,21 +128,8 @@ def bytes_moved(arcs, T, real=8):
 
 
 def den_case(rng, num_phones=40, num_utts=4000):
-    """A Kaldi-sized denominator graph from a phone LM estimated on synthetic
-    Markov phone sequences."""
-    from chainfb.chain import DenominatorGraph, Topology, den_graph, estimate_phone_lm
-
-    trans = rng.dirichlet(np.full(num_phones, 0.3), size=num_phones).cumsum(1)
-    seqs = []
-    for _ in range(num_utts):
-        L = int(rng.integers(20, 80))
-        s = [int(rng.integers(num_phones))]
-        for u in rng.random(L - 1):
-            s.append(int(min(np.searchsorted(trans[s[-1]], u), num_phones - 1)))
-        seqs.append(s)
-    topo = Topology.chain()
-    lm = estimate_phone_lm(seqs, order=4, no_prune_order=3, num_extra_states=2000)
-    return DenominatorGraph(den_graph(lm, topo), topo.num_pdfs(num_phones))
+    """A Kaldi-sized denominator graph (:func:`chainfb.testing.kaldi_sized_denominator`)."""
+    return kaldi_sized_denominator(rng, num_phones, num_utts)
 
 
 def run_den(args):

@@ -68,32 +68,45 @@
 
 namespace chainfb {
 
-// Categories of work a kernel annotates with CHAINFB_WORK.
+// Categories of work a kernel annotates with CHAINFB_WORK (the units of the
+// cost model in tests/emulation/cost_model.py).
 enum Work {
-  kWorkArcF,     // one arc term in float: an arc's source value and score loaded, added, exponentiated
-  kWorkArcD,     // the same in double
-  kWorkStateF,   // one state or column result in float: a log and a store
-  kWorkStateD,   // the same in double
-  kWorkBytes,    // global memory bytes streamed by a map kernel
-  kWorkShuffle,  // one warp shuffle or __syncwarp call (counted by the host build itself)
+  kWorkArcF,          // one arc term in float: an arc's source value and score loaded, added, exponentiated
+  kWorkArcD,          // the same in double
+  kWorkStateF,        // one state or column result in float: a log and a store
+  kWorkStateD,        // the same in double
+  kWorkBytes,         // global memory bytes streamed by a map kernel
+  kWorkShuffle,       // one warp shuffle or __syncwarp call (counted by the host build itself)
+  kWorkArcSharedF,    // an arc term whose source value and score are read from shared memory, float
+  kWorkArcSharedD,    // the same in double
+  kWorkStateSharedF,  // a state result whose inputs were read from shared memory, float
+  kWorkStateSharedD,  // the same in double
+  kWorkMemoryWait,    // a thread's first read of a frame's data from device memory (a full memory latency)
   kWorkCount
 };
 
-// The F or D category for real type R (float or double).
+// The F or D category for real type R (float or double), read from device
+// or (shared = true) shared memory.
 template <typename R>
 struct WorkOf;
 template <>
 struct WorkOf<float> {
-  static constexpr Work arc = kWorkArcF, state = kWorkStateF;
+  static constexpr Work arc = kWorkArcF, state = kWorkStateF, arc_shared = kWorkArcSharedF,
+                        state_shared = kWorkStateSharedF;
 };
 template <>
 struct WorkOf<double> {
-  static constexpr Work arc = kWorkArcD, state = kWorkStateD;
+  static constexpr Work arc = kWorkArcD, state = kWorkStateD, arc_shared = kWorkArcSharedD,
+                        state_shared = kWorkStateSharedD;
 };
 template <typename R>
-__device__ __forceinline__ Work work_arc() { return WorkOf<R>::arc; }
+__device__ __forceinline__ Work work_arc(bool shared = false) {
+  return shared ? WorkOf<R>::arc_shared : WorkOf<R>::arc;
+}
 template <typename R>
-__device__ __forceinline__ Work work_state() { return WorkOf<R>::state; }
+__device__ __forceinline__ Work work_state(bool shared = false) {
+  return shared ? WorkOf<R>::state_shared : WorkOf<R>::state;
+}
 
 }  // namespace chainfb
 // ---- end: dynamic shared memory, work annotations, math routing ----

@@ -194,7 +194,7 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
     (:func:`chainfb.cuda.kernels.backend_for`)."""
     name = _check_spans(lat, select(lat, X, "forward_backward", engine, leaky))
     module = _module(name)
-    if name != "numba":
+    if name not in ("numba",) + _GPU_ENGINES:  # the compiled engine and the kernels read float32 as it is
         X = _float64(X)
     if name in _GPU_ENGINES:
         return module.forward_backward(kernels.backend_for(X), lat, X, lengths, leaky, need_posteriors)
@@ -211,5 +211,6 @@ def best_path(lat, X, lengths, engine: str = "auto"):
 
 def _float64(X):
     """Float32 host scores (what a criterion gathers from float32 inputs, for
-    the compiled engine) as the float64 every other engine reads."""
+    the compiled engine and the kernels) as the float64 the NumPy and SciPy
+    engines read."""
     return X.astype(np.float64) if isinstance(X, np.ndarray) and X.dtype == np.float32 else X

@@ -33,11 +33,53 @@ def host_array(x):
     return np.asarray(x) if isinstance(x, (np.ndarray, list, tuple)) else None
 
 
+#: the most arcs one chunk of a column holds (see forward_backward.cuh); more
+#: when a sequence would have over :data:`MAX_CHUNKS` chunks
+CHUNK_ARCS = 16
+#: the most chunks of one sequence (their sums are kept in shared memory per frame)
+MAX_CHUNKS = 4096
+
+
+def _chunks(ca_ptr: np.ndarray, col_off: np.ndarray) -> dict:
+    """The columns' arcs (``[ca_ptr[c], ca_ptr[c + 1])`` of the arcs sorted
+    by column) cut into chunks of at most ``CHUNK_ARCS`` arcs (more when a
+    sequence would have over ``MAX_CHUNKS`` chunks), and the columns with
+    several chunks; ``col_off [N + 1]``: each sequence's columns.  The arrays
+    of engine.cu, plus ``max_chunks`` and ``chunk_arcs``."""
+    counts = np.diff(ca_ptr)
+    size = CHUNK_ARCS
+    while True:
+        nch = -(-counts // size)
+        first = np.concatenate([[0], np.cumsum(nch)])
+        widest = int(np.diff(first[col_off]).max(initial=0))
+        if widest <= MAX_CHUNKS:
+            break
+        size *= 2
+    J = int(first[-1])
+    col = np.repeat(np.arange(len(counts)), nch)
+    k = np.arange(J) - first[col]  # the chunk's index within its column
+    multi = nch > 1
+    mcols = np.flatnonzero(multi)
+    i32 = np.int32
+    return {
+        "chunk_ptr": first[col_off].astype(i32),
+        "mc_ptr": np.concatenate([[0], np.cumsum(multi)])[col_off].astype(i32),
+        "chunk_arc": np.concatenate([ca_ptr[col] + k * size, [ca_ptr[-1]]]).astype(i32),
+        "chunk_col": col.astype(i32),
+        "chunk_sole": (~multi[col]).astype(i32),
+        "mc_col": mcols.astype(i32),
+        "mc_begin": first[mcols].astype(i32),
+        "mc_end": first[mcols + 1].astype(i32),
+        "chunk_arcs": size,
+        "max_chunks": widest,
+    }
+
+
 def _host_arrays(lat: Lattice) -> dict:
-    """int32 CSR structure and float64 weights of a lattice (host side);
-    the arcs' spans (``in_span``, ``out_span``, ``ca_span``) only when some
-    arc spans several frames (None otherwise: the kernels read every span as
-    1)."""
+    """int32 CSR structure, chunks and float64 weights of a lattice (host
+    side); the arcs' spans (``in_span``, ``out_span``, ``ca_span``) only when
+    some arc spans several frames (None otherwise: the kernels read every
+    span as 1)."""
     S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
@@ -47,6 +89,8 @@ def _host_arrays(lat: Lattice) -> dict:
     order = np.argsort(b.col, kind="stable")
     col_sorted = b.col[order]
     spans = lat.max_span > 1
+    ca_ptr = np.searchsorted(col_sorted, np.arange(C + 1))
+    widths = np.diff(lat.state_offsets)
     return {
         "state_off": lat.state_offsets.astype(i32),
         "col_off": lat.col_offsets.astype(i32),
@@ -60,19 +104,16 @@ def _host_arrays(lat: Lattice) -> dict:
         "out_dst": b.dst.astype(i32),
         "out_lp": np.asarray(b.log_prob, dtype=np.float64),
         "out_col": b.col.astype(i32),
-        "ca_ptr": np.searchsorted(col_sorted, np.arange(C + 1)).astype(i32),
         "ca_src": b.src[order].astype(i32),
         "ca_dst": b.dst[order].astype(i32),
         "ca_lp": np.asarray(b.log_prob, dtype=np.float64)[order],
         "in_span": f.span.astype(i32) if spans else None,
         "out_span": b.span.astype(i32) if spans else None,
         "ca_span": b.span[order].astype(i32) if spans else None,
-        "max_width": int(
-            max(
-                np.diff(lat.state_offsets).max(initial=0),
-                np.diff(lat.col_offsets).max(initial=0),
-            )
-        ),
+        **_chunks(ca_ptr, lat.col_offsets),
+        "max_span": int(lat.max_span),
+        "max_states": int(widths.max(initial=0)),
+        "max_columns": int(np.diff(lat.col_offsets).max(initial=0)),
     }
 
 
@@ -122,12 +163,69 @@ def lattice_arrays(backend, lat: Lattice, dtype) -> dict:
 
 
 def default_block_size(max_width: int) -> int:
-    """Threads per block: the widest sequence (states or columns) rounded up
-    to a power of two, between 32 and 256."""
+    """Threads per block: the widest sequence (its states, or its chunks of
+    column arcs) rounded up to a power of two, between 32 and 1024."""
     b = 32
-    while b < max_width and b < 256:
+    while b < max_width and b < 1024:
         b *= 2
     return b
+
+
+def launch_block_size(block_size, max_width: int) -> int:
+    """``block_size`` (None: :func:`default_block_size`) rounded up to a
+    whole number of warps (the kernels reduce over warps), checked."""
+    if block_size is None:
+        return default_block_size(max_width)
+    block = int(block_size)
+    if not 1 <= block <= 1024:
+        raise ValueError(f"block_size: expected 1..1024, got {block}")
+    return -(-block // 32) * 32
+
+
+#: dynamic shared memory a launch may use without a per-kernel opt-in (48 KiB
+#: less the kernels' static arrays); a backend with ``max_shared_mem`` (the
+#: device's opt-in limit) allows more
+SHARED_BYTES = 45 * 1024
+#: how many values of a row one thread stages (``kStage`` in forward_backward.cuh)
+STAGE = 4
+
+
+def shared_budget(backend) -> int:
+    """Dynamic shared memory (bytes) a block of the engine kernels may use on ``backend``."""
+    limit = getattr(backend, "max_shared_mem", None)
+    return SHARED_BYTES if limit is None else max(SHARED_BYTES, int(limit) - 3 * 1024)
+
+
+#: the shared-memory modes :func:`shared_plan` considers, best first
+MODES = (2, 1, 0)
+
+
+def shared_plan(shape: dict, max_span: int, itemsize: int, block: int, budget: int) -> tuple:
+    """``(mode, bytes)``: what a block of the recursions keeps in shared
+    memory (forward_backward.cuh's ``mode``: 2 keeps the rows' ring and
+    stages each frame's scores, 1 keeps the ring, 0 neither) -- the first of
+    :data:`MODES` that fits ``budget`` -- and the dynamic shared memory it
+    then takes.  Every mode gives the same bits."""
+    W, nc = shape["max_states"], shape["max_columns"]
+    ring = (max_span + 1) * W * itemsize
+    sizes = {2: ring + (max_span + 1) * nc * itemsize, 1: ring, 0: 0}
+    for mode in MODES:
+        if mode == 2 and nc > STAGE * block:
+            continue  # a thread stages at most STAGE values of a row
+        if sizes[mode] <= budget or mode == 0:
+            return mode, sizes[mode]
+    raise ValueError(f"no shared-memory mode of {MODES} fits {budget} bytes")
+
+
+def posterior_launch(N: int, T: int, max_chunks: int) -> tuple:
+    """``(frames per block, blocks, threads)`` of the posterior kernel: a
+    block per sequence and frame (several frames a block past 2^20 blocks),
+    threads over the widest sequence's chunks (32..256)."""
+    F = max(1, -(-N * T // 2**20))
+    block = 32
+    while block < max_chunks and block < 256:
+        block *= 2
+    return F, N * -(-T // F), block
 
 
 def check_inputs(backend, lat: Lattice, X, lengths):
@@ -184,17 +282,18 @@ def check_log_init(xp, log_init, S: int, dtype):
 
 
 def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, block_size, layout):
-    """The engine protocol on ``backend`` through one pair of kernels, one
-    block per sequence.
+    """The engine protocol on ``backend`` through a pair of kernels:
+    ``chainfb::{prefix}_recursion`` (a block per sequence and direction: the
+    forward and the backward run at the same time) and
+    ``chainfb::{prefix}_posteriors`` (a block per sequence and frame).
 
     ``layout(backend, lat, dtype, leaky)`` describes the pair: ``(prefix,
-    fwd_head, bwd_head, log_init, max_width)`` -- the kernels
-    ``chainfb::{prefix}_forward`` and ``chainfb::{prefix}_backward``, their
-    own leading arguments (the arguments every engine kernel takes follow,
-    see ``forward_backward.cuh``), the device ``log_init`` (None without a
-    leak) and the widest sequence in states or columns (for the default
-    block size).  The backward kernel keeps ``lat.max_span + 1`` rows of
-    betas.  Returns ``(loglike [N], post [T, C] or None)``."""
+    rec_head, post_head, log_init, shape)`` -- each kernel's own leading
+    arguments (those every engine kernel takes follow, see ``engine.cu``),
+    the device ``log_init`` (None without a leak) and the sizes of the
+    lattice's arrays (``max_states``, ``max_columns``, ``max_chunks``).
+    What the recursions keep in shared memory is :func:`shared_plan`'s
+    choice.  Returns ``(loglike [N], post [T, C] or None)``."""
     X, lengths, dtype = check_inputs(backend, lat, X, lengths)
     max_span = int(lat.max_span)
     if leaky is not None and max_span > 1:
@@ -207,22 +306,28 @@ def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, 
     post = xp.zeros((T, C), dtype=dtype) if need_posteriors else None
     if N == 0:
         return xp.zeros(0, dtype=dtype), post
-    prefix, fwd_head, bwd_head, log_init, max_width = layout(backend, lat, dtype, leaky)
-    block = int(block_size) if block_size is not None else default_block_size(max_width)
-    if not 1 <= block <= 1024:
-        raise ValueError(f"block_size: expected 1..1024, got {block}")
+    prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
+    block = launch_block_size(block_size, shape["max_states"])
     r = _REAL[dtype]
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
+    mode, shared = shared_plan(shape, max_span, dtype.itemsize, block, shared_budget(backend))
     alpha = xp.empty((T + 1, S), dtype=dtype)
+    beta = xp.empty((T + 1, S), dtype=dtype) if need_posteriors else np.uint64(0)
+    offs = xp.empty((N, T + 1), dtype=np.float64)
+    qoffs = xp.empty((N, T + 1), dtype=np.float64) if need_posteriors else np.uint64(0)
     loglike = xp.empty(N, dtype=dtype)
+    lz = xp.empty(N, dtype=dtype)
     i32 = np.int32
-    tail = [lengths, X, i32(T), i32(C), alpha, i32(S), init, log_c]
-    backend.launch(f"chainfb::{prefix}_forward<{r}>", N, block, fwd_head + tail + [loglike])
+    rows = [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs]
+    backend.launch(f"chainfb::{prefix}_recursion<{r}>", N * (2 if need_posteriors else 1), block,
+                   [i32(N)] + rec_head + rows + [i32(mode), init, log_c, loglike, lz], shared_mem=shared)
     if not need_posteriors:
         return loglike, None
-    beta = xp.empty((max_span + 1, S), dtype=dtype)
-    backend.launch(f"chainfb::{prefix}_backward<{r}>", N, block,
-                   bwd_head + tail + [loglike, beta, i32(max_span), post])
+    F, grid, pblock = posterior_launch(N, T, shape["max_chunks"])
+    backend.launch(f"chainfb::{prefix}_posteriors<{r}>", grid, pblock,
+                   [i32(N), i32(F)] + post_head + [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs,
+                                                   loglike, lz, post],
+                   shared_mem=shape["max_chunks"] * dtype.itemsize)
     return loglike, post
 
 
@@ -235,15 +340,26 @@ def _instance_log_init(xp, lat: Lattice, log_init, dtype):
     return check_log_init(xp, log_init, lat.num_states, dtype)
 
 
+def layout_shape(a: dict) -> dict:
+    """The sizes :func:`run_engine` needs from a lattice's arrays."""
+    return {k: a[k] for k in ("max_states", "max_columns", "max_chunks")}
+
+
+def chunk_args(a: dict, span) -> list:
+    """The posterior kernels' arrays of the arcs by column and their chunks."""
+    return [a["ca_src"], a["ca_dst"], a["ca_lp"], span, np.int32(a["max_span"]), a["chunk_arc"], a["chunk_col"],
+            a["chunk_sole"], a["mc_col"], a["mc_begin"], a["mc_end"]]
+
+
 def _lattice_layout(backend, lat: Lattice, dtype, leaky):
     """engine.cu's kernels over the lattice's own arrays (see :func:`run_engine`)."""
     a = lattice_arrays(backend, lat, dtype)
     log_init = None if leaky is None else _instance_log_init(backend.xp, lat, leaky[1], dtype)
-    fwd = [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"],
-           null_or(a["in_span"])]
-    bwd = [a["state_off"], a["col_off"], a["final"], a["out_ptr"], a["out_dst"], a["out_lp"], a["out_col"],
-           null_or(a["out_span"]), a["ca_ptr"], a["ca_src"], a["ca_dst"], a["ca_lp"], null_or(a["ca_span"])]
-    return "fb", fwd, bwd, log_init, a["max_width"]
+    rec = [a["state_off"], a["col_off"], a["start"], a["final"], a["in_ptr"], a["in_src"], a["in_lp"], a["in_col"],
+           null_or(a["in_span"]), a["out_ptr"], a["out_dst"], a["out_lp"], a["out_col"], null_or(a["out_span"]),
+           np.int32(a["max_span"])]
+    post = [a["state_off"], a["col_off"], a["chunk_ptr"], a["mc_ptr"]] + chunk_args(a, null_or(a["ca_span"]))
+    return "fb", rec, post, log_init, layout_shape(a)
 
 
 def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True,
@@ -266,8 +382,8 @@ def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteri
     leaky : ``(coefficient, log_init [S])`` or None (refused when an arc
         spans several frames)
     need_posteriors : bool
-    block_size : threads per block (1..1024), or None for
-        :func:`default_block_size` of the widest sequence.
+    block_size : threads per block (1..1024, rounded up to a multiple of
+        32), or None for :func:`default_block_size` of the widest sequence.
 
     Returns
     -------

@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..lattice import Lattice
-from .cuda import best_path, cached, check_log_init, host_array, lattice_arrays, null_or, run_engine
+from .cuda import (best_path, cached, check_log_init, chunk_args, host_array, lattice_arrays, layout_shape, null_or,
+                   run_engine)
 
 __all__ = ["forward_backward", "best_path", "graph_arrays"]
 
@@ -75,11 +76,11 @@ def _shared_layout(backend, lat: Lattice, dtype, leaky):
     Sg, K = lat.shared_fst.num_states, lat.num_columns // N  # every sequence: the graph's states and columns
     log_init, per_seq = (None, 0) if leaky is None else _log_init(backend, lat, leaky[1], Sg, dtype)
     i32 = np.int32
-    shape = [i32(Sg), i32(K), i32(per_seq)]
-    fwd = [g["start"], g["final"], g["in_ptr"], g["in_src"], g["in_lp"], g["in_col"], null_or(g["in_span"])] + shape
-    bwd = [g["final"], g["out_ptr"], g["out_dst"], g["out_lp"], g["out_col"], null_or(g["out_span"]), g["ca_ptr"],
-           g["ca_src"], g["ca_dst"], g["ca_lp"], null_or(g["ca_span"])] + shape
-    return "fb_shared", fwd, bwd, log_init, g["max_width"]
+    rec = [g["start"], g["final"], g["in_ptr"], g["in_src"], g["in_lp"], g["in_col"], null_or(g["in_span"]),
+           g["out_ptr"], g["out_dst"], g["out_lp"], g["out_col"], null_or(g["out_span"]), i32(lat.max_span), i32(Sg),
+           i32(K), i32(per_seq)]
+    post = chunk_args(g, null_or(g["ca_span"])) + [i32(len(g["chunk_col"])), i32(len(g["mc_col"])), i32(Sg), i32(K)]
+    return "fb_shared", rec, post, log_init, layout_shape(g)
 
 
 def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True,

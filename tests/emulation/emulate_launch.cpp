@@ -50,8 +50,9 @@ cfb_emu::Stats last_stats;
 bool have_stats = false;
 
 // The names of chainfb::Work's categories, as Python sees them.
-const char* const kWorkNames[] = {"kWorkArcF", "kWorkArcD", "kWorkStateF", "kWorkStateD", "kWorkBytes",
-                                  "kWorkShuffle"};
+const char* const kWorkNames[] = {"kWorkArcF",         "kWorkArcD",         "kWorkStateF",       "kWorkStateD",
+                                  "kWorkBytes",        "kWorkShuffle",      "kWorkArcSharedF",   "kWorkArcSharedD",
+                                  "kWorkStateSharedF", "kWorkStateSharedD", "kWorkMemoryWait"};
 static_assert(sizeof(kWorkNames) / sizeof(kWorkNames[0]) == chainfb::kWorkCount, "a name per chainfb::Work");
 static_assert(chainfb::kWorkCount <= cfb_emu::kMaxWork, "at most 16 work categories");
 static_assert(chainfb::kWorkShuffle == cfb_emu::kShuffleWork, "the category the emulation counts shuffles in");
@@ -67,14 +68,14 @@ using chainfb::BF16;
 using chainfb::F16;
 
 const Entry kTable[] = {
-    CFB_ENTRY("chainfb::fb_forward<float>", chainfb::fb_forward<float>),
-    CFB_ENTRY("chainfb::fb_forward<double>", chainfb::fb_forward<double>),
-    CFB_ENTRY("chainfb::fb_backward<float>", chainfb::fb_backward<float>),
-    CFB_ENTRY("chainfb::fb_backward<double>", chainfb::fb_backward<double>),
-    CFB_ENTRY("chainfb::fb_shared_forward<float>", chainfb::fb_shared_forward<float>),
-    CFB_ENTRY("chainfb::fb_shared_forward<double>", chainfb::fb_shared_forward<double>),
-    CFB_ENTRY("chainfb::fb_shared_backward<float>", chainfb::fb_shared_backward<float>),
-    CFB_ENTRY("chainfb::fb_shared_backward<double>", chainfb::fb_shared_backward<double>),
+    CFB_ENTRY("chainfb::fb_recursion<float>", chainfb::fb_recursion<float>),
+    CFB_ENTRY("chainfb::fb_recursion<double>", chainfb::fb_recursion<double>),
+    CFB_ENTRY("chainfb::fb_posteriors<float>", chainfb::fb_posteriors<float>),
+    CFB_ENTRY("chainfb::fb_posteriors<double>", chainfb::fb_posteriors<double>),
+    CFB_ENTRY("chainfb::fb_shared_recursion<float>", chainfb::fb_shared_recursion<float>),
+    CFB_ENTRY("chainfb::fb_shared_recursion<double>", chainfb::fb_shared_recursion<double>),
+    CFB_ENTRY("chainfb::fb_shared_posteriors<float>", chainfb::fb_shared_posteriors<float>),
+    CFB_ENTRY("chainfb::fb_shared_posteriors<double>", chainfb::fb_shared_posteriors<double>),
     CFB_ENTRY("chainfb::transducer_gather<float, float>", chainfb::transducer_gather<float, float>),
     CFB_ENTRY("chainfb::transducer_gather<double, double>", chainfb::transducer_gather<double, double>),
     CFB_ENTRY("chainfb::transducer_gather<chainfb::F16, float>", chainfb::transducer_gather<F16, float>),
