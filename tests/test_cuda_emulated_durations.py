@@ -298,7 +298,7 @@ def test_annotated_bytes_match_the_count(tmp_path):
             case = (case[0].to(dtype),) + case[1:]
             names, ops, got = cmw.count_call(be, take, name, case)
             assert [n.split("<")[0].split("::")[-1] for n in names] == [
-                "transducer_gather", "fb_forward", "fb_backward", "transducer_grad"]
+                "transducer_gather", "fb_recursion", "fb_posteriors", "transducer_grad"]
             lay = cmw.criterion_layout(name, case[0].shape[2], T, U, case[4])
             bytes_in = case[0].element_size()
             want = {k: sum(v) for k, v in cmw.map_bytes(lay, tuple(case[0].shape), bytes_in, 4).items()}
@@ -368,8 +368,8 @@ def test_tdt_kernel_route_float32_against_float64_cpu(be, float32_engine, kw):
     before = len(be.launches)
     c, g = _costs_and_grads(x, tg, Tb, Ub, durs, kernels=be, **kw)
     names = [n for n, _, _ in be.launches[before:]]
-    assert names == ["chainfb::transducer_gather<float, float>", "chainfb::fb_forward<float>",
-                     "chainfb::fb_backward<float>", "chainfb::transducer_grad<float, float>"]
+    assert names == ["chainfb::transducer_gather<float, float>", "chainfb::fb_recursion<float>",
+                     "chainfb::fb_posteriors<float>", "chainfb::transducer_grad<float, float>"]
     c_ref, g_ref = _costs_and_grads(x.double(), tg, Tb, Ub, durs, **kw)
     assert c.dtype == g.dtype == torch.float32
     np.testing.assert_allclose(c.numpy(), c_ref.numpy(), rtol=2e-6)
@@ -443,5 +443,5 @@ def test_tdt_kernel_route_makes_no_torch_pass_over_the_logits(be):
     with run_on(be), Sizes():
         chainfb.tdt_loss(xd, tg, Tb, Ub, 5, [0, 1, 2, 4], sigma=0.05, reduction="sum").backward()
     assert [n.split("<")[0] for n, _, _ in be.launches[before:]] == [
-        "chainfb::transducer_gather", "chainfb::fb_forward", "chainfb::fb_backward", "chainfb::transducer_grad"]
+        "chainfb::transducer_gather", "chainfb::fb_recursion", "chainfb::fb_posteriors", "chainfb::transducer_grad"]
     assert big == [], big

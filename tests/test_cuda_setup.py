@@ -70,11 +70,11 @@ def test_cupy_backend_passes_dynamic_shared_memory(monkeypatch):
     be = k.CupyBackend()
     kern = _FakeKernel()
     monkeypatch.setattr(be, "function", lambda name: kern)
-    be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2])
-    be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2], shared_mem=1024)
-    be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2], shared_mem=100 * 1024)
-    be.launch("chainfb::fb_forward<float>", 0, 64, [1, 2], shared_mem=100 * 1024)  # an empty grid: nothing
+    be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2])
+    be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2], shared_mem=1024)
+    be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2], shared_mem=100 * 1024)
+    be.launch("chainfb::fb_recursion<float>", 0, 64, [1, 2], shared_mem=100 * 1024)  # an empty grid: nothing
     assert kern.calls == [((3,), (64,), (1, 2), 0, 48 * 1024), ((3,), (64,), (1, 2), 1024, 48 * 1024),
                           ((3,), (64,), (1, 2), 100 * 1024, 100 * 1024)]
     with pytest.raises(ValueError, match="shared_mem"):
-        be.launch("chainfb::fb_forward<float>", 3, 64, [1, 2], shared_mem=-1)
+        be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2], shared_mem=-1)

@@ -174,13 +174,13 @@ def test_driver_names_a_listed_kernel_it_did_not_reach(monkeypatch, emulated_bac
     assert gpu_driver.main(["--emulate"]) == 1
     err = capsys.readouterr().err
     assert "no call reached" in err and "chainfb::a_new_kernel<float>" in err
-    assert "chainfb::fb_forward<double>" not in err.split("no call reached")[1]  # fst_loglike reached it
+    assert "chainfb::fb_recursion<float>" not in err.split("no call reached")[1]  # fst_loglike reached it
 
 
 def test_sanitizer_log(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
-                   "=========     at chainfb::fb_forward<float>(...)\n========= \n"
+                   "=========     at chainfb::fb_recursion<float>(...)\n========= \n"
                    "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n"
                    "========= ERROR SUMMARY: 1 error\n")
     got = _gpu_report.parse_sanitizer(log)
