@@ -16,6 +16,9 @@ A *kernel backend* is what the CUDA engines (:mod:`chainfb.engines.cuda`,
     ``CHAINFB_DYNAMIC_SHARED`` in ``common.cuh`` points at); ``args`` is a
     list of ``xp`` arrays (C-contiguous) and NumPy scalars whose types
     match the kernel's parameters exactly.
+``max_shared_mem`` (optional)
+    the most shared memory a block may have on the device (the engines
+    assume 48 KiB without it).
 ``cache_key()``
     a hashable key of where arrays made now live and are ordered (device
     and stream): device copies cached on a lattice are kept per key (see
@@ -189,6 +192,7 @@ class CupyBackend:
 
         self.xp = cupy
         self._modules = {}
+        self._shared_limits = {}
 
     def module(self, src: str):
         """The compiled ``RawModule`` of source file ``src`` for the current device."""
@@ -202,6 +206,16 @@ class CupyBackend:
 
     def function(self, name: str):
         return self.module(KERNELS[name]).get_function(name)
+
+    @property
+    def max_shared_mem(self) -> int:
+        """The most shared memory (bytes) a block may have on the current
+        device once a kernel opts in (``cudaDevAttrMaxSharedMemoryPerBlockOptin``)."""
+        dev = self.xp.cuda.Device()
+        got = self._shared_limits.get(dev.id)
+        if got is None:
+            got = self._shared_limits[dev.id] = int(dev.attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        return got
 
     def launch(self, name: str, grid: int, block: int, args, shared_mem: int = 0) -> None:
         """Run kernel ``name`` on ``grid`` blocks of ``block`` threads with

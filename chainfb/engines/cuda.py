@@ -307,7 +307,8 @@ def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, 
     if N == 0:
         return xp.zeros(0, dtype=dtype), post
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
-    block = launch_block_size(block_size, shape["max_states"])
+    # enough threads for the widest sequence's states, and to stage its scores (STAGE values a thread)
+    block = launch_block_size(block_size, max(shape["max_states"], -(-shape["max_columns"] // STAGE)))
     r = _REAL[dtype]
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
     mode, shared = shared_plan(shape, max_span, dtype.itemsize, block, shared_budget(backend))

@@ -70,30 +70,38 @@ BANDWIDTH_EFFICIENCY = 0.9
 
 @dataclasses.dataclass
 class Costs:
-    """ns per unit on a thread's critical path, per barrier, per launch; the
-    factor on arc terms of blocks whose arcs do not fit L1."""
+    """ns on a thread's critical path per unit (an arc term, a result; in
+    double or float), per memory wait (a thread's first read of a frame's
+    data from device memory), per barrier, per launch; the factor on arc
+    terms of blocks whose arcs do not fit L1."""
 
     arc_d: float
     arc_f: float
     state_d: float
     state_f: float
-    barrier: float
+    wait: float
+    barrier: float = 50.0
     shuffle: float = 15.0
     launch: float = 4000.0
     l2_factor: float = 1.0
 
     def weights(self, l2: bool = False) -> dict:
         """The emulation's work weights (ns per unit) for a block whose arcs
-        do (not) fit L1."""
+        do (not) fit L1.  An arc term read from shared memory costs the same
+        less the difference of a memory and a shared-memory read
+        (:data:`LATENCY_NS`)."""
         f = self.l2_factor if l2 else 1.0
-        saved = LATENCY_NS["l2"] - LATENCY_NS["shared"]  # a shared-memory read in place of a memory read
+        saved = LATENCY_NS["l2"] - LATENCY_NS["shared"]
         return {
             "kWorkArcD": self.arc_d * f,
             "kWorkArcF": self.arc_f * f,
-            "kWorkArcSharedD": max(self.arc_d * f - saved, 0.25 * self.arc_d),
-            "kWorkArcSharedF": max(self.arc_f * f - saved, 0.25 * self.arc_f),
+            "kWorkArcSharedD": max(self.arc_d * f - saved, 0.25 * self.arc_d * f),
+            "kWorkArcSharedF": max(self.arc_f * f - saved, 0.25 * self.arc_f * f),
             "kWorkStateD": self.state_d,
             "kWorkStateF": self.state_f,
+            "kWorkStateSharedD": self.state_d,
+            "kWorkStateSharedF": self.state_f,
+            "kWorkMemoryWait": self.wait,
             "kWorkShuffle": self.shuffle,
             "kWorkBytes": 0.0,
         }
@@ -144,8 +152,8 @@ def previous_engine_blocks(lat, lengths, leaky: bool = False) -> dict:
     """The work of the engine kernels as they were before their rewrite (one
     thread per state for the recursion and one per column for the
     posteriors, threads striding; every row in device memory), counted from
-    the lattice: ``{"forward": (units per block [N, 2] as (arcs, results) on
-    the critical path, phases [N]), "backward": ...}``.  Per frame the
+    the lattice: ``{"forward": (units per block [N, 3] as (arcs, results,
+    memory waits) on the critical path, phases [N]), "backward": ...}``.  Per frame the
     forward's slowest thread does its states' in-arcs and results; the
     backward's does its columns' arcs and results and its states' out-arcs
     and results; the leaky HMM adds a block reduction (log2(block) + 2
@@ -180,8 +188,9 @@ def previous_engine_blocks(lat, lengths, leaky: bool = False) -> dict:
     L = np.asarray(lengths, dtype=np.float64)
     extra = (int(np.log2(nt)) + 2) if leaky else 0
     phases = L * (1 + extra) + 1
-    h["forward"] = (fwd * L[:, None], phases)
-    h["backward"] = (bwd * L[:, None], phases)
+    waits = L  # each frame's first read of device memory (every row and score lived there)
+    h["forward"] = (np.column_stack([fwd * L[:, None], waits]), phases)
+    h["backward"] = (np.column_stack([bwd * L[:, None], waits]), phases)
     h["block"] = nt
     return h
 
@@ -193,7 +202,8 @@ def previous_engine_time(units, phases, block, costs: Costs, real: str, device: 
     arc = costs.arc_d if real == "double" else costs.arc_f
     res = costs.state_d if real == "double" else costs.state_f
     f = costs.l2_factor if l2 else 1.0
-    spans = units[:, 0] * arc * f + units[:, 1] * res + costs.barrier * (np.asarray(phases) - 1)
+    spans = (units[:, 0] * arc * f + units[:, 1] * res + units[:, 2] * costs.wait
+             + costs.barrier * (np.asarray(phases) - 1))
     return costs.launch + makespan(spans, device, block, 0)
 
 
@@ -238,8 +248,8 @@ def calibrate(cases=None) -> tuple:
     l2 = {name: not fits_l1(lat) for name, (lat, *_rest) in cases.items()}
 
     def costs_of(p):
-        a_d, s_d, ratio, bar, kappa = np.exp(p)
-        return Costs(arc_d=a_d, arc_f=a_d * ratio, state_d=s_d, state_f=s_d * ratio, barrier=bar, l2_factor=kappa)
+        a_d, s_d, ratio, wait, kappa = np.exp(p)
+        return Costs(arc_d=a_d, arc_f=a_d * ratio, state_d=s_d, state_f=s_d * ratio, wait=wait, l2_factor=kappa)
 
     def predicted(costs):
         got = []
@@ -254,11 +264,12 @@ def calibrate(cases=None) -> tuple:
     def residuals(p):
         return [np.log(fit / sec) for _, _, sec, fit in predicted(costs_of(p))]
 
-    # bounds: a barrier of a few hundred cycles at most, float units within a
-    # factor of three of double ones (the kernels wait on memory more than on
-    # arithmetic), an L2-resident arc term at most ten times an L1-resident one
-    p0 = np.log([200.0, 500.0, 0.8, 100.0, 3.0])
-    lo, hi = np.log([1, 1, 0.33, 30, 1]), np.log([1e4, 1e4, 1.5, 400, 10])
+    # bounds: float units within a factor of three of double ones (the kernels
+    # wait on memory more than on arithmetic), a memory wait between an L2 hit
+    # and a few device-memory latencies, an L2-resident arc term at most ten
+    # times an L1-resident one; the barrier is fixed (Costs.barrier)
+    p0 = np.log([200.0, 500.0, 0.8, 300.0, 3.0])
+    lo, hi = np.log([1, 1, 0.33, LATENCY_NS["l2"], 1]), np.log([1e4, 1e4, 1.5, 2000, 10])
     fit = least_squares(residuals, p0, bounds=(lo, hi))
     costs = costs_of(fit.x)
     return costs, predicted(costs)
