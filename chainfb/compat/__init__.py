@@ -1,7 +1,12 @@
-"""Drop-in replacements for the transducer losses of other toolkits, each
-reproducing its signature, its numbers and its documented quirks on top of
-chainfb's compiled transducer losses:
+"""Drop-ins for other toolkits' users, each reproducing its names,
+signatures, numbers and documented quirks on top of chainfb's engine and
+losses:
 
+- :mod:`chainfb.compat.k2`: k2's FSA training API (``Fsa``,
+  ``create_fsa_vec``, ``linear_fsa``, ``ctc_topo``, ``ctc_graph``, the
+  graph algorithms icefall's training-graph compilers need,
+  ``DenseFsaVec``, ``intersect_dense`` with ``get_tot_scores``,
+  ``ctc_loss`` / ``CtcLoss``); exact where k2 prunes;
 - :mod:`chainfb.compat.torchaudio`: ``rnnt_loss``, ``RNNTLoss``,
   ``forced_align``, ``merge_tokens`` (an input error is also a
   ``RuntimeError``, as torchaudio's are);
