@@ -1,0 +1,63 @@
+"""The GPU cost model (tests/emulation/cost_model.py): its calibration
+reproduces the measured figures, blocks are placed on the device's slots,
+and the work it prices is the kernels' own count."""
+
+import numpy as np
+import pytest
+
+from chainfb import FstBatch, Lattice
+from chainfb.engines import cuda as cuda_engine
+from chainfb.testing import numerator_like_fst
+
+from emulation import cost_model as cm
+from emulation import find_compiler
+
+
+def test_calibration_reproduces_the_measured_times():
+    costs, report = cm.calibrate()
+    assert len(report) == 5
+    for case, kernel, measured, fitted in report:
+        assert 0.8 <= fitted / measured <= 1.25, (case, kernel, measured, fitted)
+    assert costs.arc_d > costs.arc_f > 0 and costs.state_d > costs.state_f > 0 and costs.l2_factor >= 1
+
+
+def test_blocks_fill_the_slots_then_queue():
+    dev = cm.H200
+    # 1024-thread blocks: two per SM, so 264 run at once and the 265th waits for the first to end
+    assert cm.makespan([1.0] * 264, dev, 1024, 0) == 1.0
+    assert cm.makespan([1.0] * 265, dev, 1024, 0) == 2.0
+    assert cm.makespan([5.0, 1.0, 1.0], dev, 1024, 0) == 5.0
+    # shared memory limits the blocks an SM holds: one 200 KiB block per SM
+    assert cm.makespan([1.0] * 133, dev, 32, 200 * 1024) == 2.0
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
+def test_staged_frames_wait_on_no_memory(emulated_counting, monkeypatch):
+    """In the staged mode a frame's rows and scores are in shared memory: the
+    recursion counts no memory wait and arc terms read from shared memory;
+    with everything in device memory every busy thread waits once a frame."""
+    be = emulated_counting
+    rng = np.random.default_rng(0)
+    lat = Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=10, num_pdfs=30) for _ in range(2)]))
+    X = rng.normal(size=(12, lat.num_columns)).astype(np.float32)
+    lengths = np.array([12, 9])
+    runs = {}
+    for mode in (2, 0):
+        monkeypatch.setattr(cuda_engine, "MODES", (mode, 0))
+        be.stats.clear()
+        cuda_engine.forward_backward(be, lat, X.copy(), lengths)
+        runs[mode] = be.stats[0]  # the recursion
+    staged, plain = runs[2], runs[0]
+    assert staged.work["kWorkMemoryWait"] == 0 and plain.work["kWorkMemoryWait"] > 0
+    assert staged.work["kWorkArcSharedF"] == plain.work["kWorkArcF"] > 0
+    costs = cm.Costs(arc_d=100, arc_f=50, state_d=200, state_f=100, wait=500)
+    assert cm.launch_time(staged, costs) < cm.launch_time(plain, costs)
+
+
+@pytest.fixture
+def emulated_counting(tmp_path):
+    from emulation import EmulatedBackend, build
+
+    be = EmulatedBackend(build(str(tmp_path)), count=True)
+    be.set_work_weights(cm.Costs(arc_d=100, arc_f=50, state_d=200, state_f=100, wait=500).weights())
+    return be
