@@ -58,6 +58,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ... import checks
+from .lexicon import Lexicon, phone_index
 from .phone_graph import EPS, PhoneGraph
 
 __all__ = ["BiphoneSet", "biphone_counts", "transcript_biphone_counts", "START"]
@@ -125,9 +126,6 @@ def transcript_biphone_counts(texts: Iterable[Sequence[str]], lexicon, phone_ids
     -------
     ``(counts [P+1, P], phone_counts [P])`` int64 as :func:`biphone_counts`.
     """
-    from .graph_compiler import phone_index
-    from .lexicon import Lexicon
-
     if not isinstance(lexicon, Lexicon):
         raise TypeError(f"lexicon: expected a chainfb.chain.Lexicon, got {type(lexicon).__name__}")
     prons = checks.choice(prons, "prons", ("all", "last", "first"))

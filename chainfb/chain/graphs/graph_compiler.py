@@ -5,7 +5,7 @@ Pipeline: words -> pronunciations (alternatives, optional silence between
 words) -> a :class:`~chainfb.chain.graphs.phone_graph.PhoneGraph` -> epsilon
 removal -> expansion by a :class:`~chainfb.chain.graphs.topology.Topology` ->
 an epsilon-free pdf acceptor (:class:`chainfb.Fst`) with self-loops ->
-exact state merging (:mod:`chainfb.chain.graphs.minimize`).
+exact state merging (:func:`chainfb.fst_algo.merge_equivalent_states`).
 
 Expansion: the HMM state "phone ``p`` ended at phone-graph node ``v``, now
 in template state ``k``" is keyed ``(v, p, k)``; a phone arc ``u -> v``
@@ -24,30 +24,20 @@ and each biphone takes the pdfs of its (tied) unit.
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ... import checks
 from ...fst import Fst
+from ...fst_algo import canonical_fst, has_path_of_length, merge_equivalent_states, min_frames, trim
+from ...fst_algo import determinize as determinize_fst
 from .biphone import BiphoneSet
-from .lexicon import Lexicon
-from .minimize import _build, merge_equivalent_states, trim
-from .minimize import determinize as determinize_fst
+from .lexicon import Lexicon, phone_index
 from .phone_graph import EPS, PhoneGraph
 from .topology import ENTER, Topology
 
 __all__ = ["phone_index", "expand", "numerator_graph", "word_loop_graph", "min_frames", "fits", "check_fits"]
-
-
-def phone_index(phone_ids) -> dict:
-    """``{phone name: 0-based id}`` from a list of phones or a mapping."""
-    if isinstance(phone_ids, Mapping):
-        return {str(k): int(v) for k, v in phone_ids.items()}
-    if isinstance(phone_ids, Sequence) and not isinstance(phone_ids, str):
-        return {str(p): i for i, p in enumerate(phone_ids)}
-    raise TypeError(f"phone_ids: expected a list of phones or a {{phone: id}} mapping, got {type(phone_ids).__name__}")
 
 
 def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False, context: BiphoneSet | None = None):
@@ -149,7 +139,7 @@ def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False, context:
         for key, i in ids.items():
             if len(key) == 3 and key[0] in pg.final and key[2] in topology.exits:
                 final[i] = pg.final[key[0]] + topology.exits[key[2]]
-    fst, words = _build(S, sid(START), src, dst, pdf, lps, final, words)
+    fst, words = canonical_fst(S, sid(START), src, dst, pdf, lps, final, words)
     return trim(fst, words)
 
 
@@ -206,9 +196,9 @@ def numerator_graph(
     optional_silence : str or None — phone that may occur between words
         (and, with ``sil_at_ends``, before the first and after the last word)
         with probability ``sil_prob``; ``None`` disables it.
-    minimize : bool — exact state merging (:mod:`chainfb.chain.graphs.minimize`).
+    minimize : bool — exact state merging (:func:`chainfb.fst_algo.merge_equivalent_states`).
     determinize : bool — weighted determinization first
-        (:func:`chainfb.chain.graphs.minimize.determinize`; skipped when it would
+        (:func:`chainfb.fst_algo.determinize`; skipped when it would
         blow up), so that no state has two arcs with the same pdf.
 
     Returns
@@ -315,31 +305,6 @@ def word_loop_graph(
     return fst, word_of_arc
 
 
-def min_frames(fst: Fst) -> float:
-    """The fewest frames (arcs) of any start-to-final path; ``inf`` if none.
-
-    Kaldi rejects training examples whose numerator graph's shortest path is
-    longer than the number of frames; see :func:`fits`.
-    """
-    ok = fst.log_prob > -np.inf
-    out: dict[int, list] = {}
-    for s, d in zip(fst.src[ok].tolist(), fst.dst[ok].tolist()):
-        out.setdefault(s, []).append(d)
-    dist = {fst.start: 0}
-    q = deque([fst.start])
-    best = math.inf
-    while q:
-        u = q.popleft()
-        if fst.final[u] > -np.inf:
-            best = min(best, dist[u])
-            break  # BFS: the first final state popped is the nearest
-        for v in out.get(u, ()):
-            if v not in dist:
-                dist[v] = dist[u] + 1
-                q.append(v)
-    return best if best < math.inf else math.inf
-
-
 def fits(fst: Fst, num_frames: int) -> tuple[bool, str]:
     """``(ok, message)``: whether some path of ``fst`` has exactly ``num_frames``
     arcs.  ``ok`` is False (with the reason) when the shortest path is longer
@@ -353,17 +318,7 @@ def fits(fst: Fst, num_frames: int) -> tuple[bool, str]:
     if m > n:
         return False, f"the transcript needs at least {m} frames but only {n} are available"
     # exact-length reachability (graphs without self-loops may not fit every length)
-    ok = fst.log_prob > -np.inf
-    cur = np.zeros(fst.num_states, bool)
-    cur[fst.start] = True
-    src, dst = fst.src[ok], fst.dst[ok]
-    for _ in range(n):
-        nxt = np.zeros_like(cur)
-        nxt[dst[cur[src]]] = True
-        cur = nxt
-        if not cur.any():
-            break
-    if not (cur & (fst.final > -np.inf)).any():
+    if not has_path_of_length(fst, n):
         return False, f"no path of the graph has exactly {n} frames (shortest: {m})"
     return True, ""
 

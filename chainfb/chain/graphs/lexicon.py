@@ -26,11 +26,20 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from ... import checks
 
-__all__ = ["Lexicon", "read_lexicon", "read_text", "read_phones"]
+__all__ = ["Lexicon", "read_lexicon", "read_text", "read_phones", "phone_index"]
+
+
+def phone_index(phone_ids) -> dict:
+    """``{phone name: 0-based id}`` from a list of phones or a mapping."""
+    if isinstance(phone_ids, Mapping):
+        return {str(k): int(v) for k, v in phone_ids.items()}
+    if isinstance(phone_ids, Sequence) and not isinstance(phone_ids, str):
+        return {str(p): i for i, p in enumerate(phone_ids)}
+    raise TypeError(f"phone_ids: expected a list of phones or a {{phone: id}} mapping, got {type(phone_ids).__name__}")
 
 
 def _source(path_or_lines) -> str:

@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .connect import useful_states
+from ...fst_algo import remove_epsilons, useful_states
 
 __all__ = ["PhoneGraph"]
 
 EPS = -1
-
-
-def _lae(a: float, b: float) -> float:
-    return float(np.logaddexp(a, b))
 
 
 @dataclass
@@ -50,40 +46,13 @@ class PhoneGraph:
 
     def remove_epsilons(self) -> "PhoneGraph":
         """An equivalent graph without epsilon arcs (the epsilon sub-graph must
-        be acyclic; path weights through epsilons are summed exactly).
-        Epsilon arcs may not carry words."""
-        eps_out: dict[int, list] = {}
-        real_out: dict[int, list] = {}
-        for a in self.arcs:
-            if a[2] == EPS:
-                if a[4] >= 0:
-                    raise ValueError("an epsilon arc may not carry a word label")
-                eps_out.setdefault(a[0], []).append(a)
-            else:
-                real_out.setdefault(a[0], []).append(a)
-        closure_cache: dict[int, dict] = {}
-
-        def closure(u, stack=()):
-            if u in closure_cache:
-                return closure_cache[u]
-            if u in stack:
-                raise ValueError("the epsilon arcs of the phone graph form a cycle")
-            c = {u: 0.0}
-            for (_, v, _, lp, _) in eps_out.get(u, []):
-                for x, w in closure(v, stack + (u,)).items():
-                    c[x] = _lae(c[x], lp + w) if x in c else lp + w
-            closure_cache[u] = c
-            return c
-
-        out = PhoneGraph(self.num_nodes, self.start)
-        for u in range(self.num_nodes):
-            for v, w in closure(u).items():
-                for (_, x, p, lp, word) in real_out.get(v, []):
-                    out.arcs.append((u, x, p, w + lp, word))
-                if v in self.final:
-                    f = w + self.final[v]
-                    out.final[u] = _lae(out.final[u], f) if u in out.final else f
-        return out.trim()
+        be acyclic; path weights through epsilons are summed exactly:
+        :func:`chainfb.fst_algo.remove_epsilons`).  Epsilon arcs may not
+        carry words."""
+        if any(a[2] == EPS and a[4] >= 0 for a in self.arcs):
+            raise ValueError("an epsilon arc may not carry a word label")
+        arcs, final = remove_epsilons(self.num_nodes, self.arcs, self.final, EPS, "phone graph")
+        return PhoneGraph(self.num_nodes, self.start, arcs, final).trim()
 
     def trim(self) -> "PhoneGraph":
         """Keep only nodes on some start-to-final path, renumbered (start first)."""

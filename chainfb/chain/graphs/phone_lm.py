@@ -35,9 +35,10 @@ import numpy as np
 
 from ... import checks
 from ...fst import Fst
+from ...fst_algo import merge_equivalent_states
 from .biphone import BiphoneSet
 from .graph_compiler import expand
-from .minimize import merge_equivalent_states
+from .lexicon import phone_index
 from .phone_graph import PhoneGraph
 from .topology import Topology
 
@@ -197,8 +198,6 @@ def transcript_phones(words, lexicon, phone_ids, optional_silence="SIL", sil_pro
     ``optional_silence`` inserted between words with probability
     ``sil_prob`` (drawn with ``rng``, a ``numpy.random.Generator``; with
     ``rng=None`` silence is never inserted)."""
-    from .graph_compiler import phone_index
-
     ids = phone_index(phone_ids)
     if pron not in ("first", "sample"):
         raise ValueError(f"pron: expected 'first' or 'sample', got {pron!r}")

@@ -23,24 +23,28 @@ the final pair last, no trimming (call :func:`connect`); with
 ``treat_epsilons_specially=True`` an epsilon arc on either side moves that
 side alone (k2 has no epsilon filter, so both orders of two epsilons are
 kept as separate paths).  :func:`remove_epsilon` and :func:`determinize`
-are exact in the tropical semiring (max), as k2 documents; the
-determinization is :func:`chainfb.chain.graphs.determinize` in the max
-semiring, and :func:`connect` uses :func:`chainfb.chain.graphs.connect.useful_states`.
+are exact in the tropical semiring (max), as k2 documents.  The graph
+algorithms themselves are chainfb's generic ones (:mod:`chainfb.fst_algo`):
+:func:`connect` keeps :func:`~chainfb.fst_algo.useful_states`,
+:func:`top_sort` orders by :func:`~chainfb.fst_algo.topological_order`,
+:func:`remove_epsilon` is :func:`~chainfb.fst_algo.remove_epsilons_max` and
+:func:`determinize` is :func:`~chainfb.fst_algo.determinize` in the max
+semiring; what is k2's here is the FSA layout, the arc maps and the
+attributes.
 """
 
 from __future__ import annotations
 
 from collections import deque
-import heapq
 from typing import Optional
 
 import numpy as np
 import torch
 
 from ... import checks
-from ...chain.graphs.connect import useful_states
-from ...chain.graphs.minimize import determinize as _determinize_fst
 from ...fst import Fst
+from ...fst_algo import determinize as _determinize_fst
+from ...fst_algo import remove_epsilons_max, topological_order, useful_states
 from .fsa import ARC_SORTED, ARC_SORTED_AND_DETERMINISTIC, EPSILON_FREE, Fsa, _fix_final_labels, _label_order
 from .ragged import RaggedTensor
 
@@ -180,26 +184,10 @@ def connect(fsa: Fsa) -> Fsa:
 def _top_sort_one(S, src, dst, lab):
     if S == 0:
         return _empty()
-    reach = useful_states(S, src, dst, 0, np.arange(S))  # accessible (every state counts as final)
-    arcs = np.flatnonzero(reach[src] & reach[dst] & (src != dst))
-    indeg = np.bincount(dst[arcs], minlength=S)
-    out_arcs = [[] for _ in range(S)]
-    for a in arcs.tolist():
-        out_arcs[src[a]].append(dst[a])
-    ready = [0] if indeg[0] == 0 else []
-    order = []
-    while ready:
-        s = heapq.heappop(ready)
-        if s == S - 1:
-            continue  # the final state goes last
-        order.append(s)
-        for d in out_arcs[s]:
-            indeg[d] -= 1
-            if indeg[d] == 0:
-                heapq.heappush(ready, d)
-    if len(order) != int(reach[: S - 1].sum()):
+    order = topological_order(S, src, dst, 0, last=S - 1)  # the final state goes last
+    if order is None:
         raise ValueError("fsa: top_sort needs an FSA without cycles (self-loops are allowed)")
-    return _renumber(S, src, dst, lab, np.array(order + [S - 1], np.int64))
+    return _renumber(S, src, dst, lab, order)
 
 
 def top_sort(fsa: Fsa) -> Fsa:
@@ -218,49 +206,6 @@ def invert(fsa: Fsa, ret_arc_map: bool = False):
 
 
 # --------------------------------------------------------------- epsilon removal
-def _eps_closure(s, eps_out, S):
-    """Best (max) epsilon-path score from ``s`` to each state it reaches, and
-    the arcs of that path; a cycle of positive score is an error."""
-    best, pred, count = {s: 0.0}, {s: None}, {}
-    queue = deque([s])
-    while queue:
-        q = queue.popleft()
-        for arc, d, w in eps_out[q]:
-            v = best[q] + w
-            if d not in best or v > best[d]:
-                best[d], pred[d] = v, (q, arc)
-                count[d] = count.get(d, 0) + 1
-                if count[d] > S:
-                    raise ValueError("fsa: remove_epsilon needs an FSA without epsilon cycles of score > 0")
-                queue.append(d)
-    paths = {}
-    for q in best:
-        path, cur = [], q
-        while pred[cur] is not None:
-            cur, arc = pred[cur]
-            path.append(arc)
-        paths[q] = path[::-1]
-    return [s] + sorted(q for q in best if q != s), paths
-
-
-def _remove_epsilon_one(S, src, dst, lab, score):
-    eps_out = [[] for _ in range(S)]
-    other = [[] for _ in range(S)]
-    for a in range(len(src)):
-        (eps_out if lab[a] == 0 else other)[src[a]].append((a, dst[a], score[a]) if lab[a] == 0 else a)
-    ns, nd, nl, maps = [], [], [], []
-    for s in range(S):
-        if not eps_out[s]:
-            for a in other[s]:
-                ns.append(s), nd.append(dst[a]), nl.append(lab[a]), maps.append([a])
-            continue
-        states, paths = _eps_closure(s, eps_out, S)
-        for q in states:
-            for a in other[q]:
-                ns.append(s), nd.append(dst[a]), nl.append(lab[a]), maps.append(paths[q] + [a])
-    return S, np.array(ns, np.int64), np.array(nd, np.int64), np.array(nl, np.int64), maps
-
-
 def _ragged_attr(value, maps, source_final: np.ndarray, filler, device):
     """Integer attribute ``value`` gathered along ``maps`` (rows of source
     arcs), fillers and the ``-1`` of final arcs left out, as a RaggedTensor."""
@@ -287,7 +232,7 @@ def remove_epsilon(fsa: Fsa) -> Fsa:
     score = fsa.scores.detach().cpu().numpy().astype(np.float64)
     results = []
     for S, src, dst, lab, a0 in _pieces(fsa):
-        S, ns, nd, nl, maps = _remove_epsilon_one(S, src, dst, lab, score[a0:a0 + len(src)])
+        S, ns, nd, nl, maps = remove_epsilons_max(S, src, dst, lab, score[a0:a0 + len(src)])
         results.append((S, ns, nd, nl, [[a + a0 for a in m] for m in maps]))
     counts = np.array([len(r[1]) for r in results], dtype=np.int64)
     maps = [m for r in results for m in r[4]]
