@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from . import checks
+from . import checks, fst_binary
 
 __all__ = ["Fst"]
 
@@ -355,11 +355,9 @@ class Fst:
         byte offset."""
         with open(path, "rb") as f:
             data = f.read()
-        from . import fst_binary
-
         if data[:4] == fst_binary.MAGIC_BYTES:
             where = os.fspath(path)
-            fst, end = fst_binary.decode(data, 0, lambda what: ValueError(f"{where}: damaged binary FST: {what}"))
+            fst, end = fst_binary.decode(data, 0, lambda what: ValueError(f"{where}: damaged binary FST: {what}"), Fst)
             if end != len(data):
                 raise ValueError(f"{where}: damaged binary FST: {len(data) - end} bytes follow the FST at byte {end} "
                                  f"(an archive of several FSTs is read by chainfb.chain.read_kaldi_fst_archive)")
@@ -426,8 +424,6 @@ class Fst:
         ``den.fst`` (float32 costs; arcs spanning several frames cannot be
         held: a ``ValueError``)."""
         if checks.flag(binary, "binary"):
-            from . import fst_binary
-
             data = fst_binary.encode(self, "binary=True")
             with open(path, "wb") as f:
                 f.write(data)

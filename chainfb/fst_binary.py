@@ -32,16 +32,18 @@ read from the bytes is checked against the bytes that remain before
 anything is allocated, so a damaged file is a ``ValueError``, never a
 ``MemoryError``.  OpenFst's ``const`` FSTs (Kaldi writes them for decoding
 graphs such as ``HCLG.fst``, not for the chain graphs) are refused by name.
+
+This module sits beside :mod:`chainfb.fst` and below it (``Fst.read`` and
+``Fst.write`` use it): it reads an :class:`~chainfb.Fst`'s fields and is
+given its constructor, and imports nothing of chainfb.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
-
-from .fst import Fst
 
 __all__ = ["MAGIC", "MAGIC_BYTES", "encode", "decode"]
 
@@ -64,12 +66,11 @@ def _string(name: bytes) -> bytes:
     return struct.pack("<i", len(name)) + name
 
 
-def encode(fst: Fst, name: str = "fst") -> bytes:
-    """``fst`` in OpenFst's binary ``vector`` form (label ``pdf + 1`` on both
-    sides, float32 costs).  Arcs spanning several frames cannot be held: a
-    ``ValueError`` naming ``name``."""
-    if not isinstance(fst, Fst):
-        raise TypeError(f"{name}: expected chainfb.Fst, got {type(fst).__name__}")
+def encode(fst, name: str = "fst") -> bytes:
+    """``fst`` (a :class:`chainfb.Fst`, checked by the caller) in OpenFst's
+    binary ``vector`` form (label ``pdf + 1`` on both sides, float32 costs).
+    Arcs spanning several frames cannot be held: a ``ValueError`` naming
+    ``name``."""
     if fst.max_span > 1:
         raise ValueError(f"{name}: has arcs spanning up to {fst.max_span} frames; OpenFst's and Kaldi's binary "
                          f"FSTs cannot hold spans (chainfb's text form keeps them)")
@@ -135,10 +136,11 @@ class _Reader:
             self.unpack(_INT64, f"{what}'s key")
 
 
-def decode(data, pos: int, fail: Callable[[str], ValueError]) -> tuple[Fst, int]:
+def decode(data, pos: int, fail: Callable[[str], ValueError], make: Callable[..., Any]) -> tuple[Any, int]:
     """The FST in OpenFst's binary form at byte ``pos`` of ``data`` (a
     ``vector`` FST, or the ``compact_acceptor`` form Kaldi writes into
-    chain examples), and the byte after it.  ``fail(what)`` makes the
+    chain examples), built by ``make`` (:class:`chainfb.Fst`, or a class
+    with its constructor), and the byte after it.  ``fail(what)`` makes the
     ``ValueError`` for a damaged FST (``what`` says what is wrong and at
     which byte)."""
     r = _Reader(data, pos, fail)
@@ -184,8 +186,8 @@ def decode(data, pos: int, fail: Callable[[str], ValueError]) -> tuple[Fst, int]
     if nextstate.size and (nextstate.min() < 0 or nextstate.max() >= num_states):
         raise fail(f"has an arc to a state outside [0, {num_states})")
     try:
-        fst = Fst(num_states, start, np.repeat(np.arange(num_states), counts), nextstate,
-                  ilabel - 1, 0.0 - weight.astype(np.float64), 0.0 - final)
+        fst = make(num_states, start, np.repeat(np.arange(num_states), counts), nextstate,
+                   ilabel - 1, 0.0 - weight.astype(np.float64), 0.0 - final)
     except ValueError as e:
         raise fail(f"is not a valid graph: {e}") from None
     return fst, r.pos

@@ -273,7 +273,7 @@ class _Reader:
         return self.array("<i4", n, what)
 
     def fst(self, what: str) -> Fst:
-        fst, self.pos = fst_binary.decode(self.data, self.pos, lambda msg: self.fail(f"{what}: {msg}"))
+        fst, self.pos = fst_binary.decode(self.data, self.pos, lambda msg: self.fail(f"{what}: {msg}"), Fst)
         return fst
 
 

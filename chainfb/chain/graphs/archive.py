@@ -223,7 +223,7 @@ def _decode_kaldi_archive(path, data: bytes) -> list[tuple[str, int, Fst]]:
                 raise fail(f"(a text graph) is damaged: {e}") from None
             pos = end.end()
         else:
-            fst, pos = fst_binary.decode(data, pos, fail)
+            fst, pos = fst_binary.decode(data, pos, fail, Fst)
         entries.append((key, start, fst))
     return entries
 
