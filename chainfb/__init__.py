@@ -13,7 +13,8 @@ from .api import NumeratorLoss, PdfCriterion, best_path, forward_backward, fst_l
 from .batch import FstBatch
 from .chain import ChainLoss, DenominatorGraph
 from .fst import Fst
-from .kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
+from .compat.kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
+from . import kaldi  # noqa: F401 -- chainfb.kaldi, the old path of chainfb.compat.kaldi
 from .ctc import ctc_graph, ctc_loss
 from .lattice import Lattice
 from .transducer import multiblank_rnnt_loss, rnnt_loss, tdt_loss

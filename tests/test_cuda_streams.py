@@ -181,9 +181,9 @@ class _Probe:
 def pretend_cuda(fake, monkeypatch):
     """Every torch tensor counts as a CUDA tensor of device 0 (the CPU data
     stays where it is); the engine is probed."""
-    import chainfb.kaldi
+    import chainfb.compat.kaldi
 
-    for module in (interop, chainfb.kaldi):
+    for module in (interop, chainfb.compat.kaldi):
         monkeypatch.setattr(module, "cuda_device_of", lambda *xs: 0)
     probe = _Probe(fake)
     monkeypatch.setattr(chainfb.engines, "_module", lambda name: types.SimpleNamespace(forward_backward=probe))

@@ -165,3 +165,14 @@ def test_numerator_loss_reductions(rng):
         NumeratorLoss("mean_volume")
     with pytest.raises(ValueError, match="reduction"):
         NumeratorLoss(None)
+
+
+def test_old_import_path():
+    """``chainfb.kaldi`` is the old path of ``chainfb.compat.kaldi``: the same classes, as the package's."""
+    import chainfb
+    from chainfb import kaldi
+    from chainfb.compat import kaldi as compat_kaldi
+
+    assert kaldi.__all__ == compat_kaldi.__all__
+    for name in kaldi.__all__:
+        assert getattr(kaldi, name) is getattr(compat_kaldi, name) is getattr(chainfb, name)

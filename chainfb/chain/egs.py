@@ -44,6 +44,7 @@ import numpy as np
 
 from .. import fst_binary
 from ..fst import Fst
+from .supervision import Supervision
 
 __all__ = ["NnetIo", "ChainSupervision", "ChainExample", "read_chain_egs"]
 
@@ -98,8 +99,6 @@ class ChainSupervision:
         """The :class:`chainfb.Supervision` of an end-to-end output, for
         :class:`chainfb.GenericNumeratorComputation` (``weight`` and
         ``frames_per_sequence`` as Kaldi wrote them)."""
-        from ..kaldi import Supervision
-
         if not self.e2e:
             raise ValueError("supervision: a non-e2e example holds one graph of all its sequences (Kaldi's "
                              "numerator, not GenericNumeratorComputation's); its graph is fsts[0]")
