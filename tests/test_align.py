@@ -659,3 +659,14 @@ class TestAlignCUDA(AlignBodies, OnCUDA):
         import contextlib
 
         return contextlib.nullcontext()
+
+
+def test_transducer_aligners_keep_their_old_path():
+    """``chainfb.transducer.rnnt_align`` and the other aligners are ``chainfb.alignment``'s, served on first use."""
+    from chainfb import transducer
+
+    for name in ("rnnt_align", "tdt_align", "grid_align", "pruned_rnnt_align", "TransducerAlignment"):
+        assert getattr(transducer, name) is getattr(chainfb.alignment, name)
+        assert name in transducer.__all__ and name in dir(transducer)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        transducer.no_such_name

@@ -39,6 +39,9 @@ import torch
 
 from .. import checks
 from ..cuda.interop import on_torch_stream
+from ..transducer import GridCriterion, TransducerCriterion, boundary_from_lengths, check_inputs, rnnt_logprobs_pruned
+from ..transducer.loss import check_durations
+from ..transducer.tdt import TDTCriterion, check_tdt_durations
 from .paths import best_arcs
 
 __all__ = ["TransducerAlignment", "rnnt_align", "tdt_align", "grid_align", "pruned_rnnt_align",
@@ -108,8 +111,6 @@ def _step_moves(p, width, kind_of, dur_of, modified=False, s0=0, t0=0):
 
 
 def _check_common(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks=0):
-    from ..transducer import check_inputs
-
     return check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks)
 
 
@@ -135,10 +136,6 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
     -------
     list of B :class:`TransducerAlignment` (``durations`` None).
     """
-    from ..transducer import TransducerCriterion
-
-    from ..transducer.loss import check_durations
-
     checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U + 1, V]")
     durations = tuple(check_durations(big_blank_durations, logits.shape[-1])) if len(big_blank_durations) else ()
     sigma = checks.number(sigma, "sigma")
@@ -170,8 +167,6 @@ def tdt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     ``u`` is emitted at frame ``frames[u]`` with duration ``durations[u]``
     (the next arc leaves frame ``frames[u] + durations[u]``).
     """
-    from ..transducer.tdt import TDTCriterion, check_tdt_durations
-
     checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U + 1, V + D]")
     durs = check_tdt_durations(durations, logits.shape[-1])
     sigma = checks.number(sigma, "sigma")
@@ -215,8 +210,6 @@ def grid_align(px: torch.Tensor, py: torch.Tensor, boundary=None) -> list:
     symbol ``s_begin + k`` (``k < s_end - s_begin``); ``moves`` in grid
     coordinates.
     """
-    from ..transducer import GridCriterion
-
     crit = GridCriterion(px, py, boundary)
     B, S, T = crit.shape
     bd = checks.int_array(boundary, "boundary") if boundary is not None else np.tile([0, 0, S, T], (B, 1))
@@ -251,8 +244,6 @@ def pruned_rnnt_align(logits: torch.Tensor, targets: torch.Tensor, ranges: torch
     list of B :class:`TransducerAlignment` (``frames [U_b]``: the frame of
     each label; ``-inf`` score where the band holds no complete path).
     """
-    from ..transducer import boundary_from_lengths, rnnt_logprobs_pruned
-
     with torch.no_grad():
         bd = boundary_from_lengths(logit_lengths, target_lengths)
         px, py = rnnt_logprobs_pruned(logits.detach(), targets, ranges, blank, bd, rnnt_type)

@@ -15,6 +15,11 @@ SpeechBrain flavours).
   map over token and duration logits, and ``tdt_loss``);
 - :mod:`.pruned`: the pruned RNN-T family (simple / smoothed / full / pruned
   losses, prune ranges) on that grid.
+
+The Viterbi aligners over the same lattices (``rnnt_align``, ``tdt_align``,
+``grid_align``, ``pruned_rnnt_align``, ``TransducerAlignment``) live in
+:mod:`chainfb.alignment.transducer`, a layer above this package; they stay
+importable from here, resolved on first use.
 """
 
 from .graphs import (TransducerLayout, compile_layout, multiblank_graphs, rnnt_graphs, step_graph, tdt_graphs,
@@ -25,7 +30,9 @@ from .grid import GridCriterion, grid_loglike
 from .pruned import *  # noqa: F401,F403 -- the pruned family, listed in pruned.__all__
 from .criterion import TransducerCriterion, symbol_table
 from .tdt import TDTCriterion, tdt_loss
-from ..alignment.transducer import TransducerAlignment, grid_align, pruned_rnnt_align, rnnt_align, tdt_align
+
+#: names served from chainfb.alignment.transducer (see the module docstring)
+_ALIGNERS = ("TransducerAlignment", "rnnt_align", "tdt_align", "grid_align", "pruned_rnnt_align")
 
 __all__ = [
     "step_graph",
@@ -49,9 +56,19 @@ __all__ = [
     "grid_loglike",
     *pruned.__all__,
     # Viterbi alignments over the same lattices (chainfb.alignment.transducer)
-    "TransducerAlignment",
-    "rnnt_align",
-    "tdt_align",
-    "grid_align",
-    "pruned_rnnt_align",
+    *_ALIGNERS,
 ]
+
+
+def __getattr__(name: str):
+    """The aligners of :mod:`chainfb.alignment.transducer` under their old
+    path ``chainfb.transducer.<name>``."""
+    if name in _ALIGNERS:
+        from ..alignment import transducer as aligners
+
+        return getattr(aligners, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ALIGNERS))
