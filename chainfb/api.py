@@ -1,6 +1,10 @@
-"""The generic public API: graphs labelled with pdfs, scored by frame-level
-pdf log-likelihoods ``[N, T, P]`` (Kaldi's e2e chain numerator), as a
-criterion for the engine.
+"""The generic public API over pdf graphs: graphs labelled with pdfs,
+scored by frame-level pdf log-likelihoods ``[N, T, P]`` (Kaldi's e2e chain
+numerator), as a criterion for the engine.  Everything here is also
+:mod:`chainfb`'s own (``chainfb.forward_backward`` and so on).  It sits
+above :mod:`chainfb.criterion` and :mod:`chainfb.engines`, and below the
+losses that build on it (:mod:`chainfb.ctc`, :mod:`chainfb.chain`) and the
+drop-ins (:mod:`chainfb.compat`); ``docs/layout.md`` has the layers.
 
 - :class:`PdfCriterion`: the criterion (graphs -> lattice; score map =
   :class:`~chainfb.score_map.PdfScoreMap`).
