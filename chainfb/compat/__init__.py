@@ -24,5 +24,8 @@ losses:
   k2's HAT loss), ``get_rnnt_prune_ranges`` (and the deprecated one),
   ``do_rnnt_pruning``, the ``get_rnnt_logprobs*`` helpers and
   ``get_hat_logprobs_pruned``, ``mutual_information_recursion``,
-  ``joint_mutual_information_recursion`` and ``with_cuda``.
+  ``joint_mutual_information_recursion`` and ``with_cuda``;
+- :mod:`chainfb.compat.kaldi`: Kaldi's chain API, ``Supervision``,
+  ``GenericNumeratorComputation`` and ``DenominatorComputation``, on a
+  Kaldi-layout network output (``chainfb.kaldi`` is its old path).
 """
