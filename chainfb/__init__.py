@@ -3,10 +3,14 @@ numerator) with NumPy, SciPy and CuPy implementations, and compilers that
 turn training criteria (chain numerators and denominators, transducer
 losses) into graphs for it.
 
-Layers: :class:`Fst` -> :class:`FstBatch` -> :class:`Lattice` ->
+Layers: :class:`Fst` (with the generic FST algorithms of
+:mod:`chainfb.fst_algo`) -> :class:`FstBatch` -> :class:`Lattice` ->
 :mod:`chainfb.engines` (the engine seam) and :mod:`chainfb.criterion` (the
 criterion seam: a graph compiler plus a score map, run by one autograd
-Function)."""
+Function) -> the losses -> alignment and the drop-ins
+(:mod:`chainfb.compat`); ``docs/layout.md`` lists them, and
+``tests/test_layers.py`` checks that no module imports from a layer above
+its own."""
 
 from . import chain
 from .api import NumeratorLoss, PdfCriterion, best_path, forward_backward, fst_loglike
