@@ -12,7 +12,7 @@ from chainfb.lattice import Lattice
 from chainfb.score_map import PdfScoreMap
 from chainfb.testing import random_fst
 
-pytestmark = pytest.mark.skipif(not numba_log.available(), reason="needs Numba (the jit extra)")
+pytestmark = pytest.mark.skipif(not numba_log.available(), reason="needs Numba")
 
 
 def _lattice(seed, n=5, states=6, arcs=15, pdfs=5):
@@ -66,13 +66,14 @@ def test_instance_arrays_are_the_lattice_sides(seed):
     fsts = [random_fst(rng, num_states=int(rng.integers(1, 7)), num_arcs=int(rng.integers(0, 15)), num_pdfs=5,
                        num_finals=1) for _ in range(4)]
     lat = Lattice.of(FstBatch(fsts, seq_to_graph=rng.integers(0, 3, size=int(rng.integers(1, 7)))))
-    so, st, fi, f_ptr, f_src, lp_in, w_in, f_col, b_ptr, b_dst, lp_out, w_out, b_col, wshift = numba_log._arrays(lat)
+    arrs = numba_log.arrays.lattice_arrays(lat)
     f, b = lat.fwd, lat.bwd
-    for got, want in ((f_ptr, f.ptr), (f_src, f.src), (lp_in, f.log_prob), (f_col, f.col),
-                      (b_ptr, b.ptr), (b_dst, b.dst), (lp_out, b.log_prob), (b_col, b.col)):
+    for got, want in ((arrs.fwd.ptr, f.ptr), (arrs.fwd.other, f.src), (arrs.fwd.log_prob, f.log_prob),
+                      (arrs.fwd.col, f.col), (arrs.bwd.ptr, b.ptr), (arrs.bwd.other, b.dst),
+                      (arrs.bwd.log_prob, b.log_prob), (arrs.bwd.col, b.col)):
         np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(st, lat.start)
-    np.testing.assert_array_equal(fi, lat.final)
+    np.testing.assert_array_equal(arrs.start, lat.start)
+    np.testing.assert_array_equal(arrs.final, lat.final)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -190,7 +191,7 @@ def test_nan_past_a_length_is_ignored():
 @pytest.mark.parametrize("spans", [False, True])
 def test_threads_match_one_thread(monkeypatch, spans):
     """Sequences split into ranges over 3 threads give one thread's bits
-    (the span-1 pass ``_run`` and the spanning pass ``_run_spans``)."""
+    (the one-frame pass and the spanning pass)."""
     if spans:
         rng = np.random.default_rng(11)
         fsts = [_span_fst(rng, states=5, arcs=14) for _ in range(3)]
@@ -199,7 +200,7 @@ def test_threads_match_one_thread(monkeypatch, spans):
         lat, rng = _lattice(5, n=9)
     X = _scores(lat, rng, 30)
     lengths = rng.integers(0, 31, size=9)
-    name = "_run_spans" if spans else "_run"
+    passes = numba_log.spanning if spans else numba_log.one_frame
     before = engines.get_num_threads()
     engines.set_num_threads(1)
     try:
@@ -207,8 +208,8 @@ def test_threads_match_one_thread(monkeypatch, spans):
         monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
         engines.set_num_threads(3)
         calls = []
-        run = getattr(numba_log, name)
-        monkeypatch.setattr(numba_log, name, lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
+        run = passes.run
+        monkeypatch.setattr(passes, "run", lambda n0, n1, *a: calls.append((n0, n1)) or run(n0, n1, *a))
         three = numba_log.forward_backward(lat, X.copy(), lengths)
         parts = sorted(calls)  # a few ranges per thread, covering the sequences once
         assert 3 < len(parts) <= 3 * engines.threads.PARTS_PER_THREAD
@@ -364,6 +365,24 @@ def test_tight_alignments_with_peaky_scores(scale):
         np.testing.assert_allclose(post[: lengths[n], lat.col_seq == n].sum(axis=1), 1.0, atol=1e-10)
 
 
+def _python_source_with_log_domain_thresholds(monkeypatch):
+    """Every compiled function the engine's modules name (and the vector
+    math they use) replaced by its Python source, with thresholds that send
+    every cell and every frame down the exact log-domain paths."""
+    from chainfb.engines import vector_math
+    from chainfb.engines.numba_log import arrays, bands, cells, columns, frames, one_frame, spanning
+
+    modules = (arrays, bands, cells, columns, frames, one_frame, spanning, vector_math)
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if hasattr(value, "py_func"):
+                monkeypatch.setattr(module, name, value.py_func)
+        for name, value in (("SAFE", 1e300), ("LOG_SAFE", float(np.log(1e300))), ("SAFE_TOTAL", 1e300)):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, value)
+    assert all(not hasattr(v, "py_func") for m in modules for v in vars(m).values())
+
+
 @pytest.mark.parametrize("shift", [5, 1])
 def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     # run the engine's Python source (not the compiled code) with thresholds
@@ -372,13 +391,7 @@ def test_log_domain_paths_alone_give_the_same_numbers(monkeypatch, shift):
     monkeypatch.setattr(numba_log, "_BLOCK_SHIFT", shift)
     monkeypatch.setattr(numba_log, "_MAX_BLOCK_SPREAD", np.inf)
     monkeypatch.setattr(numba_log, "_MIN_BLOCKED_STATES", 0)
-    for name in ("_log1", "_lse_push", "_store1", "_normalise1", "_largest", "_final_max", "_divide1", "_slow1",
-                 "_block_norm", "_block_div", "_renorm", "_band_frame", "_back_fused", "_find", "_bands", "_frame_max",
-                 "_exp_row", "_sequence_emissions", "_emission_row", "_scaled_arc", "_post_slow", "_run"):
-        monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
-    monkeypatch.setattr(numba_log, "_SAFE", 1e300)
-    monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))
-    monkeypatch.setattr(numba_log, "_SAFE_TOTAL", 1e300)
+    _python_source_with_log_domain_thresholds(monkeypatch)
     lat, rng = _lattice(8, n=4)
     X = _scores(lat, rng, 9, scale=5.0)
     X[2, 3] = -np.inf
@@ -501,12 +514,7 @@ def test_spans_match_the_cut_graph_on_long_inputs(engine, scale, T):
 def test_span_log_domain_paths_alone_give_the_same_numbers(monkeypatch):
     # the engine's Python source with thresholds that send every cell and
     # every frame total down the exact log-domain paths
-    for name in ("_logval", "_lse_push", "_store", "_store_lse", "_final_max", "_normalise", "_live", "_span_in_sum",
-                 "_span_in_slow", "_span_out_post", "_span_out_slow", "_scales", "_max_ref", "_run_spans"):
-        monkeypatch.setattr(numba_log, name, getattr(numba_log, name).py_func)
-    monkeypatch.setattr(numba_log, "_SAFE", 1e300)
-    monkeypatch.setattr(numba_log, "_LOG_SAFE", float(np.log(1e300)))
-    monkeypatch.setattr(numba_log, "_SAFE_TOTAL", 1e300)
+    _python_source_with_log_domain_thresholds(monkeypatch)
     rng = np.random.default_rng(12)
     fst = _span_fst(rng)
     lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(3, dtype=np.int64)))
@@ -540,13 +548,14 @@ def test_span_graphs_select_numba_and_shared_runs_by_name():
 def test_span_one_graphs_keep_the_one_frame_pass(monkeypatch):
     lat, rng = _lattice(14)
     X = _scores(lat, rng, 8)
-    monkeypatch.setattr(numba_log, "_run_spans", None)  # never called for span-1 lattices
+    monkeypatch.setattr(numba_log.spanning, "run", None)  # never called for span-1 lattices
     ll, _ = numba_log.forward_backward(lat, X, np.full(lat.num_sequences, 8))
     assert np.isfinite(ll).any()
 
 
 def test_exp_row_matches_numpy_exp():
-    """The engine's vector exponential: within two units in the last place
+    """The engine's vector exponential (:func:`chainfb.engines.vector_math.exp_row`): within two units in the last
+    place
     of ``np.exp`` on ``[-708, 0]``, an exact 0 for ``-inf`` and below
     ``exp(-708)`` (the log-domain escape sees those scores), NaN for NaN, in
     the compiled code and its Python source."""
@@ -554,7 +563,9 @@ def test_exp_row_matches_numpy_exp():
     x = np.concatenate([-rng.exponential(5.0, 5000), -rng.uniform(0, 708, 5000), np.linspace(-1.0, 0.0, 1001),
                         [0.0, -0.0, -1e-300, -0.34657359, -0.34657360, -707.999, -708.0]])
     special = np.array([-708.001, -745.2, -800.0, -np.inf, np.nan])
-    for exp_row in (numba_log._exp_row, numba_log._exp_row.py_func):
+    from chainfb.engines.vector_math import exp_row as compiled
+
+    for exp_row in (compiled, compiled.py_func):
         for m in (0.0, 3.5, -2.25):
             v = np.concatenate([x, special]) + m
             out = np.empty_like(v)

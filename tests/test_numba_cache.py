@@ -35,7 +35,7 @@ assert probe_module.add_one(1) == 2
 print("RESULT", json.dumps(dict(
     compiled=numba_cache.compiled(), hits=sum(probe_module.add_one.stats.cache_hits.values()),
     module_cache=getattr(probe_module.add_one._cache, "cache_path", None),
-    engine_cache=getattr(numba_log._run._cache, "cache_path", None), chainfb=chainfb.__file__)))
+    engine_cache=getattr(numba_log.one_frame.run._cache, "cache_path", None), chainfb=chainfb.__file__)))
 '''
 
 

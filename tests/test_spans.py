@@ -474,7 +474,7 @@ def test_arcs_longer_than_every_sequence_cost_nothing(engine, span):
     _check_fb(fsts, x, lengths, ll, post)
     assert peak < 1 << 20, f"{peak} bytes for arcs of span {span} over {lengths.max()} frames"
     if engine == "numba":
-        bound = numba_log._span_bound(Lattice.of(FstBatch(long)), lengths)
+        bound = numba_log.arrays.span_bound(Lattice.of(FstBatch(long)), lengths)
         assert bound.max() <= lengths.max() and span not in bound
 
 
@@ -487,13 +487,20 @@ def test_a_long_duration_costs_no_more_than_a_short_one(monkeypatch):
     from chainfb.transducer.graphs import multiblank_graphs
 
     sizes = {}
-    run = numba_log._run_spans
+    run = numba_log.spanning.run
+
+    def arrays_in(args):  # the arrays among the arguments, those in (named) tuples included
+        for a in args:
+            if isinstance(a, np.ndarray):
+                yield a
+            elif isinstance(a, tuple):
+                yield from arrays_in(a)
 
     def counted(*args):
-        sizes.setdefault(key, []).append(sum(a.size for a in args if isinstance(a, np.ndarray)))
+        sizes.setdefault(key, []).append(sum(a.size for a in arrays_in(args)))
         return run(*args)
 
-    monkeypatch.setattr(numba_log, "_run_spans", counted)
+    monkeypatch.setattr(numba_log.spanning, "run", counted)
     rng = np.random.default_rng(15)
     T, U = 1000, 3
     for key in ((2, 4), (2, 999)):
@@ -502,7 +509,7 @@ def test_a_long_duration_costs_no_more_than_a_short_one(monkeypatch):
         X = rng.normal(size=(T + U, lat.num_columns))
         ll, _ = numba_log.forward_backward(lat, X, lengths)
         assert np.isfinite(ll).all()
-        assert numba_log._span_bound(lat, lengths).tolist() == [1, *key]
+        assert numba_log.arrays.span_bound(lat, lengths).tolist() == [1, *key]
     assert sizes[2, 4] == sizes[2, 999]
 
 

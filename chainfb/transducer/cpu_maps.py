@@ -2,7 +2,7 @@
 RNN-T, TDT, and the ``(px, py)`` grids' score plans): the gather and the
 gradient of :mod:`~chainfb.transducer.criterion`,
 :mod:`~chainfb.transducer.tdt` and :mod:`~chainfb.transducer.grid` as
-one pass each over the logits, compiled by Numba (the ``jit`` extra) and run
+one pass each over the logits, compiled by Numba (a default dependency) and run
 on :func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
 ``(b, t, u)``.
 
@@ -30,7 +30,8 @@ finite are zeroed.
 
 float32 logits use an exponential evaluated in float32 lanes (range
 reduction by ``ln 2`` and a degree-7 polynomial, within a few units in the
-last place, vectorised by the compiler); float64 logits use ``np.exp``.
+last place, vectorised by the compiler); float64 logits use ``np.exp``
+(both :func:`chainfb.engines.vector_math.exp_scaled_sum`).
 Sums of exponentials accumulate in float64.  Other dtypes (float16,
 bfloat16) stay on the torch score maps.
 """
@@ -39,14 +40,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import numba_cache, numba_log
-from ..engines.numba_log import _has_nan, _row_max
+from ..engines import numba_log
+from ..engines.numba_cache import njit
 from ..engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
+from ..engines.vector_math import exp_scaled_sum, has_nan, row_max
 
 __all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
            "planned_scores", "planned_gradient", "grid_scores", "grid_gradients", "additive_logprobs"]
-
-numba = numba_log.numba
 
 # cells per thread below which one thread does the whole batch
 _MIN_PARALLEL_CELLS = 256
@@ -56,7 +56,7 @@ def available(dtype=None) -> bool:
     """Whether the compiled score maps can run (Numba present and not
     disabled, see :mod:`chainfb.engines.numba_log`), for logits of torch
     ``dtype`` when given (float32 and float64 only)."""
-    if numba is None or numba_log.numba is None:
+    if not numba_log.available():
         return False
     if dtype is None:
         return True
@@ -79,73 +79,23 @@ def new_gradient(shape, dtype) -> tuple:
     return torch.from_numpy(a), a
 
 
-def _compile(fn):
-    return numba_cache.njit(nogil=True)(fn) if numba is not None else fn
-
-
-def _compile_fast(fn):
-    """Compiled with reassociation allowed (vectorised sums), NaN and
-    infinities kept."""
-    if numba is None:
-        return fn
-    return numba_cache.njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})(fn)
-
-
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI = np.float32(0.693145751953125)  # ln 2 = _LN2_HI + _LN2_LO, _LN2_HI exact in 16 bits
-_LN2_LO = np.float32(1.4286068203094173e-06)
-_LO = np.float32(-87.0)  # exp below this is under float32's smallest normal: 0
-_HALF = np.float32(0.5)
-_C = tuple(np.float32(1.0 / f) for f in (1, 1, 2, 6, 24, 120, 720, 5040))
-
-
-@_compile_fast
-def _exp_into(row, lo, n, m, scale, out, ib, fast):
-    """``out[k] = exp(row[lo + k] - m) * scale`` for ``k < n``; returns the
-    float64 sum of ``exp(row[lo + k] - m)``.  ``fast``: the float32-lane
-    exponential (``ib`` an int32 scratch of at least ``n``); else
-    ``np.exp``.  NaN in gives NaN out."""
-    s = 0.0
-    if not fast:
-        for k in range(n):
-            e = np.exp(row[lo + k] - m)
-            s += e
-            out[k] = e * scale
-        return s
-    c0, c1, c2, c3, c4, c5, c6, c7 = _C
-    for k in range(n):
-        v = row[lo + k] - m
-        vc = v if v > _LO else _LO
-        nf = np.floor(vc * _LOG2E + _HALF)
-        r = (vc - nf * _LN2_HI) - nf * _LN2_LO
-        out[k] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
-        ib[k] = (np.int32(nf) + np.int32(127)) << np.int32(23)
-    pw = ib.view(np.float32)
-    for k in range(n):
-        v = row[lo + k] - m
-        e = out[k] * pw[k]
-        e = e if v >= _LO else (np.float32(0.0) if v < _LO else v)  # underflow to 0; NaN stays NaN
-        s += e
-        out[k] = e * scale
-    return s
-
-
-@_compile
+@njit(nogil=True)
 def _log_norm(row, lo, n, buf, ib, fast):
     """``(log sum_k exp(row[lo + k]), 1 / sum_k exp(row[lo + k] - max))``,
     the first in float64 (the row maximum when it is not finite; NaN when a
     NaN is in the row; then the second is 0), with ``buf[k] = exp(row[lo +
     k] - max)`` written when the maximum is finite."""
-    m = _row_max(row, lo, n)
+    m = row_max(row, lo, n)
     if not np.isfinite(m):
         for k in range(lo, lo + n):
             if row[k] != row[k]:
                 return np.nan, 0.0
         return np.float64(m), 0.0
-    s = _exp_into(row, lo, n, m, 1.0, buf, ib, fast)  # NaN in the row: NaN
+    s = exp_scaled_sum(row, lo, n, m, 1.0, buf, ib, fast)  # NaN in the row: NaN
     return np.float64(m) + np.log(s), 1.0 / s
 
 
+@njit(nogil=True, inline="always")
 def _cell_used(counts, b, u, t):
     """Whether some arc kind of main state ``u`` is read at frame ``t``."""
     for j in range(counts.shape[2]):
@@ -154,15 +104,7 @@ def _cell_used(counts, b, u, t):
     return False
 
 
-if numba is not None:
-    _cell_used = numba_cache.njit(nogil=True, inline="always")(_cell_used)
-
-
-def _inline(fn):
-    return numba_cache.njit(nogil=True, inline="always")(fn) if numba is not None else fn
-
-
-@_compile
+@njit(nogil=True)
 def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
     batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
@@ -191,7 +133,7 @@ def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
                 S[cell, j] = np.float64(row[sym[b, u, j]]) - nm
 
 
-@_compile
+@njit(nogil=True)
 def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
     """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
@@ -230,7 +172,7 @@ def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fa
                 for k in range(V):
                     grow[k] = grow[k] * f
             else:
-                _exp_into(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
+                exp_scaled_sum(x[b, t, u], 0, V, nm, occ, grow, ib, fast)
         elif kept:
             grow[:] = 0.0
         for j in range(J):
@@ -249,22 +191,22 @@ def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fa
 _TB = 16
 
 
-@_inline
+@njit(nogil=True, inline="always")
 def _norm_parts(row, lo, n, buf, ib, fast):
     """``(max, sum_k exp(row[lo + k] - max))`` of ``row[lo:lo + n]`` in
     float64 with ``buf[k] = exp(row[lo + k] - max)`` when the maximum is
     finite (the sum NaN when a NaN is in the row); else ``(max, 0)``, the
     maximum NaN when a NaN is in the row."""
-    m = _row_max(row, lo, n)
+    m = row_max(row, lo, n)
     if not np.isfinite(m):
         for k in range(lo, lo + n):
             if row[k] != row[k]:
                 return np.nan, 0.0
         return np.float64(m), 0.0
-    return np.float64(m), _exp_into(row, lo, n, m, 1.0, buf, ib, fast)
+    return np.float64(m), exp_scaled_sum(row, lo, n, m, 1.0, buf, ib, fast)
 
 
-@_compile
+@njit(nogil=True)
 def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, keep, c0, c1):
     """Blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance of a TDT
     batch (``x [B, T, U1, V + D]``): per cell, the scores of the slots ``j
@@ -279,7 +221,7 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
     where the token normaliser is not finite).  With ``keep`` that row is
     left in ``g[b, t, u, :V]`` and the duration softmax in ``g[b, t, u,
     V:]`` (0 where its normaliser is not finite).  ``fast``: exponentials
-    in float32 lanes (see :func:`_exp_into`)."""
+    in float32 lanes (see :func:`exp_scaled_sum`)."""
     B, T, U1, VD = x.shape
     D = VD - V
     J = 2 * D
@@ -305,11 +247,11 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
                     continue
                 row = x[b, t, u]
                 tmax[u], tsum[u] = _norm_parts(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
-                md = _row_max(row, V, D)
+                md = row_max(row, V, D)
                 dmax[u] = md
                 for i in range(D):
                     dv[u * D + i] = row[V + i] - md
-            _exp_into(dv, 0, U1 * D, zero, 1.0, de, ib, fast)
+            exp_scaled_sum(dv, 0, U1 * D, zero, 1.0, de, ib, fast)
             for u in range(U1):
                 if not used[u]:
                     continue
@@ -325,7 +267,7 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
                     nsum = (mt + md) + np.log(st * sd)
                 else:  # a normaliser not finite: each as _log_norm gives it
                     tn = mt + np.log(st) if st > 0.0 or st != st else mt
-                    dn = md + np.log(sd) if sd > 0.0 or sd != sd else (np.nan if md == md and _has_nan(row, V, D)
+                    dn = md + np.log(sd) if sd > 0.0 or sd != sd else (np.nan if md == md and has_nan(row, V, D)
                                                                         else md)
                     nsum = tn + dn
                 if keep and sd > 0.0:  # the duration softmax, where the gradient wants it
@@ -351,7 +293,7 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
                         xrow[colidx[b, u, j]] = sb[j]
 
 
-@_compile
+@njit(nogil=True)
 def _tdt_grad(V, blank, labels, counts, colidx, inv, post, zero, label_weight, clamp, g, c0, c1):
     """The TDT gradient rows of the cells of blocks ``c0 <= blk < c1`` (as
     :func:`_tdt_gather`; see :mod:`chainfb.transducer.tdt`) from what
@@ -415,7 +357,7 @@ def _tdt_grad(V, blank, labels, counts, colidx, inv, post, zero, label_weight, c
                     grow[V + i] = grow[V + i] * occ - (A[i] + A[D + i])
 
 
-@_compile
+@njit(nogil=True)
 def _move(S, colidx, counts, T, X, to_steps, c0, c1):
     """Between the cell order and the engine's step-major matrix: with
     ``to_steps``, ``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]``
@@ -443,7 +385,7 @@ def _move(S, colidx, counts, T, X, to_steps, c0, c1):
                         S[cell, j] = X[n, colidx[b, u, j]] if read else 0.0
 
 
-@_compile
+@njit(nogil=True)
 def _put(src, entry, X, c0, c1):
     """``X[entry[i]] = src[i]`` for ``c0 <= i < c1`` where ``entry[i] >= 0`` (flat arrays)."""
     for i in range(c0, c1):
@@ -452,7 +394,7 @@ def _put(src, entry, X, c0, c1):
             X[e] = src[i]
 
 
-@_compile
+@njit(nogil=True)
 def _take(post, entry, out, c0, c1):
     """``out[i] = post[entry[i]]`` for ``c0 <= i < c1``, 0 where ``entry[i] < 0`` (flat arrays)."""
     for i in range(c0, c1):
@@ -460,7 +402,7 @@ def _take(post, entry, out, c0, c1):
         out[i] = post[e] if e >= 0 else 0.0
 
 
-@_compile
+@njit(nogil=True)
 def _additive(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1):
     """The additive joiner's ``(px, py)`` (:func:`additive_logprobs`) for
     blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance: the
@@ -491,7 +433,7 @@ def _additive(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1
                     px[b, s, T] = -np.inf
 
 
-@_compile
+@njit(nogil=True)
 def _grid_put(px, py, bd, colidx, modified, X, c0, c1):
     """The grid's scores (:mod:`~chainfb.transducer.grid`) into ``X`` for
     the rows ``c0 <= r < c1`` of ``py`` (``r = b * (S + 1) + s``): cell
@@ -516,7 +458,7 @@ def _grid_put(px, py, bd, colidx, modified, X, c0, c1):
                 X[row0 + t, cs] = px[b, s, t]
 
 
-@_compile
+@njit(nogil=True)
 def _grid_take(post, bd, colidx, modified, gx, gy, c0, c1):
     """The reverse of :func:`_grid_put`: every element of the rows ``c0 <= r
     < c1`` of ``gy`` (and of ``gx`` where ``s < S``) written, the engine's
