@@ -16,7 +16,7 @@ from chainfb.score_map import PdfScoreMap
 
 from oracles.fst import brute_force, reference_forward_backward
 
-pytestmark = pytest.mark.skipif(not numba_log.available(), reason="needs Numba (the jit extra)")
+pytestmark = pytest.mark.skipif(not numba_log.available(), reason="needs Numba")
 
 
 @pytest.fixture(autouse=True, params=[(5, 4.0), (1, np.inf), (0, np.inf)], ids=["blocks32", "blocks2", "blocks1"])

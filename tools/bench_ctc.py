@@ -9,8 +9,8 @@ warm-up, and the ratio of the medians to torch's.  chainfb's compiled
 graph is cached per targets, so the steps after the warm-up reuse it; the
 "uncached" row compiles it every step (new targets each step in
 training).  chainfb runs on the engine ``auto`` picks: the compiled one
-when Numba (the ``jit`` extra) is installed; the "NumPy engine" row hides
-Numba for comparison.
+(Numba is a default dependency); the "NumPy engine" row hides Numba for
+comparison.
 
     python tools/bench_ctc.py [--repeat 7] [--seed 0]
 
@@ -63,7 +63,7 @@ def run(args, T=500, N=16, C=500, S=100):
     from chainfb.engines import numba_log
 
     def numpy_engine(*a):
-        saved, numba_log.numba = numba_log.numba, None  # what `auto` picks without the jit extra
+        saved, numba_log.numba = numba_log.numba, None  # what `auto` picks with CHAINFB_NUMBA=0
         try:
             return chainfb.ctc_loss(*a)
         finally:

@@ -37,10 +37,10 @@ The implementations:
 - :mod:`~chainfb.engines.numpy_log` -- NumPy, log domain, float64; the
   reference and the general CPU engine.
 - :mod:`~chainfb.engines.numba_log` -- the same forward-backward as loops
-  compiled by Numba (the optional ``jit`` extra), scaled probabilities with
-  an exact log-domain escape, threads over sequences; several times faster
-  on lattices with few states per frame (CTC, transducer and numerator
-  graphs).  No leaky HMM, no Viterbi.
+  compiled by Numba (a default dependency; ``CHAINFB_NUMBA=0`` turns it
+  off), scaled probabilities with an exact log-domain escape, threads over
+  sequences; several times faster on lattices with few states per frame
+  (CTC, transducer and numerator graphs).  No leaky HMM, no Viterbi.
 - :mod:`~chainfb.engines.scipy_shared` -- SciPy sparse products in the
   scaled probability domain, for lattices whose sequences all share one
   graph (the LF-MMI denominator), several times faster there.
@@ -135,8 +135,9 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
     (:func:`chainfb.engines.scipy_shared.is_exact`: finite scores whose
     per-frame spread plus the arc weights' spread is under
     :data:`~chainfb.engines.scipy_shared.MAX_SPREAD` nats); ``"numba"`` for
-    any other forward-backward on the CPU without ``leaky`` when Numba is
-    installed; ``"numpy"`` otherwise.  When arcs span several frames
+    any other forward-backward on the CPU without ``leaky`` unless the
+    compiled engine is off (``CHAINFB_NUMBA=0``, or a Numba that cannot be
+    imported); ``"numpy"`` otherwise.  When arcs span several frames
     (``lat.max_span > 1``) only the CPU engines in :data:`SPAN_ENGINES` are
     picked (``"numpy"`` runs every lattice).  An explicit name is checked against
     where ``X`` lives (:func:`chainfb.cuda.kernels.on_device`) and against
