@@ -113,3 +113,47 @@ def test_a_read_only_install_with_a_read_only_home_caches_in_the_temporary_direc
     assert first["compiled"] == 1
     second, _ = run(**env)
     assert second["compiled"] == 0 and second["hits"] == 1
+
+
+EDITED_PROBE = '''
+import json, sys
+sys.path.insert(0, {site!r})
+import numpy as np
+import chainfb
+from chainfb.engines.numba_log import columns
+m = columns.frame_max(np.array([1.0, 3.0, 2.0]), 0, 3)
+print("RESULT", json.dumps(dict(max=m, hits=sum(columns.frame_max.stats.cache_hits.values()),
+                                chainfb=chainfb.__file__)))
+'''
+
+
+def test_a_change_to_a_module_a_compiled_function_calls_compiles_it_again(tmp_path):
+    """``frame_max`` (the engine's ``columns``) calls ``row_max`` and inlines ``has_nan`` of ``vector_math``, so its
+    machine code holds theirs: after ``vector_math.py`` changes, a new process compiles it again (Numba alone
+    checks only ``columns.py`` and would load the old code) -- while a change to a module without compiled
+    functions keeps the cache."""
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(ROOT, "chainfb"), site / "chainfb",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc"))
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "CHAINFB_CACHE", "XDG_CACHE_HOME")}
+    env["PYTHONPATH"] = ""
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", EDITED_PROBE.format(site=str(site))], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        out = json.loads(line[len("RESULT "):])
+        assert out["chainfb"].startswith(str(site)), out
+        return out["max"], out["hits"]
+
+    assert run() == (3.0, 0)  # compiled
+    assert run() == (3.0, 1)  # loaded from the cache beside the source
+    fst = site / "chainfb" / "fst.py"
+    fst.write_text(fst.read_text() + "\n# no compiled function here\n")
+    assert run() == (3.0, 1)
+    vm = site / "chainfb" / "engines" / "vector_math.py"
+    old = "    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))\n"
+    assert vm.read_text().count(old) == 1
+    vm.write_text(vm.read_text().replace(old, old.replace("\n", " + 1.0\n")))
+    assert run() == (4.0, 0)  # the new row_max, compiled into a new frame_max

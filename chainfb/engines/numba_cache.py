@@ -22,6 +22,15 @@ the first one writable is used (one subdirectory per source directory).
 Where none is, the functions are compiled in every process, as without a
 cache.  No environment variable or Numba setting of the process is changed.
 
+A compiled function holds the code of the functions it calls, which may be
+in other modules (the engine's modules inline each other's and
+:mod:`~chainfb.engines.vector_math`'s), while Numba checks only the
+function's own source file before it loads the cached result.  So the
+cache of a chainfb function is valid only for the sources of every chainfb
+module that declares compiled functions (those that name this module) as
+they were when it was compiled: changing any of them compiles them all
+again.
+
 While chainfb's functions compile, the logger ``chainfb`` says so once per
 process (a warning: one line on stderr when logging is not configured),
 with the directory the result goes to.
@@ -29,6 +38,7 @@ with the directory the result goes to.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -71,6 +81,27 @@ def _temp_root():
     return os.path.join(top, "numba")
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the chainfb package
+_digest: dict = {}
+
+
+def _sources_digest() -> bytes:
+    """A digest of the sources of every chainfb module that declares compiled functions (those that name this
+    module), read once per process."""
+    if not _digest:
+        h = hashlib.sha256()
+        for d, dirs, files in os.walk(_ROOT):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    with open(os.path.join(d, f), "rb") as fh:
+                        text = fh.read()
+                    if b"numba_cache" in text:
+                        h.update(os.path.relpath(os.path.join(d, f), _ROOT).encode() + b"\0" + text)
+        _digest["sources"] = h.digest()
+    return _digest["sources"]
+
+
 def cache_dirs() -> list:
     """The directories chainfb's own locators try, in order, after ``NUMBA_CACHE_DIR`` and ``__pycache__``
     (each one's subdirectories are per source directory)."""
@@ -85,6 +116,15 @@ def compiled() -> int:
 if numba is not None:
     _InTree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
     _UserProvided = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
+
+    class _Stamped:
+        """A locator whose source stamp, for a function of chainfb, also covers :func:`_sources_digest`."""
+
+        def get_source_stamp(self):
+            stamp = super().get_source_stamp()
+            if os.path.abspath(self._py_file).startswith(_ROOT + os.sep):
+                return stamp, _sources_digest()
+            return stamp
 
     class _RootLocator(_InTree):
         """A cache in ``<root()>/<source directory name>_<hash of its path>`` (as Numba's user-wide
@@ -109,7 +149,8 @@ if numba is not None:
         root = staticmethod(_temp_root)
 
     class _Impl(caching.CompileResultCacheImpl):
-        _locator_classes = [_UserProvided, _InTree, _UserLocator, _TempLocator]
+        _locator_classes = [type(c.__name__, (_Stamped, c), {}) for c in (_UserProvided, _InTree, _UserLocator,
+                                                                          _TempLocator)]
 
     class _FunctionCache(caching.FunctionCache):
         _impl_class = _Impl
