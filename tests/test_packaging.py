@@ -22,8 +22,8 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache", "build", "dist", ".git", ".venv", 
 QUICK_TEST_FILE = "test_fst.py"
 # caches that a checkout holds once its code has run (bytecode, Numba's compiled functions), planted in the
 # copy that is built
-CACHE_FILES = ("chainfb/engines/__pycache__/numba_log._forward-120.py311.nbi",
-               "chainfb/engines/__pycache__/numba_log._forward-120.py311.1.nbc",
+CACHE_FILES = ("chainfb/engines/numba_log/__pycache__/one_frame.run-120.py311.nbi",
+               "chainfb/engines/numba_log/__pycache__/one_frame.run-120.py311.1.nbc",
                "chainfb/transducer/__pycache__/cpu_maps.cpython-311.pyc", "tools/__pycache__/_cli.cpython-311.pyc")
 
 

@@ -13,7 +13,8 @@ polynomial in vector lanes, because ``np.exp`` takes a slow path for every
 - :func:`exp_row`: float64 lanes, ``exp(x - m)`` within two units in the
   last place of ``np.exp`` (the engine's emissions);
 - :func:`exp_scaled_sum`: float32 lanes (or ``np.exp``), ``exp(x - m)``
-  times a scale and their float64 sum (the score maps' softmax rows).
+  times a scale and their float64 sum (the score maps' softmax rows), and
+  :func:`row_exp_sum`, a row's maximum and that sum.
 
 Without Numba these are the plain Python functions (slow, same numbers).
 """
@@ -24,7 +25,7 @@ import numpy as np
 
 from .numba_cache import njit
 
-__all__ = ["row_max", "has_nan", "exp_row", "exp_scaled_sum"]
+__all__ = ["row_max", "has_nan", "exp_row", "exp_scaled_sum", "row_exp_sum"]
 
 
 @njit(nogil=True)
@@ -147,3 +148,19 @@ def exp_scaled_sum(row, lo, n, m, scale, out, ib, fast):
         s += e
         out[k] = e * scale
     return s
+
+
+@njit(nogil=True, inline="always")
+def row_exp_sum(row, lo, n, buf, ib, fast):
+    """``(max, sum_k exp(row[lo + k] - max))`` of ``row[lo:lo + n]`` (``n >=
+    1``) in float64, with ``buf[k] = exp(row[lo + k] - max)`` when the
+    maximum is finite (the sum NaN when a NaN is in the row); else ``(max,
+    0)``, the maximum NaN when a NaN is in the row: the parts of a row's
+    softmax and log-normaliser (``fast``, ``ib``: :func:`exp_scaled_sum`)."""
+    m = row_max(row, lo, n)
+    if not np.isfinite(m):
+        for k in range(lo, lo + n):
+            if row[k] != row[k]:
+                return np.nan, 0.0
+        return np.float64(m), 0.0
+    return np.float64(m), exp_scaled_sum(row, lo, n, m, 1.0, buf, ib, fast)

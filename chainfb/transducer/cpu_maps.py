@@ -43,7 +43,7 @@ import numpy as np
 from ..engines import numba_log
 from ..engines.numba_cache import njit
 from ..engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
-from ..engines.vector_math import exp_scaled_sum, has_nan, row_max
+from ..engines.vector_math import exp_scaled_sum, has_nan, row_exp_sum, row_max
 
 __all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
            "planned_scores", "planned_gradient", "grid_scores", "grid_gradients", "additive_logprobs"]
@@ -85,14 +85,10 @@ def _log_norm(row, lo, n, buf, ib, fast):
     the first in float64 (the row maximum when it is not finite; NaN when a
     NaN is in the row; then the second is 0), with ``buf[k] = exp(row[lo +
     k] - max)`` written when the maximum is finite."""
-    m = row_max(row, lo, n)
+    m, s = row_exp_sum(row, lo, n, buf, ib, fast)  # NaN in the row: NaN
     if not np.isfinite(m):
-        for k in range(lo, lo + n):
-            if row[k] != row[k]:
-                return np.nan, 0.0
-        return np.float64(m), 0.0
-    s = exp_scaled_sum(row, lo, n, m, 1.0, buf, ib, fast)  # NaN in the row: NaN
-    return np.float64(m) + np.log(s), 1.0 / s
+        return m, 0.0
+    return m + np.log(s), 1.0 / s
 
 
 @njit(nogil=True, inline="always")
@@ -191,21 +187,6 @@ def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fa
 _TB = 16
 
 
-@njit(nogil=True, inline="always")
-def _norm_parts(row, lo, n, buf, ib, fast):
-    """``(max, sum_k exp(row[lo + k] - max))`` of ``row[lo:lo + n]`` in
-    float64 with ``buf[k] = exp(row[lo + k] - max)`` when the maximum is
-    finite (the sum NaN when a NaN is in the row); else ``(max, 0)``, the
-    maximum NaN when a NaN is in the row."""
-    m = row_max(row, lo, n)
-    if not np.isfinite(m):
-        for k in range(lo, lo + n):
-            if row[k] != row[k]:
-                return np.nan, 0.0
-        return np.float64(m), 0.0
-    return np.float64(m), exp_scaled_sum(row, lo, n, m, 1.0, buf, ib, fast)
-
-
 @njit(nogil=True)
 def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, keep, c0, c1):
     """Blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance of a TDT
@@ -246,7 +227,7 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
                 if not used[u]:
                     continue
                 row = x[b, t, u]
-                tmax[u], tsum[u] = _norm_parts(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
+                tmax[u], tsum[u] = row_exp_sum(row, 0, V, g[b, t, u] if keep else buf, ib, fast)
                 md = row_max(row, V, D)
                 dmax[u] = md
                 for i in range(D):

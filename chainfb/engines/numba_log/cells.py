@@ -23,8 +23,9 @@ safe range back to scaled values, so a cell kept as a log is always below
   (``-inf`` when the cell is scaled or a true zero) -- :func:`logval`,
   :func:`store`, :func:`store_lse`, :func:`normalise`, :func:`live`.
 
-Both give the same numbers; they are kept apart because each pass's
-arithmetic (and so its bits) was fixed with its own.
+The two hold the same information (the one-array encoding rounds a log
+once more, ``(r - LOG_SAFE) + LOG_SAFE``); each pass keeps its own, so that
+its results stay the same to the bit.
 """
 
 from __future__ import annotations
