@@ -147,7 +147,7 @@ def live_range(dstart, dfinal, s0, W, L, lo, hi, nxt):
                 t = _find(nxt, t + 1)
 
 
-@njit(nogil=True)
+@njit(nogil=True, inline="always")
 def band_layout(n0, n1, state_off, dist, sh, lengths):
     """The :class:`Bands` of the sequences ``n0 <= n < n1`` (``dist``: the
     lattice's :class:`~.arrays.Distances`, blocks of ``2**sh`` states), and

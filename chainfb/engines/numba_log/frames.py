@@ -22,7 +22,7 @@ from .cells import LOG_SAFE, SAFE, block_div, log1, lse_push, store1
 __all__ = ["cell_log_domain", "low_cells_log_domain", "band_frame", "beta_frame_fused"]
 
 
-@njit(nogil=True)
+@njit(nogil=True, inline="always")
 def cell_log_domain(Pp, Rp, plo, sh, side, xt, base, k, shift, ref, Pn, j):
     """Cell ``j`` of ``Pn`` in the log domain (its scaled sum was below the
     safe range): the log-sum-exp of ``log(far end) + its block's reference -
@@ -50,30 +50,31 @@ def cell_log_domain(Pp, Rp, plo, sh, side, xt, base, k, shift, ref, Pn, j):
         store1(m + np.log(acc), Pn, j)
 
 
-@njit(nogil=True, inline="always")
-def low_cells_log_domain(Pp, Rp, plo, Pn, nlo, j0, j1, side, xt, base, shift, sh, ref):
-    """The cells ``j0 .. j1`` of ``Pn`` (a block's, scaled sums just formed
-    from ``Pp`` along ``side``) whose sum is below the safe range: zero when
-    no far end holds a path, else their exact value in the log domain
-    (:func:`cell_log_domain`, relative to ``ref``); returns the largest
-    scaled cell of the block after that (0 if none)."""
+@njit(nogil=True)
+def low_cells_log_domain(Pp, Rp, plo, Pb, blo, side, xt, base, shift, sh, ref):
+    """The cells of a block ``Pb`` (scaled sums just formed from ``Pp``
+    along ``side``; cell ``j`` is state ``base + blo + j``) whose sum is
+    below the safe range: zero when no far end holds a path, else their
+    exact value in the log domain (:func:`cell_log_domain`, relative to
+    ``ref``); returns the largest scaled cell of the block after that (0 if
+    none)."""
     ptr, other = side.ptr, side.other
     pw = Pp.shape[0]
     c = 0.0
-    for j in range(j0, j1):
-        s = Pn[j]
+    for j in range(Pb.shape[0]):
+        s = Pb[j]
         if s >= SAFE or s != s:
             if s > c:
                 c = s
             continue
-        Pn[j] = 0.0
-        k = base + nlo + j
+        Pb[j] = 0.0
+        k = base + blo + j
         for a in range(ptr[k], ptr[k + 1]):
             i = other[a] - base - plo
             if i >= 0 and i < pw and Pp[i] != 0.0:  # a path: its exact value in the log domain
-                cell_log_domain(Pp, Rp, plo, sh, side, xt, base, k, shift, ref, Pn, j)
-                if Pn[j] > c:
-                    c = Pn[j]
+                cell_log_domain(Pp, Rp, plo, sh, side, xt, base, k, shift, ref, Pb, j)
+                if Pb[j] > c:
+                    c = Pb[j]
                 break
     return c
 
@@ -146,7 +147,7 @@ def band_frame(Pp, Rp, plo, Pn, Rn, nlo, side, xt, E, cb, base, shift, sh, bmin,
                 c = s
             low += s < SAFE
         if low:  # cells below the safe range: zero, or their exact value in the log domain
-            c = low_cells_log_domain(Pp, Rp, plo, Pn, nlo, j0, j1, side, xt, base, shift, sh, ref)
+            c = low_cells_log_domain(Pp, Rp, plo, Pb, nlo + j0, side, xt, base, shift, sh, ref)
         Rn[kb - nb0] = ref + block_div(Pb, c)
 
 
@@ -199,5 +200,5 @@ def beta_frame_fused(Qn, Rq, qlo, Pt, Bt, tlo, side, xt, et, cb, base, shift, sh
         elif p > 0.0:  # (or s is NaN)
             z += p * s
     if low:  # cells below the safe range: zero, or their exact value in the log domain
-        c = low_cells_log_domain(Qn, Rq, qlo, Bt, tlo, 0, Bt.shape[0], side, xt, base, shift, sh, Rq[0])
+        c = low_cells_log_domain(Qn, Rq, qlo, Bt, tlo, side, xt, base, shift, sh, Rq[0])
     return z, block_div(Bt, c), ns

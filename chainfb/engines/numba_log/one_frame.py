@@ -64,7 +64,7 @@ class Work(NamedTuple):
     Mrow: np.ndarray  #: float64 ``[longest]``: the frame maxima ``m_t``
 
 
-@njit(nogil=True)
+@njit(nogil=True, inline="always")
 def _work(n0, n1, bands, sh, col_off, lengths, ebytes):
     """The :class:`Work` of the sequences ``n0 <= n < n1`` (``bands``: their
     :class:`~.bands.Bands`), emissions held for the sequences whose
@@ -99,6 +99,7 @@ def run(n0, n1, la, dist, blocks, X, lengths, ebytes, need_post, loglike, post):
     sh = blocks.shift
     bands = band_layout(n0, n1, la.state_off, dist, sh, lengths)
     work = _work(n0, n1, bands, sh, la.col_off, lengths, ebytes)
+    Mrow, out_ptr, out_col = work.Mrow, la.bwd.ptr, la.bwd.col
     for n in range(n0, n1):
         s0 = la.state_off[n]
         W = la.state_off[n + 1] - s0
@@ -114,17 +115,17 @@ def run(n0, n1, la, dist, blocks, X, lengths, ebytes, need_post, loglike, post):
         Es = work.Ebuf[:L * (c1 - c0) if held else 0].reshape((L if held else 0, c1 - c0))
         bad = False  # a NaN or +inf score in a frame: NaN out, whatever the band
         for t in range(L):
-            work.Mrow[t] = frame_max(X[t], c0, c1, not held)
-            if work.Mrow[t] != work.Mrow[t] or work.Mrow[t] == np.inf:
+            Mrow[t] = frame_max(X[t], c0, c1, not held)
+            if Mrow[t] != Mrow[t] or Mrow[t] == np.inf:
                 bad = True
         if not bad and held:  # the held emissions, formed now: a NaN among them is a NaN score
-            bad = sequence_emissions(X, c0, c1, work.Mrow, Es, work.bits)
+            bad = sequence_emissions(X, c0, c1, Mrow, Es, work.bits)
         if bad:
             loglike[n] = np.nan
             if need_post:
                 for t in range(L):
-                    for a in range(la.bwd.ptr[s0], la.bwd.ptr[s0 + W]):
-                        post[t, la.bwd.col[a]] = np.nan
+                    for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                        post[t, out_col[a]] = np.nan
             continue
         empty = False
         for t in range(L + 1):
@@ -152,8 +153,9 @@ def alpha_pass(fwd, start, seq, sh, wshift, X, Es, work):
     references into ``work.RA``, from the start state ``start`` along the
     in-arcs ``fwd``; returns the sequence's log offset (the frames' shifts
     and normalisers, summed)."""
-    A, RA, Mrow = work.A, work.RA, work.Mrow
+    A, RA, Mrow, ew, bits, fac = work.A, work.RA, work.Mrow, work.ew, work.bits, work.fac
     s0, L, c0, c1, lo, off, rof = seq.s0, seq.L, seq.c0, seq.c1, seq.lo, seq.off, seq.rof
+    bmin, bmax = seq.in_bmin, seq.in_bmax
     P0 = A[0:off[1]]
     for j in range(P0.shape[0]):
         P0[j] = 0.0
@@ -165,15 +167,15 @@ def alpha_pass(fwd, start, seq, sh, wshift, X, Es, work):
     offset = 0.0
     for t in range(L):
         shift = Mrow[t] + wshift
-        et = emission_row(X, t, c0, c1, Mrow, Es, work.ew, work.bits)
+        et = emission_row(X, t, c0, c1, Mrow, Es, ew, bits)
         Rn = RA[rof[t + 1]:rof[t + 2]]
         band_frame(A[off[t]:off[t + 1]], RA[rof[t]:rof[t + 1]], lo[t], A[off[t + 1]:off[t + 2]], Rn, lo[t + 1],
-                   fwd, X[t], et, c0, s0, shift, sh, seq.in_bmin, seq.in_bmax, work.fac)
+                   fwd, X[t], et, c0, s0, shift, sh, bmin, bmax, fac)
         offset += shift + renorm(Rn)
     return offset
 
 
-@njit(nogil=True)
+@njit(nogil=True, inline="always")
 def sequence_loglike(final, seq, sh, work, offset):
     """The log-likelihood of one sequence: the log-sum-exp of ``alpha_L +
     final`` plus its log ``offset`` (``-inf``: no complete path)."""
@@ -197,9 +199,13 @@ def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
     ``post`` (each frame's columns zeroed first), from the alphas of
     :func:`alpha_pass` in ``work``."""
     s0, L, c0, c1, lo, off, rof = seq.s0, seq.L, seq.c0, seq.c1, seq.lo, seq.off, seq.rof
-    A, RA, Mrow, gb = work.A, work.RA, work.Mrow, work.gb
+    A, RA, Mrow, gb, left = work.A, work.RA, work.Mrow, work.gb, work.left
+    ew, bits, fac = work.ew, work.bits, work.fac
     Q, RQ, BP, RB = work.Q, work.RQ, work.BP, work.RB
-    fmax = final_max(final, s0, seq.W)
+    bmin, bmax = seq.out_bmin, seq.out_bmax
+    out_ptr, out_col = bwd.ptr, bwd.col
+    W = seq.W
+    fmax = final_max(final, s0, W)
     qlo = lo[L]
     qw = off[L + 1] - off[L]
     nqb = rof[L + 1] - rof[L]
@@ -213,7 +219,7 @@ def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
     for t in range(L - 1, -1, -1):
         xt, pt = X[t], post[t]
         shift = Mrow[t] + wshift
-        et = emission_row(X, t, c0, c1, Mrow, Es, work.ew, work.bits)
+        et = emission_row(X, t, c0, c1, Mrow, Es, ew, bits)
         Qn = Q[:qw]
         Rq = RQ[:nqb]
         Pt = A[off[t]:off[t + 1]]
@@ -227,7 +233,7 @@ def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
         zero_columns(post, t, t + 1, c0, c1)  # the frame's columns, before the arcs add to them
         if ntb == 1 and nqb == 1 and Ra[0] > -np.inf and Rq[0] > -np.inf:
             # one block each: B_t and the posteriors times Z in one pass over the arcs
-            z, lc, ns = beta_frame_fused(Qn, Rq, qlo, Pt, Bt, tlo, bwd, xt, et, c0, s0, shift, sh, pt, work.left)
+            z, lc, ns = beta_frame_fused(Qn, Rq, qlo, Pt, Bt, tlo, bwd, xt, et, c0, s0, shift, sh, pt, left)
             Rb[0] = Rq[0] + lc
             if z >= SAFE_TOTAL and z < np.inf:
                 # every term left out of z is below 1e-88 of it, and every posterior p above 1e-88
@@ -240,7 +246,7 @@ def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
                 ra = Ra[0] - lz
                 gb[0] = np.exp(ra + Rq[0])
                 for q in range(ns):  # the arcs the fused pass left: in the log domain
-                    i = work.left[q]
+                    i = left[q]
                     p = Pt[i]
                     if p == 0.0 or (p < 0.0 and ra + p + LOG_SAFE < LOG_NEGLIGIBLE):
                         continue
@@ -249,15 +255,14 @@ def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
             else:  # a small total: start the frame's posteriors again below
                 zero_columns(post, t, t + 1, c0, c1)
         else:
-            band_frame(Qn, Rq, qlo, Bt, Rb, tlo, bwd, xt, et, c0, s0, shift, sh, seq.out_bmin, seq.out_bmax,
-                       work.fac)
+            band_frame(Qn, Rq, qlo, Bt, Rb, tlo, bwd, xt, et, c0, s0, shift, sh, bmin, bmax, fac)
         if not fused:
             lz = frame_log_total(Pt, Ra, Bt, Rb, tlo, sh)
             if lz != lz or lz == np.inf:  # NaN in: NaN out
-                for a in range(bwd.ptr[s0], bwd.ptr[s0 + seq.W]):
-                    pt[bwd.col[a]] = np.nan
+                for a in range(out_ptr[s0], out_ptr[s0 + W]):
+                    pt[out_col[a]] = np.nan
             elif lz > -np.inf:
-                arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, seq, gb, sh, xt, et, shift)
+                arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, s0, c0, bmin, bmax, gb, sh, xt, et, shift)
         Q, BP = BP, Q  # B_t becomes the next frame's beta_{t+1}
         RQ, RB = RB, RQ
         renorm(RQ[:ntb])
@@ -299,13 +304,14 @@ def frame_log_total(Pt, Ra, Bt, Rb, tlo, sh):
 
 
 @njit(nogil=True, inline="always")
-def arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, seq, gb, sh, xt, et, shift):
+def arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, s0, c0, bmin, bmax, gb, sh, xt, et, shift):
     """The posteriors of the arcs read at frame ``t`` into its row ``pt``:
     ``alpha w E beta exp(Ra[its block] + Rq[its block] - lz)`` with ``lz``
     the frame's log total, the factor formed per block of sources for the
     blocks its arcs reach (``gb``); scaled products where they are exact
-    (:func:`scaled_arc`), the others by :func:`arc_posteriors_log`."""
-    s0, c0 = seq.s0, seq.c0
+    (:func:`scaled_arc`), the others by :func:`arc_posteriors_log` (``s0``,
+    ``c0``: the sequence's first state and column; ``bmin .. bmax``: the
+    blocks each of its blocks' out-arcs reach)."""
     ptr, dst, w, col = bwd.ptr, bwd.other, bwd.w, bwd.col
     qw = Qn.shape[0]
     nqb = Rq.shape[0]
@@ -320,8 +326,8 @@ def arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, seq, gb, sh, xt, et, s
         if ((tlo + i) >> sh) - tb0 != qa:
             qa = ((tlo + i) >> sh) - tb0
             ra = Ra[qa] - lz
-            g0 = max(seq.out_bmin[tb0 + qa], qb0) - qb0
-            g1 = min(seq.out_bmax[tb0 + qa], qb0 + nqb - 1) - qb0
+            g0 = max(bmin[tb0 + qa], qb0) - qb0
+            g1 = min(bmax[tb0 + qa], qb0 + nqb - 1) - qb0
             for q in range(g0, g1 + 1):
                 gb[q] = np.exp(ra + Rq[q])
         if p < 0.0 and ra + p + LOG_SAFE < LOG_NEGLIGIBLE:

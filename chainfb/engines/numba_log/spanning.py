@@ -240,7 +240,7 @@ def beta_log_domain(Q, LQ, t, L, bwd, span, xt, off, base, k, out_P, out_LV, j):
     store_lse(m, acc, out_P, out_LV, j)
 
 
-@njit(nogil=True)
+@njit(nogil=True, inline="always")
 def _span_work(ks):
     """The :class:`SpanWork` of the distinct spans ``ks`` (ascending)."""
     nks = ks.shape[0]
@@ -270,6 +270,7 @@ def run(n0, n1, la, sa, ks, X, lengths, need_post, loglike, post):
     work arrays of its frames and columns (reused by the next sequence, so
     they stay in cache)."""
     sw = _span_work(ks)
+    final = la.final
     maxL = 0
     width = 0
     for n in range(n0, n1):
@@ -288,16 +289,17 @@ def run(n0, n1, la, sa, ks, X, lengths, need_post, loglike, post):
         E = Ebuf[:L * (cs1 - cs0)].reshape((L, cs1 - cs0))  # E[t, c - cs0] = exp(X[t, c] - Mrow[t])
         sequence_emissions(X, cs0, cs1, Mrow, E, bits)
         al, offset = alpha_pass(la.fwd, sa.in_span, la.start[n], s0, W, L, cs0, X, E, Mrow, la.wshift, sw)
-        fmax = final_max(la.final, s0, W)
+        fmax = final_max(final, s0, W)
+        PL, LVL = al.P[L], al.LV[L]
         m = -np.inf
         acc = 0.0
         for j in range(W):
-            m, acc = lse_push(m, acc, logval(al.P[L, j], al.LV[L, j]) + la.final[s0 + j] - fmax)
+            m, acc = lse_push(m, acc, logval(PL[j], LVL[j]) + final[s0 + j] - fmax)
         loglike[n] = (m + np.log(acc) + fmax + offset) if acc != 0.0 else -np.inf
         if not need_post or loglike[n] == -np.inf:
             continue
         # loglike[n]: the reference of the in-flight masses (any value would do: they are divided by their sum)
-        be = beta_pass(la.bwd, sa.out_span, la.final, fmax, loglike[n], s0, W, L, cs0, cs1, X, E, Mrow, la.wshift,
+        be = beta_pass(la.bwd, sa.out_span, final, fmax, loglike[n], s0, W, L, cs0, cs1, X, E, Mrow, la.wshift,
                        sw, al, post)
         frame_totals(la.bwd, sa.out_span, sa.long, sa.long_span, loglike[n], s0, W, L, cs0, cs1, X, Mrow, la.wshift,
                      sw, al, be, post)
@@ -445,6 +447,7 @@ def frame_totals(bwd, out_span, sp, sp_span, A, s0, W, L, cs0, cs1, X, Mrow, wsh
     P, LV, lv, Oh, Ol = al.P, al.LV, al.live, al.Oh, al.Ol
     Q, LQ, Bh, Bl, zt, Rb, lcb, V, Hd = be.Q, be.LQ, be.Bh, be.Bl, be.zt, be.Rb, be.lcb, be.V, be.Hd
     out_ptr, out_dst, out_lp, out_col = bwd.ptr, bwd.other, bwd.log_prob, bwd.col
+    sp_ptr, sp_dst, sp_lp, sp_col = sp.ptr, sp.other, sp.log_prob, sp.col
     ninf = -np.inf
     log_safe_total = np.log(SAFE_TOTAL)
     nks = ks.shape[0]
@@ -516,13 +519,13 @@ def frame_totals(bwd, out_span, sp, sp_span, A, s0, W, L, cs0, cs1, X, Mrow, wsh
                     la = logval(P[s, i], LV[s, i])
                     if la == ninf:
                         continue
-                    for a in range(sp.ptr[s0 + i], sp.ptr[s0 + i + 1]):
+                    for a in range(sp_ptr[s0 + i], sp_ptr[s0 + i + 1]):
                         k = sp_span[a]
                         if k <= dd or s + k > L:
                             continue
-                        jd = sp.other[a] - s0
+                        jd = sp_dst[a] - s0
                         fl = da + dd_diff(Bh[s + k], Bl[s + k], Bh[t + 1], Bl[t + 1]) - shift - R
-                        m, acc = lse_push(m, acc, la + sp.log_prob[a] + X[s, sp.col[a]]
+                        m, acc = lse_push(m, acc, la + sp_lp[a] + X[s, sp_col[a]]
                                           + logval(Q[s + k, jd], LQ[s + k, jd]) + fl)
             if acc != 0.0:
                 lz = m + np.log(acc)
