@@ -69,8 +69,9 @@ def test_emulated_run_writes_every_result(emulated_run):
     assert res["mode"] == "emulated"
     steps = res["steps"]
     assert list(steps) == list(gpu_check.STEPS)
-    for name in ("env", "tests", "sanitizer", "bench"):
+    for name in ("env", "warm", "tests", "sanitizer", "bench"):
         assert steps[name]["status"] == "ok", (name, steps[name])
+    assert steps["warm"]["data"]["errors"] == {}
     assert steps["compare"]["status"] in ("ok", "failed")  # differences are results, not errors
     assert steps["env"]["data"]["device"].startswith("none")
     tests = steps["tests"]["data"]

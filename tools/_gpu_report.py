@@ -77,6 +77,13 @@ def _env(data) -> list:
     return _table(["fact", "value"], [(k, v) for k, v in data.items()])
 
 
+def _warm(data) -> list:
+    out = [f"{data['compiled']} Numba functions compiled in {data['seconds']:.0f} s (the later steps load them).", ""]
+    if data.get("errors"):
+        out += _table(["case", "error"], list(data["errors"].items()))
+    return out
+
+
 def _tests(data) -> list:
     out = [f"{data['passed']} passed, {data['failures']} failed, {data['errors']} errors, {data['skipped']} "
            f"skipped of {data['tests']} ({data['time']:.0f} s).", ""]
@@ -160,7 +167,7 @@ def _bench(data, emulated) -> list:
     return out + _footer(data, "benchmark")
 
 
-SECTIONS = {"env": ("Environment", _env), "tests": ("CUDA tests", _tests), "sanitizer": ("Sanitizers", _sanitizer),
+SECTIONS = {"env": ("Environment", _env), "warm": ("CPU engine compiled", _warm), "tests": ("CUDA tests", _tests), "sanitizer": ("Sanitizers", _sanitizer),
             "compare": ("GPU vs CPU", _compare), "bench": ("Benchmarks", None)}
 
 

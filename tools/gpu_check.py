@@ -8,6 +8,8 @@ finds too little of the budget left is skipped and the reason recorded, a step t
 (what it wrote so far is kept):
 
 1. ``env``: GPU name, driver, SM count, memory; torch, CUDA, CuPy, NVRTC and the other versions;
+   ``warm``: the CPU engine's Numba functions compiled once (tiny CPU losses), so that the later steps' processes
+   load them from the cache instead of each compiling them within its own time limit;
 2. ``tests``: the CUDA test classes, ``pytest -q -m cuda tests/ -p no:cacheprovider`` (junit XML in ``DIR/steps``);
 3. ``sanitizer``: ``tools/gpu_driver.py`` (every kernel of ``chainfb.cuda.kernels.KERNELS`` through the public
    code paths on tiny inputs; it fails naming a kernel it did not reach), then the same under compute-sanitizer's
@@ -48,12 +50,12 @@ from _gpu_place import EMULATION_LIBRARY, write_json  # noqa: E402
 from _gpu_report import parse_junit, parse_sanitizer, render  # noqa: E402
 
 #: the steps, in order, and their share of the budget (what an earlier step leaves goes to the later ones)
-STEPS = {"env": 0.04, "tests": 0.25, "sanitizer": 0.25, "compare": 0.16, "bench": 0.30}
+STEPS = {"env": 0.04, "warm": 0.12, "tests": 0.22, "sanitizer": 0.24, "compare": 0.12, "bench": 0.26}
 #: the least time each step is started with (seconds)
-MIN_SECONDS = {"env": 5, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20}
+MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 #: each step's log under DIR/steps (the sanitizer step also writes sanitizer_<tool>.log)
-LOGS = {"env": "env.log", "tests": "tests.log", "sanitizer": "driver.log", "compare": "compare.log",
+LOGS = {"env": "env.log", "warm": "warm.log", "tests": "tests.log", "sanitizer": "driver.log", "compare": "compare.log",
         "bench": "bench.log"}
 RESERVE_S = 5  # kept back for writing the results
 now = time.time  # the clock of the budget
@@ -135,6 +137,11 @@ class Check:
         facts = read_json(self.path("env.json"))
         return r, facts, "ok" if facts else "error"
 
+    def step_warm(self, limit):
+        r = run_child(self.py("gpu_check.py", "--warm", self.path("warm.json")), self.path("warm.log"), limit)
+        data = read_json(self.path("warm.json"))
+        return r, data, "ok" if data else "error"
+
     def step_tests(self, limit):
         junit = self.path("junit_cuda.xml")
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", *self.args.tests, "-p", "no:cacheprovider",
@@ -148,8 +155,9 @@ class Check:
     def step_sanitizer(self, limit):
         t0 = time.time()
         t_end = t0 + limit
+        # the plain run also pays for whatever the warm step did not compile
         plain = run_child(self.py("gpu_driver.py", "--json", self.path("driver.json")), self.path("driver.log"),
-                          limit / 4)
+                          limit * 0.4)
         data = dict(driver=read_json(self.path("driver.json")), driver_run=plain, tools={})
         ok = bool(data["driver"] and data["driver"]["ok"])
         exe = self.args.sanitizer or shutil.which("compute-sanitizer") or next(
@@ -294,6 +302,26 @@ def facts(path, emulate):
     write_json(path, out)
 
 
+def warm(path) -> None:
+    """The ``warm`` step (in its own process): every case of ``tools/_gpu_cases.py`` on the CPU (the criteria whose
+    CPU path Numba compiles: CTC, the transducers, the simple and pruned losses, spanning arcs), so that the compiled
+    functions are in the cache; writes the seconds, the number of functions compiled and any case that raised."""
+    t0 = time.time()
+    from _gpu_cases import CASES
+
+    from chainfb.engines import numba_cache
+
+    errors = {}
+    for name, case in CASES.items():
+        if "(cuda" in name:
+            continue  # a GPU engine by name
+        try:
+            case(lambda x: x)  # on the CPU
+        except Exception as e:  # noqa: BLE001 -- recorded; the compare step reports the cases themselves
+            errors[name] = f"{type(e).__name__}: {e}"
+    write_json(path, dict(seconds=round(time.time() - t0, 1), compiled=numba_cache.compiled(), errors=errors))
+
+
 def cuda_facts() -> dict:
     import torch
 
@@ -325,9 +353,13 @@ def main(argv=None) -> int:
     ap.add_argument("--compact", action="store_true", help="at the end keep steps.tar.gz, remove DIR/steps")
     ap.add_argument("--emulate", action="store_true", help="on the CPU through the kernels' emulation (tiny shapes)")
     ap.add_argument("--facts", help=argparse.SUPPRESS)  # the env step's own process: write the facts there
+    ap.add_argument("--warm", help=argparse.SUPPRESS)  # the warm step's own process: write what it did there
     args = ap.parse_args(argv)
     if args.facts:
         facts(args.facts, args.emulate)
+        return 0
+    if args.warm:
+        warm(args.warm)
         return 0
     steps = [s for s in args.steps.split(",") if s]
     if not args.out:

@@ -130,10 +130,14 @@ __device__ __forceinline__ void put_warp_max(R v, R* part) {
   if ((threadIdx.x & 31u) == 0) part[threadIdx.x >> 5] = v;
 }
 
+// The block's largest value from the warps' partials: lane l of every warp
+// reads partial l, then a shuffle tree (one shared load and five shuffles,
+// not a loop over the warps).  Every thread of the block calls it.
 template <typename R>
 __device__ __forceinline__ R block_max(const R* part) {
-  R m = part[0];
-  for (int w = 1, nw = (int)(blockDim.x >> 5); w < nw; ++w) m = max_nan<R>(m, part[w]);
+  const int lane = (int)(threadIdx.x & 31u);
+  R m = part[lane < (int)(blockDim.x >> 5) ? lane : 0];
+  for (int o = 16; o > 0; o >>= 1) m = max_nan<R>(m, __shfl_xor_sync(kFullWarp, m, o));
   return m;
 }
 
