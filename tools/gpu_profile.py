@@ -120,11 +120,17 @@ def main(argv=None) -> int:
     only = set(args.only.split(","))
     result, md = [], [f"# Where the step's time goes ({torch.cuda.get_device_name()})", ""]
     for name, step in cases(only):
-        step()
-        step()
-        t = time_step(step, args.repeat)
-        kernels, ops = profile(step)
-        py = host_profile(step)
+        try:
+            step()
+            step()
+            t = time_step(step, args.repeat)
+            kernels, ops = profile(step)
+            py = host_profile(step)
+        except Exception as e:  # noqa: BLE001 -- recorded; the other cases still run
+            result.append(dict(case=name, error=f"{type(e).__name__}: {e}"))
+            md += [f"## {name}", "", f"failed: {type(e).__name__}: {e}", ""]
+            print(name, "failed:", e, flush=True)
+            continue
         result.append(dict(case=name, **t, kernels=kernels, ops=ops[:40], python=py))
         md += [f"## {name}", "", f"device {t['device_ms']:.3f} ms, host issue {t['host_ms']:.3f} ms, "
                f"with synchronisation {t['synced_ms']:.3f} ms", "", "| kernel | calls | device ms |",
