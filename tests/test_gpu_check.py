@@ -187,6 +187,13 @@ def test_sanitizer_log(tmp_path):
     got = _gpu_report.parse_sanitizer(log)
     assert got["errors"] == 1 and not got["ok"] and got["hazards"] == 2 and got["warnings"] == 1
     assert got["reports"][0] == "========= Invalid __global__ read of size 4 bytes"
+    # racecheck as compute-sanitizer 2025.3 prints it: its own summary, no ERROR SUMMARY line
+    log.write_text("========= COMPUTE-SANITIZER\ngpu_driver (cuda): ok\n"
+                   "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+    got = _gpu_report.parse_sanitizer(log)
+    assert got["ok"] and got["errors"] == 0 and got["hazards"] == 0
+    log.write_text("========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warning)\n")
+    assert _gpu_report.parse_sanitizer(log)["errors"] == 2 and not _gpu_report.parse_sanitizer(log)["ok"]
     log.write_text("========= COMPUTE-SANITIZER\nSegmentation fault\n")  # no summary: the run did not finish
     assert _gpu_report.parse_sanitizer(log)["errors"] is None and not _gpu_report.parse_sanitizer(log)["ok"]
 

@@ -36,8 +36,8 @@ def parse_junit(path) -> dict | None:
 
 
 def parse_sanitizer(log_path) -> dict:
-    """compute-sanitizer's summary in a log: ``errors`` (None when no summary was printed: the run did not
-    finish), racecheck's ``hazards`` / ``warnings``, the first reported lines, and ``ok`` (a summary with 0 errors)."""
+    """compute-sanitizer's summary in a log: ``errors`` (the ERROR SUMMARY's count, or racecheck's errors where it
+    prints only its RACECHECK SUMMARY; None when no summary was printed: the run did not finish), racecheck's ``hazards`` / ``warnings``, the first reported lines, and ``ok`` (a summary with 0 errors)."""
     try:
         with open(log_path, errors="replace") as f:
             text = f.read()
@@ -47,6 +47,8 @@ def parse_sanitizer(log_path) -> dict:
     hazards = [tuple(map(int, m.groups())) for m in _HAZARDS.finditer(text)]
     lines = [ln.strip() for ln in text.splitlines() if ln.startswith("=========") and ln.strip("= \n")
              and not any(s in ln for s in _SUMMARY)]
+    if not errors and hazards:  # racecheck's own summary (it prints no ERROR SUMMARY): its errors
+        errors = [h[1] for h in hazards]
     out = dict(errors=sum(errors) if errors else None, reports=lines[:30])
     if hazards:
         out.update(hazards=sum(h[0] for h in hazards), warnings=sum(h[2] for h in hazards))
