@@ -72,6 +72,11 @@ class Criterion:
     leaky = None
     engine = "auto"
     shares_grad = False
+    #: ``scale_grad(grad, go)``, or None: ``grad *= go[n]`` per sequence, in place, touching only the elements
+    #: ``finish`` may have written (a criterion whose gradient is zero but for a few columns: a multiply of
+    #: those, with no look at ``go`` on the host).  None: backward multiplies every element, unless the
+    #: incoming gradient is all ones (checked on the host).  Not for a criterion that ``shares_grad``.
+    scale_grad = None
 
     def gather(self, x, need_grad: bool = True):
         """Compact engine scores ``X [T, C]`` from ``x`` (``need_grad``: a
@@ -191,13 +196,23 @@ class _CriterionFunction(torch.autograd.Function):
     def _gradients(ctx, grad_out):
         grads = _CriterionFunction._unscaled(ctx)
         go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
-        scale = not bool((go == 1).all())
+        ones = []  # whether go is all ones: a host synchronisation, asked only where it can save a dense multiply
+
+        def all_ones() -> bool:
+            if not ones:
+                ones.append(bool((go == 1).all()))
+            return ones[0]
+
         out = []
-        shared = ctx.criterion.shares_grad
+        shared, sparse = ctx.criterion.shares_grad, ctx.criterion.scale_grad
         for g, per_sequence in zip(grads, ctx.shared):
-            if g is not None and per_sequence:  # an input shared by the sequences: sum_n go[n] * g[n]
-                g = torch.tensordot(go.to(g.dtype), g, dims=1) if scale else g.sum(dim=0)
-            elif g is not None and scale:
+            if g is None:
+                pass
+            elif per_sequence:  # an input shared by the sequences: sum_n go[n] * g[n]
+                g = g.sum(dim=0) if all_ones() else torch.tensordot(go.to(g.dtype), g, dims=1)
+            elif sparse is not None:
+                sparse(g, go.to(g.dtype))
+            elif not all_ones():
                 factor = go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
                 g = g * factor if shared else g.mul_(factor)
             out.append(g)

@@ -70,3 +70,27 @@ def test_a_summed_gradient_of_a_shared_parameter_is_refused():
     scores, bias = _inputs()
     with pytest.raises(ValueError, match=r"Biased\.finish: the gradient of input 1 .*\(3,\).*per-sequence .*\(4, 3\)"):
         apply((scores, bias), Biased(scores.shape, [5, 4, 2, 5], per_sequence=False))
+
+
+def test_pdf_gradient_scaled_without_reading_the_host(monkeypatch):
+    """A pdf criterion's backward (CTC here) scales only its graphs' columns by the incoming gradient and never
+    reads a tensor's value on the host (on a GPU that read is a synchronisation that stalls the step)."""
+    g = torch.Generator().manual_seed(3)
+    lp = torch.randn(8, 3, 6, generator=g, dtype=torch.float64).log_softmax(-1).requires_grad_()
+    targets, il, tl = torch.tensor([[1, 2], [3, 3], [4, 0]]), [8, 7, 6], [2, 2, 1]
+    weights = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64)
+    loss = (chainfb.ctc_loss(lp, targets, il, tl, reduction="none") * weights).sum()
+
+    def no_host_value(self):
+        raise AssertionError("a tensor's value was read on the host in backward")
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", no_host_value)
+    (got,) = torch.autograd.grad(loss, lp)
+    monkeypatch.undo()
+    # the same gradient from the unscaled one: -posteriors of each sequence times its weight
+    (unit,) = torch.autograd.grad(chainfb.ctc_loss(lp, targets, il, tl, reduction="sum"), lp)
+    assert torch.allclose(got, unit * weights.view(1, -1, 1), rtol=0, atol=1e-15)
+    outside = torch.ones_like(got, dtype=torch.bool)
+    for n, row in enumerate(targets.tolist()):
+        outside[:, n, [0, *row[: tl[n]]]] = False
+    assert (got[outside] == 0).all()

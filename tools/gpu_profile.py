@@ -45,7 +45,7 @@ def cases(only):
         g = torch.Generator().manual_seed(1)
         B, T, U, V = 8, 400, 100, 500
         logits = torch.randn(B, T, U + 1, V, generator=g).to(dev)
-        tg = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32).to(dev)
+        tg = torch.randint(0, V - 1, (B, U), generator=g, dtype=torch.int32).to(dev)  # blank: V - 1 (the default)
         lt = torch.full((B,), T, dtype=torch.int32, device=dev)
         lu = torch.full((B,), U, dtype=torch.int32, device=dev)
         yield f"rnnt B={B} T={T} U={U} V={V}", loss_step(chainfb.rnnt_loss, logits, tg, lt, lu)
