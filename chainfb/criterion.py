@@ -72,10 +72,10 @@ class Criterion:
     leaky = None
     engine = "auto"
     shares_grad = False
-    #: ``scale_grad(grad, go)``, or None: ``grad *= go[n]`` per sequence, in place, touching only the elements
-    #: ``finish`` may have written (a criterion whose gradient is zero but for a few columns: a multiply of
-    #: those, with no look at ``go`` on the host).  None: backward multiplies every element, unless the
-    #: incoming gradient is all ones (checked on the host).  Not for a criterion that ``shares_grad``.
+    #: ``scale_grad(grad, go)``, or None: ``grad *= go[n]`` per sequence, in place, without looking at ``go``
+    #: on the host (a criterion whose gradient is cheap to scale: no synchronisation in backward).  None:
+    #: backward multiplies every element unless the incoming gradient is all ones, which it checks on the
+    #: host (a synchronisation with the device).  Not for a criterion that ``shares_grad``.
     scale_grad = None
 
     def gather(self, x, need_grad: bool = True):

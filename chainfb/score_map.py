@@ -54,7 +54,6 @@ class PdfScoreMap:
         self.col_pdf = np.asarray(col_pdf, dtype=np.int64)
         self.name = name
         self._layouts = LRU(self._MAX_LAYOUTS)
-        self._col_seq = LRU(self._MAX_LAYOUTS)  # col_seq per array module and device
 
     def _offsets(self, xp, arr, name=None):
         """``(offsets [C] as an ``xp`` array, width)`` of ``arr``'s layout."""
@@ -79,16 +78,6 @@ class PdfScoreMap:
         offs, width = self._offsets(xp, scores, name)
         view = _frame_view(xp, scores, width)
         return xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
-
-    def scale_columns(self, xp, target, factor, name=None):
-        """``target[n, t, p] *= factor[n]`` for each column ``c = (n, p)`` and
-        every frame, in place (``factor`` ``[N]`` on ``target``'s device); the
-        other elements are not touched."""
-        offs, width = self._offsets(xp, target, name)
-        device = getattr(getattr(target, "device", None), "id", None)
-        seq = self._col_seq.get((xp.__name__, device), lambda: xp.asarray(self.col_seq))
-        view = _frame_view(xp, target, width)
-        view[:, offs] *= xp.asarray(factor, dtype=target.dtype)[seq]
 
     def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True, name=None):
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``

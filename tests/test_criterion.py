@@ -73,8 +73,8 @@ def test_a_summed_gradient_of_a_shared_parameter_is_refused():
 
 
 def test_pdf_gradient_scaled_without_reading_the_host(monkeypatch):
-    """A pdf criterion's backward (CTC here) scales only its graphs' columns by the incoming gradient and never
-    reads a tensor's value on the host (on a GPU that read is a synchronisation that stalls the step)."""
+    """A pdf criterion's backward (CTC here) scales its gradient by the incoming gradient without reading a
+    tensor's value on the host (on a GPU that read is a synchronisation that stalls the step)."""
     g = torch.Generator().manual_seed(3)
     lp = torch.randn(8, 3, 6, generator=g, dtype=torch.float64).log_softmax(-1).requires_grad_()
     targets, il, tl = torch.tensor([[1, 2], [3, 3], [4, 0]]), [8, 7, 6], [2, 2, 1]
