@@ -216,8 +216,9 @@ def test_junit(tmp_path):
 def test_budget_skips_a_step_it_cannot_fit_and_shares_the_rest(tmp_path, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(gpu_check, "now", lambda: clock[0])
+    monkeypatch.setitem(gpu_check.MIN_SECONDS, "env", 8)
     check = gpu_check.Check(gpu_check.main.__globals__["argparse"].Namespace(
-        out=str(tmp_path), emulate=False, budget_s=112.0, compact=True))
+        out=str(tmp_path), emulate=False, budget_s=120.0, compact=True))
     limits = {}
 
     def fake_step(name):
@@ -231,9 +232,9 @@ def test_budget_skips_a_step_it_cannot_fit_and_shares_the_rest(tmp_path, monkeyp
         monkeypatch.setattr(check, f"step_{name}", fake_step(name))
     check.run(["env", "tests", "sanitizer", "compare", "bench"])
     steps = json.loads((tmp_path / "results.json").read_text())["steps"]
-    assert steps["env"]["status"] == "skipped" and "needs at least 5 s" in steps["env"]["reason"]
+    assert steps["env"]["status"] == "skipped" and "needs at least 8 s" in steps["env"]["reason"]
     assert "env" not in limits and set(limits) == {"tests", "sanitizer", "compare", "bench"}
-    assert sum(limits.values()) <= 112 - gpu_check.RESERVE_S + 1e-9
+    assert sum(limits.values()) <= 120 - gpu_check.RESERVE_S + 1e-9
     assert steps["compare"]["status"] == "timeout" and steps["bench"]["status"] == "ok"
     assert not (tmp_path / "steps").exists() and (tmp_path / "steps.tar.gz").exists()  # --compact
     md = (tmp_path / "results.md").read_text()

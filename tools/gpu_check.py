@@ -50,7 +50,7 @@ from _gpu_place import EMULATION_LIBRARY, write_json  # noqa: E402
 from _gpu_report import parse_junit, parse_sanitizer, render  # noqa: E402
 
 #: the steps, in order, and their share of the budget (what an earlier step leaves goes to the later ones)
-STEPS = {"env": 0.04, "warm": 0.20, "tests": 0.20, "sanitizer": 0.20, "compare": 0.10, "bench": 0.26}
+STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28}
 #: the least time each step is started with (seconds)
 MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
