@@ -28,13 +28,6 @@
 // compiler then keeps its register use low enough for 1024-thread blocks.
 #define CHAINFB_KERNEL __global__ __launch_bounds__(CHAINFB_MAX_THREADS)
 
-// A loop of a fixed trip count, unrolled (its array then lives in registers).
-#ifdef CHAINFB_EMULATE
-#define CHAINFB_UNROLLED
-#else
-#define CHAINFB_UNROLLED _Pragma("unroll")
-#endif
-
 // A statically sized shared-memory array `T name[n]`.  Host build: a host
 // compiler has no __shared__ storage, so the emulation hands each block its
 // own copy of the array, keyed by the declaration site (and poisoned at

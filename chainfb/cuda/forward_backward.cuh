@@ -258,9 +258,6 @@ __device__ void leak(bool alpha, R* b, int off, R* copy, const R* log_init, int 
   __syncthreads();
 }
 
-// How many arcs of a state a thread loads before it adds their terms.
-constexpr int kArcBatch = 2;
-
 // Forward step of state s at frame t (the log-sum of its in-arcs, before the
 // frame's offset when every arc covers one frame); rows: the alpha rows, xs:
 // the score rows (column ids gc + in_col).
@@ -283,21 +280,9 @@ __device__ __forceinline__ R alpha_state(int s, int t, int gs, int gc, const int
   } else {
     const R* prev = rows.row(t - 1);
     const R* x = xs.row(t - 1);
-    const int ps = gs - rows.off, xc = gc - xs.off;  // an arc's ids -> indices into prev and x
-    // kArcBatch arcs' terms loaded before any is added: their memory
-    // latencies overlap (a loop that adds as it loads waits for each arc in
-    // turn); the additions keep the arcs' order
-    for (int a0 = in_ptr[s - gs]; a0 < e; a0 += kArcBatch) {
-      R v[kArcBatch];
-CHAINFB_UNROLLED
-      for (int k = 0; k < kArcBatch; ++k)
-        if (a0 + k < e) v[k] = prev[ps + in_src[a0 + k]] + in_lp[a0 + k] + x[xc + in_col[a0 + k]];
-CHAINFB_UNROLLED
-      for (int k = 0; k < kArcBatch; ++k)
-        if (a0 + k < e) {
-          acc.add(v[k]);
-          CHAINFB_WORK(work_arc<R>(staged), 1);
-        }
+    for (int a = in_ptr[s - gs]; a < e; ++a) {
+      acc.add(prev[gs + in_src[a] - rows.off] + in_lp[a] + x[gc + in_col[a] - xs.off]);
+      CHAINFB_WORK(work_arc<R>(staged), 1);
     }
   }
   CHAINFB_WORK(work_state<R>(staged), 1);
@@ -324,18 +309,9 @@ __device__ __forceinline__ R beta_state(int s, int t, int reach, int gs, int gc,
     }
   } else {
     const R* next = rows.row(t + 1);
-    const int ns = gs - rows.off, xc = gc - xoff;  // an arc's ids -> indices into next and x
-    for (int a0 = out_ptr[s - gs]; a0 < e; a0 += kArcBatch) {  // as alpha_state: loads first, then adds
-      R v[kArcBatch];
-CHAINFB_UNROLLED
-      for (int k = 0; k < kArcBatch; ++k)
-        if (a0 + k < e) v[k] = out_lp[a0 + k] + x[xc + out_col[a0 + k]] + next[ns + out_dst[a0 + k]];
-CHAINFB_UNROLLED
-      for (int k = 0; k < kArcBatch; ++k)
-        if (a0 + k < e) {
-          acc.add(v[k]);
-          CHAINFB_WORK(work_arc<R>(staged), 1);
-        }
+    for (int a = out_ptr[s - gs]; a < e; ++a) {
+      acc.add(out_lp[a] + x[gc + out_col[a] - xoff] + next[gs + out_dst[a] - rows.off]);
+      CHAINFB_WORK(work_arc<R>(staged), 1);
     }
   }
   CHAINFB_WORK(work_state<R>(staged), 1);
