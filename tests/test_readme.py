@@ -69,6 +69,17 @@ def test_long_description_is_self_contained():
     assert not relative, f"{field}: relative links or images {relative}"
 
 
+def test_ci_runs_the_readme_test_command():
+    """``.ci/run`` runs the README's test command (the linter, then pytest), with pip's ``-q`` flags alone
+    added."""
+    command = [b.strip() for b in fenced_blocks(_read(README), "bash") if "python -m pytest -q tests" in b]
+    assert len(command) == 1, command
+    ci = [line for line in _read(os.path.join(ROOT, ".ci", "run")).splitlines() if "pytest" in line]
+    assert len(ci) == 1, ci
+    assert ci[0].replace("pip install -q ", "pip install ") == command[0]
+    assert "ruff check . && python -m pytest" in command[0]
+
+
 def test_python_blocks_parser():
     text = "a\n```python\nx = 1\n```\n```bash\nls\n```\n```python\ny = 2\nz = 3\n```\n"
     assert python_blocks(text) == ["x = 1\n", "y = 2\nz = 3\n"]
