@@ -85,7 +85,7 @@ def _label_rows(targets, target_lengths):
             raise ValueError(f"target_lengths: concatenated targets hold {tg.shape[0]} labels but the lengths "
                              f"sum to {int(lens.sum())}")
         ends = np.cumsum(lens)
-        return [tg[e - l: e] for l, e in zip(lens.tolist(), ends.tolist())]
+        return [tg[e - k: e] for k, e in zip(lens.tolist(), ends.tolist())]
     raise ValueError(f"targets: expected a padded [N, S] or a concatenated 1-D tensor, got shape {tuple(tg.shape)}")
 
 

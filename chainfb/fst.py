@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -206,7 +206,7 @@ class Fst:
         finals: Mapping[int, float],
         start: int = 0,
         num_states: int | None = None,
-    ) -> "Fst":
+    ) -> Fst:
         """Build from ``(src, dst, pdf, log_prob)`` or ``(src, dst, pdf,
         log_prob, span)`` tuples and a ``{state: log_prob}`` map.
 
@@ -273,7 +273,7 @@ class Fst:
         return cls(num_states, start, src, dst, pdf, lp, final, span)
 
     @classmethod
-    def from_openfst_text(cls, text: str, acceptor: bool | None = None, spans: bool = False) -> "Fst":
+    def from_openfst_text(cls, text: str, acceptor: bool | None = None, spans: bool = False) -> Fst:
         """Parse an OpenFst/Kaldi text FST (label = pdf + 1, weight = cost).
 
         Arc lines are ``src dst label [cost]`` (acceptor format) or
@@ -346,7 +346,7 @@ class Fst:
         return cls.from_arcs(arcs, finals, start=start)
 
     @classmethod
-    def read(cls, path: str | os.PathLike, acceptor: bool | None = None, spans: bool = False) -> "Fst":
+    def read(cls, path: str | os.PathLike, acceptor: bool | None = None, spans: bool = False) -> Fst:
         """Read one FST from ``path``: OpenFst/Kaldi text (arguments as for
         :meth:`from_openfst_text`), or OpenFst's binary ``vector`` form
         (what Kaldi writes for ``den.fst`` and ``normalization.fst``; told

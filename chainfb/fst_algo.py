@@ -309,7 +309,10 @@ def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10, s
                     return None
                 j = ids[k] = len(subsets)
                 subsets.append(nxt)
-            src.append(i); dst.append(j); pdf.append(p); lps.append(w)
+            src.append(i)
+            dst.append(j)
+            pdf.append(p)
+            lps.append(w)
         i += 1
     out, _ = canonical_fst(len(subsets), 0, src, dst, pdf, lps, np.array(finals), None)
     return trim(out)[0]
@@ -340,7 +343,10 @@ def intersect(a: Fst, b: Fst) -> Fst:
                 if j is None:
                     j = ids[nxt] = len(ids)
                     q.append(nxt)
-                src.append(i); dst.append(j); pdf.append(p); lps.append(lp1 + lp2)
+                src.append(i)
+                dst.append(j)
+                pdf.append(p)
+                lps.append(lp1 + lp2)
     final = np.full(len(ids), -np.inf)
     for (s1, s2), i in ids.items():
         final[i] = a.final[s1] + b.final[s2]

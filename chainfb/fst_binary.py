@@ -41,7 +41,8 @@ given its constructor, and imports nothing of chainfb.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -218,7 +218,7 @@ def test_rnnt_alignment_is_the_best_enumerated_path(rng, durations, sigma):
         T_, U_ = int(Tb[b]), int(Ub[b])
         paths = rnnt_oracle.enumerate_paths(T_, U_, durations)
 
-        def score(p):
+        def score(p, b=b):
             return sum(lp[b, t, u, rnnt_oracle._symbol(u, k, tg[b].numpy(), blank)] - sigma for t, u, k in p)
 
         best, path = _best_enumerated(paths, score)
@@ -248,7 +248,7 @@ def test_tdt_alignment_is_the_best_enumerated_path(rng):
     for b in range(B):
         paths = tdt_oracle.enumerate_paths(int(Tb[b]), int(Ub[b]), durs)
 
-        def score(p):
+        def score(p, b=b):
             return sum(tok[b, t, u, 0 if k == 0 else int(tg[b, u])] - 0.02 + dur[b, t, u, i] for t, u, k, i in p)
 
         best, path = _best_enumerated(paths, score)
@@ -291,7 +291,7 @@ def test_grid_alignment_is_the_best_enumerated_path(rng, modified):
         s0, t0, s1, t1 = bd[b].tolist()
         paths = _grid_paths(s1 - s0, t1 - t0, modified)
 
-        def score(p):
+        def score(p, b=b, s0=s0, t0=t0):
             return sum(float((px if k else py)[b, s0 + s, t0 + t]) for s, t, k in p)
 
         best, path = _best_enumerated(paths, score)
@@ -505,7 +505,7 @@ def test_word_segments_match_brute_force_on_small_lexicons(seed):
         words = list(rng.choice(["x", "y", "z"], rng.integers(1, 4)))
         # the segments of one spelling (or, a quarter of the time, random phones), some shared by two phones
         labels = []
-        for j, w in enumerate(words + [None]):
+        for w in words + [None]:
             labels += ["SIL"] * int(rng.integers(0, 3) if rng.random() < 0.5 else 0)
             if w is not None:
                 labels += lex[w][rng.integers(len(lex[w]))][0]
@@ -669,4 +669,4 @@ def test_transducer_aligners_keep_their_old_path():
         assert getattr(transducer, name) is getattr(chainfb.alignment, name)
         assert name in transducer.__all__ and name in dir(transducer)
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        transducer.no_such_name
+        _ = transducer.no_such_name

@@ -358,7 +358,8 @@ def test_counts_that_cannot_fit_are_errors(tmp_path, field, value, what):
     struct.pack_into(fmt, entry, at, value)
     data = _binary_entry("a", 0, *A_BYTES) + bytes(entry)
     (tmp_path / "big.ark").write_bytes(data)
-    with pytest.raises(ValueError, match=rf"big.ark: damaged FST archive: byte {data.index(b'b ')}: entry 'b' .*{what}"):
+    with pytest.raises(ValueError,
+                       match=rf"big.ark: damaged FST archive: byte {data.index(b'b ')}: entry 'b' .*{what}"):
         read_kaldi_fst_archive(tmp_path / "big.ark")
     (tmp_path / "big.fst").write_bytes(bytes(entry[body:]))
     with pytest.raises(ValueError, match=f"big.fst: damaged binary FST: .*{what}"):

@@ -1,8 +1,8 @@
 """The compiled engine's live bands (:mod:`chainfb.engines.numba_log`: each
 frame computes and stores only the states between the first and the last
 that are reachable from the start in at most ``t`` arcs and reach a final
-state in at most ``L - t``, in blocks of states with a log reference each): graphs whose state numbering is not along the
-graph, finals reachable only at some lengths, unequal and zero lengths, NaN
+state in at most ``L - t``, in blocks of states with a log reference each): graphs whose state numbering is not
+along the graph, finals reachable only at some lengths, unequal and zero lengths, NaN
 and infinite scores -- against the NumPy engine, plain loops and path
 enumeration."""
 

@@ -288,7 +288,7 @@ def test_word_loop_graph_labels_words():
                 assert tuple(pdfs) in pdf_sequences(num, L)
                 seen.add(tuple(words))
             return
-        for d, p, lp, w in arcs[s]:
+        for d, p, _lp, w in arcs[s]:
             walk(d, pdfs + [p], words + ([w] if w >= 0 else []), L)
 
     for L in (1, 2, 3, 4):
@@ -311,7 +311,7 @@ def test_phone_lm_bigram_counts_and_normalisation():
     for order, npo, extra in [(2, 2, 0), (3, 2, 5), (4, 3, 30), (4, 2, 0)]:
         lm = estimate_phone_lm(seqs, order, npo, extra)
         tot = np.exp(lm.final.copy())
-        for s, d, p, lp in lm.arcs:
+        for s, _d, _p, lp in lm.arcs:
             tot[s] += math.exp(lp)
         np.testing.assert_allclose(tot, 1.0, rtol=1e-12)
         assert all(len(h) <= order - 1 for h in lm.histories)
@@ -423,7 +423,8 @@ def test_tools_end_to_end(tmp_path):
     (tmp_path / "utt2num_frames").write_text("u1 30\nu2 30\nu3 30\nu4 9\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     tools = os.path.join(ROOT, "tools")
-    r = subprocess.run([sys.executable, os.path.join(tools, "make_den_graph.py"), "--phones", str(tmp_path / "phones.txt"),
+    r = subprocess.run([sys.executable, os.path.join(tools, "make_den_graph.py"),
+                        "--phones", str(tmp_path / "phones.txt"),
                         "--text", str(tmp_path / "text"), "--lexicon", str(tmp_path / "lexicon.txt"),
                         "--order", "3", "--out", str(tmp_path / "den.fst")], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr

@@ -36,7 +36,7 @@ def leaky_reference(fst, scores, L, c):
     x = np.clip(scores, -30, 30)
     # initial probs: 100 iterations, independently written
     A = np.zeros((S, S))
-    for s, d, p, lp in fst.arcs():
+    for s, d, _p, lp in fst.arcs():
         A[s, d] += math.exp(lp)
     A = A / (A.sum(axis=1) + np.exp(fst.final))[:, None]  # Kaldi: out-mass incl. final sums to 1
     v = np.zeros(S)

@@ -84,7 +84,7 @@ class TestText:
     def test_acceptor_from_tensor(self):
         rows = [(0, 1, 2, -1.2), (0, 2, 10, -2.2), (1, 6, -1, -3.2), (1, 3, 3, -4.2), (2, 6, -1, -5.2),
                 (2, 4, 2, -6.2), (3, 6, -1, -7.2), (5, 0, 1, -8.2)]
-        t = torch.tensor([[s, d, l, _bits(w)] for s, d, l, w in rows], dtype=torch.int32)
+        t = torch.tensor([[s, d, lab, _bits(w)] for s, d, lab, w in rows], dtype=torch.int32)
         fsa = k2.Fsa(t)
         assert k2.to_str(fsa) == k2.to_str(k2.Fsa.from_str(ACCEPTOR))
         assert torch.equal(fsa.arcs.values(), t)
@@ -776,7 +776,8 @@ class TestLosses:
         P = 7
         den_fst = chainfb.Fst.from_arcs(
             [(s, d, int(rng.integers(0, P)), float(np.log(rng.uniform(0.2, 1.0))))
-             for s in range(5) for d in range(5) if rng.uniform() < 0.6] + [(s, (s + 1) % 5, s, -0.3) for s in range(5)],
+             for s in range(5) for d in range(5) if rng.uniform() < 0.6]
+            + [(s, (s + 1) % 5, s, -0.3) for s in range(5)],
             finals={s: 0.0 for s in range(5)}, num_states=5)
         den = chainfb.DenominatorGraph(den_fst, num_pdfs=P)
         nums = [numerator_like_fst(rng, num_phones=2, num_pdfs=P) for _ in range(3)]

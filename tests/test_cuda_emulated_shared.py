@@ -141,7 +141,8 @@ def test_device_arrays_are_cached(be, monkeypatch):
     first = shared_forward_backward(be, lat, X.copy(), lengths, leaky=leaky)
     graph = lat.graph_lattice()._cuda_arrays[(be.cache_key(), "float64")]
     same = shared_forward_backward(be, lat, X.copy(), lengths, leaky=(0.1, leaky[1].copy()))
-    assert lat.graph_lattice()._cuda_arrays[(be.cache_key(), "float64")] is graph and len(lat.graph_lattice()._cuda_arrays) == 1
+    assert lat.graph_lattice()._cuda_arrays[(be.cache_key(), "float64")] is graph
+    assert len(lat.graph_lattice()._cuda_arrays) == 1
     assert uploads == [den.num_states]  # one upload, of the graph's [Sg]
     np.testing.assert_array_equal(same[1], first[1])
     other = leaky[1] - 1.0  # another log_init, still one for all sequences

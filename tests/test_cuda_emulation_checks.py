@@ -42,7 +42,6 @@ def test_launch_limits(selftest):
         selftest.launch("cfb_selftest::too_much_shared", 2, 32, [out])
     with pytest.raises(ValueError, match="1024"):
         selftest.launch("cfb_selftest::block_order", 1, 1025, [np.zeros(1, np.int32), np.zeros(1, np.int32)])
-    import ctypes
 
     args = (ctypes.c_void_p * 2)()
     assert selftest.lib.cfb_launch(b"cfb_selftest::block_order", 1, 2048, args) == 1

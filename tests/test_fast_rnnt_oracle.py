@@ -251,7 +251,8 @@ def test_delay_penalty_by_enumeration(rnnt_type, use_boundary):
             for k, s, t in path:
                 sc += px0[b, s, t].item() + dp * (offset - t) if k == "x" else py0[b, s, t].item()
             scores.append(sc)
-        assert loss[b].item() == pytest.approx(-torch.logsumexp(torch.tensor(scores, dtype=torch.float64), 0).item(), abs=1e-10)
+        want = -torch.logsumexp(torch.tensor(scores, dtype=torch.float64), 0).item()
+        assert loss[b].item() == pytest.approx(want, abs=1e-10)
     # a negative penalty is ignored
     pxn, _ = ref.logprobs_simple(lm, am, symbols, term, boundary, rnnt_type, delay_penalty=-1.0)
     torch.testing.assert_close(pxn, px0)
@@ -264,7 +265,8 @@ def test_smoothed_invariance_and_formula():
     g = torch.Generator().manual_seed(9)
     lm2 = lm + torch.randn(2, 4, 1, generator=g, dtype=torch.float64)
     am2 = am + torch.randn(2, 4, 1, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(ref.rnnt_loss_smoothed_reference(lm2, am2, symbols, term, ls, as_, reduction="none"), loss)
+    torch.testing.assert_close(ref.rnnt_loss_smoothed_reference(lm2, am2, symbols, term, ls, as_, reduction="none"),
+                               loss)
     # formula, vectorised independently
     px, py = ref.logprobs_smoothed(lm, am, symbols, term, ls, as_)
     lm_lsm = torch.log_softmax(lm, -1)
@@ -287,7 +289,8 @@ def test_reductions_and_return_grad():
     boundary = as_boundary([[0, 0, 2, 4], [0, 0, 1, 4], [0, 0, 2, 3]])
     none = ref.rnnt_loss_simple_reference(lm, am, symbols, term, boundary, reduction="none")
     assert none.shape == (3,)
-    torch.testing.assert_close(ref.rnnt_loss_simple_reference(lm, am, symbols, term, boundary, reduction="sum"), none.sum())
+    torch.testing.assert_close(ref.rnnt_loss_simple_reference(lm, am, symbols, term, boundary, reduction="sum"),
+                               none.sum())
     torch.testing.assert_close(ref.rnnt_loss_simple_reference(lm, am, symbols, term, boundary), none.sum() / 3)
     with pytest.raises(ValueError):
         ref.reduce_loss(none, "avg")

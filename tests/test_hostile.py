@@ -243,7 +243,7 @@ def _padded_losses():
         cell = fp[:, :, None] | torch.gather(rp, 1, ranges.reshape(_B, -1)).reshape(ranges.shape)
         return (lambda fill: ((fill_in(x0[:, :, :3, :_V], cell, fill),), (cell,))), ranges
 
-    lb, i32 = _lengths_boundary(), dict(dtype=torch.int32)
+    lb = _lengths_boundary()
     cases = {}
     for rt in ("regular", "modified", "constrained"):
         cases[f"simple-{rt}"] = (additive(lb), lambda am, lm, rt=rt: simple_rnnt_loss(

@@ -93,7 +93,8 @@ def test_variable_lengths(rng):
     lengths = np.array([6, 2, 4])
     ll, post = forward_backward(fsts, scores, lengths)
     deriv = np.zeros((T * N, P))
-    ok, total = GenericNumeratorComputation(Supervision(fsts, T, lengths=lengths), kaldi_layout(scores)).forward_backward(deriv)
+    num = GenericNumeratorComputation(Supervision(fsts, T, lengths=lengths), kaldi_layout(scores))
+    ok, total = num.forward_backward(deriv)
     assert ok and total == pytest.approx(ll.sum())
     np.testing.assert_allclose(deriv, kaldi_layout(post), atol=1e-12)
 

@@ -134,7 +134,7 @@ def imports(root: str = ROOT) -> list[Import]:
             tree = ast.parse(f.read(), path)
         mine = set(_ancestors(name)) | {name}
 
-        def visit(node, function):
+        def visit(node, function, name=name, is_pkg=is_pkg, mine=mine):
             if isinstance(node, ast.If) and _is_type_checking(node.test):
                 for child in node.orelse:
                     visit(child, function)

@@ -257,7 +257,7 @@ def test_greedy_search_scores_are_the_training_joiner_outputs():
     full = dec(dec.prefix(torch.tensor([labels])))[0]
     for u in range(len(labels) + 1):
         torch.testing.assert_close(dec.step(labels[:u])[0], full[u])
-    for n in range(4):
+    for _ in range(4):
         enc = 3 * torch.randn(1, 9, 6)
         (hyp,) = greedy_search(enc, [9], dec, joiner, V, max_symbols=2)
         scores = joiner.full(enc, dec(dec.prefix(torch.tensor([hyp], dtype=torch.long))))[0]

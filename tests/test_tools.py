@@ -375,7 +375,8 @@ def test_graph_tools_take_kaldi_word_position_phones(tmp_path):
     kaldi = os.path.join(ROOT, "graphs", "examples", "kaldi")
     digits = os.path.join(ROOT, "graphs", "examples", "digits")
     lang = ["--phones", os.path.join(kaldi, "data", "lang", "phones.txt"), "--lexicon",
-            os.path.join(kaldi, "data", "local", "dict", "lexiconp_silprob.txt"), "--text", os.path.join(digits, "text")]
+            os.path.join(kaldi, "data", "local", "dict", "lexiconp_silprob.txt"),
+            "--text", os.path.join(digits, "text")]
     r = run_tool("make_numerator_graphs.py", *lang, "--out", "num.txt", cwd=tmp_path)
     assert_one_line_error(r, "phones.txt: word-position-dependent phones", "word_positions='keep'", status=1)
     r = run_tool("make_den_graph.py", *lang, "--out", "den.fst", "--word-positions", "strip", cwd=tmp_path)

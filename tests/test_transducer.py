@@ -167,7 +167,8 @@ def test_fastemit_matches_reference():
         costs.sum().backward()
         for b in range(3):
             lp, g = grid_reference(
-                x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, 0.1 if M else 0.0, fastemit=lam
+                x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, 0.1 if M else 0.0,
+                fastemit=lam
             )
             assert costs[b].item() == pytest.approx(-(1 + lam) * lp, rel=1e-12)
             np.testing.assert_allclose(x.grad[b].numpy(), g, atol=1e-12)
@@ -251,7 +252,8 @@ def test_padding_gets_zero_gradient_and_larger_tensor_ok():
     big.requires_grad_()
     tgb = torch.cat([tg, torch.zeros(2, 3, dtype=tg.dtype)], 1)
     a = chainfb.rnnt_loss(big, tgb, Tb, Ub, reduction="none")
-    np.testing.assert_allclose(a.detach().numpy(), chainfb.rnnt_loss(x, tg, Tb, Ub, reduction="none").numpy(), rtol=1e-13)
+    np.testing.assert_allclose(a.detach().numpy(), chainfb.rnnt_loss(x, tg, Tb, Ub, reduction="none").numpy(),
+                               rtol=1e-13)
     a.sum().backward()
     for b in range(2):
         assert (big.grad[b, int(Tb[b]):] == 0).all()
@@ -289,7 +291,8 @@ def test_impossible_multiblank_and_nan_logits_zero_gradient():
 def test_multiblank_only_big_blank_exact_fit():
     # T = 2, U = 0, one big blank of duration 2: paths = blank,blank and the big blank alone
     x = torch.randn(1, 2, 1, 3, dtype=torch.float64)
-    cost = chainfb.multiblank_rnnt_loss(x, torch.zeros(1, 0, dtype=torch.int64), i32([2]), i32([0]), 2, [2], reduction="sum")
+    cost = chainfb.multiblank_rnnt_loss(x, torch.zeros(1, 0, dtype=torch.int64), i32([2]), i32([0]), 2, [2],
+                                        reduction="sum")
     lp = torch.log_softmax(x, -1)[0, :, 0]
     ref = torch.logaddexp(lp[0, 2] + lp[1, 2], lp[0, 1])
     assert cost.item() == pytest.approx(-ref.item(), rel=1e-13)
@@ -463,8 +466,8 @@ def test_draw_tool_writes_dot(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = dict(__import__("os").environ, PYTHONPATH=str(root))
-    subprocess.run([sys.executable, str(root / "tools" / "draw_transducer.py"), "--out", str(tmp_path)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(root / "tools" / "draw_transducer.py"), "--out", str(tmp_path)], check=True,
+                   env=env, capture_output=True)
     text = (tmp_path / "multiblank_U2_d2_3.dot").read_text()
     assert "big3@1 (-0.05), 3 steps" in text and "zero" not in text and "digraph" in text
     assert (tmp_path / "rnnt_U3_pdfs.dot").read_text().count("->") == 7
@@ -538,13 +541,16 @@ if given is not None:
         blank = V - 1
         if M:
             costs = chainfb.multiblank_rnnt_loss(
-                x, tg, torch.tensor(Tb), torch.tensor(Ub), blank, durations, sigma=sigma, fastemit_lambda=lam, reduction="none"
+                x, tg, torch.tensor(Tb), torch.tensor(Ub), blank, durations, sigma=sigma, fastemit_lambda=lam,
+                reduction="none"
             )
         else:
-            costs = chainfb.rnnt_loss(x, tg, torch.tensor(Tb), torch.tensor(Ub), blank=blank, fastemit_lambda=lam, reduction="none")
+            costs = chainfb.rnnt_loss(x, tg, torch.tensor(Tb), torch.tensor(Ub), blank=blank, fastemit_lambda=lam,
+                                      reduction="none")
         costs.sum().backward()
         for b in range(B):
-            lp, g = grid_reference(x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations, sigma, fastemit=lam)
+            lp, g = grid_reference(x.detach()[b].numpy(), tg[b].numpy(), int(Tb[b]), int(Ub[b]), blank, durations,
+                                   sigma, fastemit=lam)
             assert costs[b].item() == pytest.approx(-(1 + lam) * lp, rel=1e-11)
             np.testing.assert_allclose(x.grad[b].numpy(), g, atol=1e-11)
 
@@ -656,7 +662,7 @@ def test_threads_share_the_compiled_layouts():
     rng = np.random.default_rng(27)
     durs = [0, 1, 2]
     cases = []
-    for i in range(2 * graphs._LAYOUTS.size + 4):
+    for _ in range(2 * graphs._LAYOUTS.size + 4):
         Tb = torch.tensor(rng.integers(1, 7, 3))
         Ub = torch.tensor(rng.integers(0, 4, 3))
         x = torch.tensor(rng.normal(size=(3, 6, 4, 6 + len(durs))))

@@ -151,7 +151,7 @@ def run_den(args):
         head += f" {'max |d ll| vs CPU':>18s} {'max |d post| vs CPU':>20s}"
     print(head)
     for eng in engines:
-        def once():
+        def once(eng=eng):
             if args.device == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
@@ -243,7 +243,8 @@ def first_call_worker(args):
     mib = 2**20
     print(f"{'warm' if args.warm else 'cold'} process; den graph: {den}; ChainLoss forward+backward, N={N}, T={T}, "
           f"{args.repeat} steady calls")
-    print(f"first call           {first:8.3f} s wall {cpu_first:8.3f} s CPU   peak RSS growth {grow_first / mib:8.1f} MiB")
+    print(f"first call           {first:8.3f} s wall {cpu_first:8.3f} s CPU   peak RSS growth "
+          f"{grow_first / mib:8.1f} MiB")
     print(f"steady call (best)   {steady:8.3f} s wall {cpu_steady:8.3f} s CPU   peak RSS growth "
           f"{grow_steady / mib:8.1f} MiB (one call, peak reset)")
     print(f"first / steady       {first / steady:8.2f}   wall {cpu_first / cpu_steady:8.2f}   CPU")

@@ -79,7 +79,8 @@ def make_inputs(rng, T, U, V, device):
     B = len(T)
     logits = torch.randn(B, int(T.max()), int(U.max()) + 1, V, device=device, generator=None)
     targets = torch.from_numpy(rng.integers(1, V, (B, int(U.max())))).to(torch.int32).to(device)
-    return logits, targets, torch.from_numpy(T).to(torch.int32).to(device), torch.from_numpy(U).to(torch.int32).to(device)
+    return (logits, targets, torch.from_numpy(T).to(torch.int32).to(device),
+            torch.from_numpy(U).to(torch.int32).to(device))
 
 
 def methods():

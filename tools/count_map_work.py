@@ -6,7 +6,8 @@ a GPU, for ``rnnt_loss``, ``multiblank_rnnt_loss`` (big blanks ``[2, 4]``)
 and ``tdt_loss`` (durations ``[0, 1, 2, 3, 4]``).
 
 Counted under the kernels' CPU emulation (``tests/emulation``, counting the
-kernels' ``CHAINFB_WORK(chainfb::kWorkBytes, n)`` annotations), on a small batch with float32 logits after a warm-up call:
+kernels' ``CHAINFB_WORK(chainfb::kWorkBytes, n)`` annotations), on a small batch with float32 logits after a warm-up
+call:
 the kernel launches, the torch operations that are not views (each one at
 least one launch on a GPU) with the bytes of their tensors, and the bytes
 each score-map kernel moves by its annotations next to the count of

@@ -137,8 +137,10 @@ def build_parser(criteria, dc, dt, cache_dir):
     g.add_argument("--words", default=",".join(dc.words),
                    help="comma-separated vocabulary (words CMUdict knows), e.g. add yes,no,stop,go for short commands "
                         "(default: %(default)s)")
-    g.add_argument("--max-words", type=pos_int, default=dc.max_words, help="longest digit string (default: %(default)s)")
-    g.add_argument("--min-snr", type=_typed(float), default=dc.snr_db[0], help="lowest SNR in dB (default: %(default)s)")
+    g.add_argument("--max-words", type=pos_int, default=dc.max_words,
+                   help="longest digit string (default: %(default)s)")
+    g.add_argument("--min-snr", type=_typed(float), default=dc.snr_db[0],
+                   help="lowest SNR in dB (default: %(default)s)")
     g.add_argument("--corpus-seed", type=int, default=dc.seed,
                    help="seed of the corpus (texts, voices, noise); another seed is another corpus "
                         "(default: %(default)s)")
@@ -161,7 +163,8 @@ def build_parser(criteria, dc, dt, cache_dir):
                    help="acoustic model (default: %(default)s)")
     g.add_argument("--dropout", type=_typed(float, 0, 1, high_open=True), default=dt.dropout,
                    help="dropout probability in the acoustic model (default: %(default)s)")
-    g.add_argument("--hidden", type=pos_int, default=dt.hidden, help="width of the TDNN layers and of the BLSTM (both directions together) (default: %(default)s)")
+    g.add_argument("--hidden", type=pos_int, default=dt.hidden,
+                   help="width of the TDNN layers and of the BLSTM (both directions together) (default: %(default)s)")
     g.add_argument("--layers", type=nonneg_int, default=dt.num_layers,
                    help="tdnn: context layers after subsampling; tdnn-lstm: BLSTM layers (default: %(default)s)")
     g.add_argument("--leaky-hmm", type=_typed(float, 0, 1, high_open=True), default=dt.leaky_hmm_coefficient,

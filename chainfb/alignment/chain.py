@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Mapping, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -69,14 +69,14 @@ class Segment:
     label: object
     start: int
     end: int
-    shared_by: Tuple = ()
+    shared_by: tuple = ()
 
     def __len__(self) -> int:
         return self.end - self.start
 
 
 @on_torch_stream
-def align_pdfs(fsts, scores, lengths=None) -> List[PdfAlignment]:
+def align_pdfs(fsts, scores, lengths=None) -> list[PdfAlignment]:
     """The Viterbi pdf alignment of each sequence through its graph.
 
     Parameters
@@ -125,7 +125,7 @@ def _unit_phones(context, phones):
     return out
 
 
-def phone_segments(pdfs, topology, phones: Sequence[str] | None = None, context=None) -> List[Segment]:
+def phone_segments(pdfs, topology, phones: Sequence[str] | None = None, context=None) -> list[Segment]:
     """Phone segments of a pdf alignment (see the module docstring).
 
     Parameters
@@ -200,7 +200,7 @@ _TIE = 1e-9
 
 
 def word_segments(phone_segs: Sequence[Segment], words: Sequence[str], lexicon,
-                  silence: str | None = "SIL") -> List[Segment]:
+                  silence: str | None = "SIL") -> list[Segment]:
     """Word segments from phone segments and the transcript.
 
     The phone segments (``label`` = phone names, :func:`phone_segments` with

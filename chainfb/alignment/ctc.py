@@ -21,7 +21,6 @@ score.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
 
 import numpy as np
 import torch
@@ -135,7 +134,7 @@ class TokenSpan:
         return self.end - self.start
 
 
-def merge_tokens(tokens, scores, blank: int = 0) -> List[TokenSpan]:
+def merge_tokens(tokens, scores, blank: int = 0) -> list[TokenSpan]:
     """The token spans of one alignment: runs of equal labels, blanks dropped.
 
     Parameters

@@ -55,7 +55,7 @@ def best_arcs(lattice, X, lengths) -> list:
         a = np.asarray(arcs[n, : lengths[n]], dtype=np.int64)
         read = a >= 0  # -1: a frame inside an arc that spans several frames
 
-        def local(v, offset):
+        def local(v, offset, a=a, read=read):
             return np.where(read, v[np.maximum(a, 0)].astype(np.int64) - offset, -1)
 
         out.append(StepArcs(np.where(read, a - batch.arc_offsets[g[n]], -1),

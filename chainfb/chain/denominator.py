@@ -122,7 +122,7 @@ class DenominatorGraph:
         return self.fst.num_arcs
 
     @classmethod
-    def read(cls, path, num_pdfs: int | None = None) -> "DenominatorGraph":
+    def read(cls, path, num_pdfs: int | None = None) -> DenominatorGraph:
         """From an OpenFst text file or a binary one, as Kaldi's
         ``chain-make-den-fst`` writes ``den.fst`` (label = pdf + 1)."""
         return cls(Fst.read(path), num_pdfs)

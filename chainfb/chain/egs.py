@@ -38,7 +38,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -71,7 +71,7 @@ Deliberate differences:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -126,7 +126,8 @@ class GenericNumeratorComputation:
             if worst > 0.05:
                 ok = False
             elif worst > 1e-3:
-                warnings.warn(f"GenericNumeratorComputation: posterior sums deviate from 1 by {worst:.3g}")
+                warnings.warn(f"GenericNumeratorComputation: posterior sums deviate from 1 by {worst:.3g}",
+                              stacklevel=2)
         return ok, total
 
 

@@ -112,7 +112,8 @@ class RNNTLoss(torch.nn.Module):
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         return rnnt_loss(
-            logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction, self.fused_log_softmax
+            logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
+            self.fused_log_softmax
         )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict
 
 from .config import objective_label
 from .files import atomic_write, save_figure
@@ -16,7 +15,7 @@ from .files import atomic_write, save_figure
 __all__ = ["summarize", "format_table", "write_comparison"]
 
 
-def summarize(results: Dict[str, dict]) -> Dict[str, dict]:
+def summarize(results: dict[str, dict]) -> dict[str, dict]:
     """``{criterion: {"test_wer", "test_wer_greedy" (when the decoder has one), "seconds_per_epoch",
     "cpu_seconds_per_epoch", "peak_rss_mb", "epochs"}}`` from each run's ``results.json``."""
     out = {}
@@ -32,7 +31,7 @@ def summarize(results: Dict[str, dict]) -> Dict[str, dict]:
     return out
 
 
-def format_table(summary: Dict[str, dict]) -> str:
+def format_table(summary: dict[str, dict]) -> str:
     """The comparison as a text table (one row per criterion; ``-`` where a value does not apply)."""
     lines = ["wall s/epoch depends on the machine's load; CPU s/epoch is the process's CPU time (all its threads)",
              f"{'criterion':12s} {'WER %':>7s} {'greedy WER %':>13s} {'wall s/epoch':>13s} {'CPU s/epoch':>12s} "
@@ -45,7 +44,7 @@ def format_table(summary: Dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def write_comparison(out_dir: str, results: Dict[str, dict]) -> str:
+def write_comparison(out_dir: str, results: dict[str, dict]) -> str:
     """Write ``compare.json`` and (with matplotlib) ``compare.png`` into ``out_dir``; returns the text table."""
     summary = summarize(results)
     with atomic_write(os.path.join(out_dir, "compare.json")) as f:
@@ -54,7 +53,7 @@ def write_comparison(out_dir: str, results: Dict[str, dict]) -> str:
     return format_table(summary)
 
 
-def plot_comparison(results: Dict[str, dict], summary: Dict[str, dict], path: str) -> bool:
+def plot_comparison(results: dict[str, dict], summary: dict[str, dict], path: str) -> bool:
     """``compare.png``: test WER and wall/CPU seconds per epoch (bars), test WER per epoch, the LF-MMI objective
     per frame (chain) and the log-likelihood per frame of the other criteria on separate panels, integer epoch
     ticks.  False if matplotlib is missing."""

@@ -23,7 +23,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -50,18 +50,18 @@ class CorpusConfig:
     num_test: int = 300
     min_words: int = 1
     max_words: int = 7
-    words: Tuple[str, ...] = DIGIT_WORDS
+    words: tuple[str, ...] = DIGIT_WORDS
     seed: int = 0
     test_voice_fraction: float = 0.2
-    snr_db: Tuple[float, float] = (10.0, 35.0)
-    rate: Tuple[int, int] = (120, 240)
-    pitch: Tuple[int, int] = (20, 80)
-    pitch_range: Tuple[int, int] = (20, 90)
-    word_gap: Tuple[int, int] = (0, 6)
+    snr_db: tuple[float, float] = (10.0, 35.0)
+    rate: tuple[int, int] = (120, 240)
+    pitch: tuple[int, int] = (20, 80)
+    pitch_range: tuple[int, int] = (20, 90)
+    word_gap: tuple[int, int] = (0, 6)
     num_bins: int = 40
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CorpusConfig":
+    def from_dict(cls, d: dict) -> CorpusConfig:
         """The configuration ``dataclasses.asdict`` gave ``d`` (lists back to tuples; unknown keys are an
         error)."""
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
@@ -83,10 +83,10 @@ class Corpus:
 
     feats: np.ndarray
     offsets: np.ndarray
-    texts: List[List[str]]
-    utt_ids: List[str]
-    voices: List[str]
-    origin: Optional[dict] = field(default=None, compare=False)
+    texts: list[list[str]]
+    utt_ids: list[str]
+    voices: list[str]
+    origin: dict | None = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return len(self.utt_ids)
@@ -99,7 +99,7 @@ class Corpus:
         """``[U]`` frame counts."""
         return np.diff(self.offsets)
 
-    def subset(self, idx: Sequence[int]) -> "Corpus":
+    def subset(self, idx: Sequence[int]) -> Corpus:
         """A new corpus holding the utterances ``idx`` (in that order)."""
         idx = list(idx)
         parts = [self.features(i) for i in idx]
@@ -114,7 +114,7 @@ class Corpus:
                  utt_ids=np.array(self.utt_ids), voices=np.array(self.voices))
 
     @classmethod
-    def load(cls, path: str) -> "Corpus":
+    def load(cls, path: str) -> Corpus:
         """Read what :meth:`save` wrote."""
         with np.load(path) as z:
             return cls(z["feats"], z["offsets"].astype(np.int64), [str(t).split() for t in z["texts"]],
@@ -134,7 +134,7 @@ def _stable_hash(s: str) -> int:
     return zlib.crc32(s.encode())
 
 
-def split_voices(test_fraction: float = 0.2, seed: int = 0) -> Tuple[List[str], List[str]]:
+def split_voices(test_fraction: float = 0.2, seed: int = 0) -> tuple[list[str], list[str]]:
     """All ``accent+variant`` voices split into (train, test) so that no *variant* occurs in both.
 
     The split depends only on ``seed`` and the shipped voice list.
@@ -192,7 +192,7 @@ def synthesize_utterance(words: Sequence[str], voice: str, rng: np.random.Genera
     return x, dict(rate=rate, pitch=pitch, range=prange, gap=gap, snr=snr, noise=kind)
 
 
-def _make_split(name: str, n: int, voices: List[str], cfg: CorpusConfig, progress: bool) -> Corpus:
+def _make_split(name: str, n: int, voices: list[str], cfg: CorpusConfig, progress: bool) -> Corpus:
     from .features import fbank
 
     feats, texts, ids, used = [], [], [], []
@@ -221,7 +221,7 @@ def _make_split(name: str, n: int, voices: List[str], cfg: CorpusConfig, progres
                   texts, ids, used)
 
 
-def _load_entry(d: str) -> Dict[str, Corpus]:
+def _load_entry(d: str) -> dict[str, Corpus]:
     """The cache entry in ``d``, checked against its ``meta.json``; raises ``ValueError`` naming the bad file."""
     meta_path = os.path.join(d, "meta.json")
     try:
@@ -248,8 +248,8 @@ def _load_entry(d: str) -> Dict[str, Corpus]:
     return out
 
 
-def load_or_create(cfg: Optional[CorpusConfig] = None, cache_dir: Optional[str] = None,
-                   progress: bool = True, log=print) -> Dict[str, Corpus]:
+def load_or_create(cfg: CorpusConfig | None = None, cache_dir: str | None = None,
+                   progress: bool = True, log=print) -> dict[str, Corpus]:
     """Return ``{"train": Corpus, "test": Corpus}`` for ``cfg``, synthesizing into ``cache_dir/<cfg.key()>`` the
     first time and loading from there afterwards (see the module docstring for the checks and the lock)."""
     from .files import DirLock
@@ -274,7 +274,7 @@ def load_or_create(cfg: Optional[CorpusConfig] = None, cache_dir: Optional[str] 
     return out
 
 
-def _create_entry(d: str, cfg: CorpusConfig, progress: bool) -> Dict[str, Corpus]:
+def _create_entry(d: str, cfg: CorpusConfig, progress: bool) -> dict[str, Corpus]:
     from .files import atomic_write
 
     meta_path = os.path.join(d, "meta.json")

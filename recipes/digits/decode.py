@@ -1,7 +1,7 @@
 """Viterbi decoding over a word-labelled pdf graph, and word error rate."""
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -11,7 +11,7 @@ __all__ = ["viterbi", "viterbi_batch", "word_errors", "wer"]
 
 
 def viterbi_batch(fst: Fst, labels: np.ndarray, scores: np.ndarray, lengths: Sequence[int],
-                  acoustic_scale: float = 1.0) -> Tuple[List[List[int]], np.ndarray]:
+                  acoustic_scale: float = 1.0) -> tuple[list[list[int]], np.ndarray]:
     """Best paths of ``N`` sequences through one graph (the engine's max-plus
     pass, :func:`chainfb.best_path`): the ``labels [A]`` >= 0 along each, and
     the best scores ``[N]`` (max over paths of arc log-probs +
@@ -36,7 +36,7 @@ def viterbi_batch(fst: Fst, labels: np.ndarray, scores: np.ndarray, lengths: Seq
 
 
 def viterbi(fst: Fst, labels: np.ndarray, scores: np.ndarray, length: int | None = None,
-            acoustic_scale: float = 1.0) -> Tuple[List[int], float]:
+            acoustic_scale: float = 1.0) -> tuple[list[int], float]:
     """Best path of exactly ``length`` arcs through ``fst``: the ``labels [A]``
     >= 0 along it and its score (see :func:`viterbi_batch`).
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import List, Optional
 
 import numpy as np
 
@@ -32,7 +31,7 @@ def _loader():
     return espeakng_loader
 
 
-def english_voices() -> List[str]:
+def english_voices() -> list[str]:
     """Names of the English language voices shipped with the wheel (e.g. ``en-us``, ``en-gb-scotland``)."""
     data = _loader().get_data_path()
     root = os.path.join(data, "lang", "gmw")
@@ -43,7 +42,7 @@ def english_voices() -> List[str]:
     return names
 
 
-def voice_variants() -> List[str]:
+def voice_variants() -> list[str]:
     """Names of the voice variants (``voices/!v``) shipped with the wheel, sorted."""
     data = _loader().get_data_path()
     root = os.path.join(data, "voices", "!v")
@@ -58,7 +57,7 @@ class EspeakSynth:
     ``"en-us+f3"``); rate in words per minute (80-450), pitch and range 0-100, word_gap in units of 10 ms.
     """
 
-    _instance: Optional["EspeakSynth"] = None
+    _instance: EspeakSynth | None = None
 
     def __new__(cls):
         if cls._instance is None:
@@ -85,7 +84,7 @@ class EspeakSynth:
             raise RuntimeError(f"espeak_Initialize failed (returned {rate})")
         self.sample_rate = int(rate)
         self._lib = lib
-        self._chunks: List[np.ndarray] = []
+        self._chunks: list[np.ndarray] = []
 
         def _cb(wav, n, events):
             if n > 0 and wav:

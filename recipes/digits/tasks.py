@@ -28,7 +28,6 @@ word sequence without a lexicon.
 
 from __future__ import annotations
 
-from typing import List
 
 import numpy as np
 import torch
@@ -202,7 +201,7 @@ def _write_units(units: CharUnits, out_dir: str) -> None:
             f.write(f"{u} {i}\n")
 
 
-def make_task(name: str, recipe_factory, words: List[str], cfg):
+def make_task(name: str, recipe_factory, words: list[str], cfg):
     """The task of criterion ``name``; ``recipe_factory()`` builds the chain graphs (only the chain task needs them)."""
     if name == "chain":
         return ChainTask(recipe_factory(), cfg)

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import time
-from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -68,7 +67,7 @@ class Recipe:
         self._norm = normalization_fst(self.den) if normalize_numerators else None
         self.decode_graph, self.decode_labels = word_loop_graph(self.words, self.chain_lexicon, self.topology,
                                                                 self.phones, SILENCE, sil_prob, context=self.context)
-        self._num_cache: Dict[tuple, object] = {}
+        self._num_cache: dict[tuple, object] = {}
 
     def numerator(self, words):
         """(numerator pdf acceptor, its minimum number of frames) of a transcript, cached per transcript."""
@@ -117,7 +116,7 @@ class Recipe:
         self.decode_graph.write(os.path.join(out_dir, "decode.fst"))
 
 
-def vocabulary(train_set: Corpus) -> List[str]:
+def vocabulary(train_set: Corpus) -> list[str]:
     """The words of the training transcripts (the decoding vocabulary): the digits in their usual order, other
     vocabularies sorted."""
     vocab = sorted({w for t in train_set.texts for w in t})
@@ -126,7 +125,7 @@ def vocabulary(train_set: Corpus) -> List[str]:
     return vocab
 
 
-def make_recipe(train_set: Corpus, vocab: List[str], cfg: TrainConfig) -> Recipe:
+def make_recipe(train_set: Corpus, vocab: list[str], cfg: TrainConfig) -> Recipe:
     """The chain :class:`Recipe` of ``cfg`` (phone LM, numerator normalization, context units) over ``vocab``."""
     return Recipe(train_set, words=vocab, sil_prob=cfg.sil_prob, phone_lm_order=cfg.phone_lm_order,
                   normalize_numerators=cfg.normalize_numerators, seed=cfg.seed, context=cfg.context,
@@ -144,7 +143,7 @@ def _pad(corpus: Corpus, idx) -> tuple:
     return torch.from_numpy(x), torch.from_numpy(lens.astype(np.int64))
 
 
-def _batches(corpus: Corpus, batch_size: int, rng: Optional[np.random.Generator]) -> List[np.ndarray]:
+def _batches(corpus: Corpus, batch_size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
     order = np.argsort(corpus.num_frames(), kind="stable")
     bs = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if rng is not None:
@@ -188,8 +187,8 @@ def evaluate(model: torch.nn.Module, task, corpus: Corpus, batch_size: int = 64,
     CTC word loop, and greedy; transducers: greedy search). Returns ``(WER %, hypotheses as word lists,
     greedy WER % or None)``."""
     model.eval()
-    hyps: List[Optional[List[str]]] = [None] * len(corpus)
-    greedy: List[Optional[List[str]]] = [None] * len(corpus)
+    hyps: list[list[str] | None] = [None] * len(corpus)
+    greedy: list[list[str] | None] = [None] * len(corpus)
     bs = _batches(corpus, batch_size, None)
     for idx in (_tqdm(bs, desc="decoding", leave=False) if progress else bs):
         x, lens = _pad(corpus, idx)
@@ -203,7 +202,7 @@ def evaluate(model: torch.nn.Module, task, corpus: Corpus, batch_size: int = 64,
     return wer(corpus.texts, hyps), hyps, greedy_wer
 
 
-def plot_history(history: List[dict], path: str, criterion: str = "chain") -> bool:
+def plot_history(history: list[dict], path: str, criterion: str = "chain") -> bool:
     """PNG of the training objective per frame (labelled for ``criterion``) and the test WER per epoch; False if
     matplotlib is missing."""
     try:
@@ -234,7 +233,7 @@ def _write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1)
 
 
-def write_outputs(out_dir: str, history: List[dict], hyps, test_set: Corpus, results: dict) -> None:
+def write_outputs(out_dir: str, history: list[dict], hyps, test_set: Corpus, results: dict) -> None:
     """``test_hyps.txt``, ``training.png``, ``results.json`` and ``history.json`` of one checkpoint, each written
     atomically."""
     with atomic_write(os.path.join(out_dir, "test_hyps.txt")) as f:
@@ -249,7 +248,7 @@ class OtherCriterionRun(ValueError):
     """The output directory holds a run of another criterion."""
 
 
-def run_criterion(out_dir: str) -> Optional[str]:
+def run_criterion(out_dir: str) -> str | None:
     """The criterion of the run in ``out_dir`` (from its ``results.json``, else its ``checkpoint.pt``), or None
     when it holds none (or only unreadable files)."""
     path = os.path.join(out_dir, "results.json")
@@ -283,7 +282,7 @@ class OtherModelRun(ValueError):
     """The output directory holds a checkpoint of another model configuration."""
 
 
-def model_differences(out_dir: str, cfg: TrainConfig) -> List[str]:
+def model_differences(out_dir: str, cfg: TrainConfig) -> list[str]:
     """The settings that a resumed run must share with its checkpoint (model, sizes, learning rate, batch size,
     seed, criterion, context units) and that differ between the checkpoint in ``out_dir`` and ``cfg``, as
     ``"name <checkpoint's> -> <cfg's>"``; empty when ``out_dir`` holds no readable checkpoint or one of the same
@@ -334,12 +333,13 @@ def _load_checkpoint(path: str, device, log):
 
 def train(train_set: Corpus, test_set: Corpus, cfg: TrainConfig, out_dir: str, resume: bool = True,
           log=print) -> dict:
-    """Train with ``cfg.criterion`` (:mod:`.tasks`: chain, ctc, rnnt, pruned-rnnt, tdt), decoding ``test_set`` after every epoch (the decoding vocabulary is
-    the training vocabulary); checkpoint to ``out_dir/checkpoint.pt`` after every epoch and resume from it when
-    ``resume`` (also when only ``epochs`` changed: the run is extended, the learning-rate decay of the checkpoint
-    continues). Writes ``results.json``, ``history.json``, ``test_hyps.txt``, ``training.png`` and the graphs
-    (lexicon.txt, phones.txt, den.fst, decode.fst) into ``out_dir``; returns the results dict. Utterances whose
-    transcript needs more frames than they have after subsampling are skipped and counted in the log.
+    """Train with ``cfg.criterion`` (:mod:`.tasks`: chain, ctc, rnnt, pruned-rnnt, tdt), decoding ``test_set`` after
+    every epoch (the decoding vocabulary is the training vocabulary); checkpoint to ``out_dir/checkpoint.pt`` after
+    every epoch and resume from it when ``resume`` (also when only ``epochs`` changed: the run is extended, the
+    learning-rate decay of the checkpoint continues). Writes ``results.json``, ``history.json``, ``test_hyps.txt``,
+    ``training.png`` and the graphs (lexicon.txt, phones.txt, den.fst, decode.fst) into ``out_dir``; returns the results
+    dict. Utterances whose transcript needs more frames than they have after subsampling are skipped and counted in the
+    log.
 
     Every output belongs to the checkpoint it reports: the checkpoint holds the test hypotheses of its epoch,
     and the outputs are (re)written from it, atomically, after every epoch; a rerun after a kill rewrites them.
@@ -417,7 +417,7 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
     gamma = (cfg.final_lr / cfg.lr) ** (1.0 / total)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma)
     ckpt = os.path.join(out_dir, "checkpoint.pt")
-    history: List[dict] = []
+    history: list[dict] = []
     hyps = None
     start_epoch = 0
     elapsed_before = cpu_before = 0.0
@@ -493,8 +493,9 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
             history.append(h)
             log(f"epoch {epoch + 1}: train objf/frame {h['train_objf_per_frame']:.4f}  test WER {test_wer:.2f}%"
                 + (f" (greedy {greedy_wer:.2f}%)" if greedy_wer is not None else "")
-                + f"  (wall {h['elapsed_s']:.0f} s, CPU {h['cpu_s']:.0f} s)" + (f"; skipped {skipped} utterance(s) whose transcript needs more "
-                                                   f"frames than they have" if skipped else ""))
+                + f"  (wall {h['elapsed_s']:.0f} s, CPU {h['cpu_s']:.0f} s)"
+                + (f"; skipped {skipped} utterance(s) whose transcript needs more frames than they have"
+                   if skipped else ""))
             with held_signals():  # Ctrl-C / SIGTERM while the epoch is saved: saved first, then stopped
                 with atomic_write(ckpt, "wb") as f:
                     torch.save(dict(model=encoder.state_dict(), heads=net.heads.state_dict(),

@@ -11,7 +11,7 @@ maps ``enc[:, :, None] + dec[:, None]`` (after projections) to ``[N, T, U +
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -73,7 +73,7 @@ class Joiner(nn.Module):
 
 @torch.no_grad()
 def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessDecoder, joiner: Joiner,
-                  vocab: int, durations: Sequence[int] = (), max_symbols: int = 3, units=None) -> List[List[int]]:
+                  vocab: int, durations: Sequence[int] = (), max_symbols: int = 3, units=None) -> list[list[int]]:
     """Greedy decoding of each utterance: at frame ``t`` emit the best label
     while it is not the blank (at most ``max_symbols`` per frame); with TDT
     ``durations`` the best duration of the emitted token moves ``t`` on
@@ -83,14 +83,14 @@ def greedy_search(enc: torch.Tensor, lengths: Sequence[int], decoder: StatelessD
     (lexicon-constrained greedy search).  Returns label lists."""
     out = []
     for n in range(enc.shape[0]):
-        hyp: List[int] = []
+        hyp: list[int] = []
         # the decoder state as in training (decoder.step): a history of [blank, blank] instead of the start
         # state [0, blank] would be a context the model never saw
         dec_p = joiner.dec_proj(decoder.step(hyp, enc.device))  # [1, J]
         enc_p = joiner.enc_proj(enc[n, : int(lengths[n])])  # [T, J]
         t, emitted = 0, 0
         T = enc_p.shape[0]
-        word: List[int] = []
+        word: list[int] = []
         while t < T:
             logits = joiner(enc_p[t:t + 1], dec_p)[0]
             tok_logits = logits[:vocab]

@@ -9,7 +9,7 @@ non-word, which counts as an error against the reference).
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from collections.abc import Sequence
 
 __all__ = ["CharUnits", "BLANK", "WORD_SEP"]
 
@@ -33,9 +33,9 @@ class CharUnits:
     def __len__(self) -> int:
         return len(self.units)
 
-    def encode(self, words: Sequence[str]) -> List[int]:
+    def encode(self, words: Sequence[str]) -> list[int]:
         """Unit ids of a transcript (``|`` between words, not at the ends)."""
-        out: List[int] = []
+        out: list[int] = []
         for k, w in enumerate(words):
             if k:
                 out.append(self.sep)
@@ -67,7 +67,7 @@ class CharUnits:
             cache[key] = mask
         return mask
 
-    def decode(self, ids: Sequence[int]) -> List[str]:
+    def decode(self, ids: Sequence[int]) -> list[str]:
         """Words of a unit sequence (blanks ignored, split at ``|``)."""
         words, cur = [], []
         for i in ids:

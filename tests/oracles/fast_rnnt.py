@@ -125,7 +125,7 @@ def mi_reference(px, py, boundary=None):
     px_grad = np.zeros_like(px)
     py_grad = np.zeros_like(py)
     for b, (sb, tb, se, te) in enumerate(rows):
-        inside = lambda s, t: sb <= s <= se and tb <= t <= te  # noqa: E731
+        inside = lambda s, t, sb=sb, se=se, tb=tb, te=te: sb <= s <= se and tb <= t <= te  # noqa: E731
         # forward
         alpha = np.full((S + 1, T + 1), NEG_INF)
         alpha[sb, tb] = 0.0

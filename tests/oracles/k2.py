@@ -50,7 +50,8 @@ def dense_tot_score(fsa, scores: torch.Tensor, log_probs: torch.Tensor, log_semi
     paths = dense_paths(S, src, dst, label, T)
     if not paths:
         return torch.tensor(-np.inf, dtype=log_probs.dtype)
-    vals = torch.stack([sum(log_probs[t, int(label[a])] for t, a in enumerate(p[:-1])) + scores[p].sum().to(log_probs.dtype)
+    vals = torch.stack([sum(log_probs[t, int(label[a])] for t, a in enumerate(p[:-1]))
+                        + scores[p].sum().to(log_probs.dtype)
                         for p in paths])
     return torch.logsumexp(vals, 0) if log_semiring else vals.max()
 

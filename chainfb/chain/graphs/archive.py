@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ... import checks, fst_binary
 from ...fst import Fst
 
-__all__ = ["write_fst_archive", "read_fst_archive", "have_kaldifst", "write_kaldi_fst_archive", "read_kaldi_fst_archive"]
+__all__ = ["write_fst_archive", "read_fst_archive", "have_kaldifst", "write_kaldi_fst_archive",
+           "read_kaldi_fst_archive"]
 
 
 def _check_item(n: int, item) -> tuple[str, Fst]:

@@ -53,7 +53,7 @@ alternative pronunciations.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -283,7 +283,7 @@ class BiphoneSet:
     # ------------------------------------------------------------ construction
     @classmethod
     def from_transcripts(cls, texts, lexicon, phones, min_biphone_count: int = 100, min_monophone_count: int = 20,
-                         prons: str = "all", context_independent=()) -> "BiphoneSet":
+                         prons: str = "all", context_independent=()) -> BiphoneSet:
         """The tied set of the biphones of ``texts`` (counted by
         :func:`transcript_biphone_counts` with ``prons``)."""
         counts, phone_counts = transcript_biphone_counts(texts, lexicon, phones, prons)
@@ -291,7 +291,7 @@ class BiphoneSet:
 
     @classmethod
     def from_phone_sequences(cls, phone_seqs, phones, min_biphone_count: int = 100, min_monophone_count: int = 20,
-                             context_independent=()) -> "BiphoneSet":
+                             context_independent=()) -> BiphoneSet:
         """The tied set of the biphones of ``phone_seqs`` (phone-id sequences,
         counted as given by :func:`biphone_counts`)."""
         P, _ = _num_phones(phones)

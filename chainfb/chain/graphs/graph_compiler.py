@@ -24,7 +24,7 @@ and each biphone takes the pdfs of its (tied) unit.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -88,7 +88,7 @@ def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False, context:
     START = ("start",)
     sid(START)
     in_phones: dict[int, set] = {}
-    for (u, v, p, lp, w) in pg.arcs:
+    for (_u, v, p, _lp, _w) in pg.arcs:
         if p == EPS:
             raise ValueError("expand: the phone graph still has epsilon arcs; call remove_epsilons() first")
         in_phones.setdefault(v, set()).add(p)
@@ -98,7 +98,11 @@ def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False, context:
     src, dst, pdf, lps, words = [], [], [], [], []
 
     def add(s, d, p, lp, w=-1):
-        src.append(s); dst.append(d); pdf.append(p); lps.append(lp); words.append(w)
+        src.append(s)
+        dst.append(d)
+        pdf.append(p)
+        lps.append(lp)
+        words.append(w)
 
     sources_cache: dict[int, list] = {}
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ... import checks
 
@@ -49,7 +49,7 @@ def _source(path_or_lines) -> str:
 
 def _lines(path_or_lines, name: str) -> list[tuple[int, str]]:
     if isinstance(path_or_lines, (str, os.PathLike)):
-        with open(path_or_lines, "r", encoding="utf-8") as f:
+        with open(path_or_lines, encoding="utf-8") as f:
             raw = f.read().splitlines()
     elif isinstance(path_or_lines, Iterable):
         raw = list(path_or_lines)
@@ -118,7 +118,7 @@ class Lexicon:
         """Distinct phones used, sorted."""
         return sorted({p for ps in self.prons.values() for pron, _ in ps for p in pron})
 
-    def with_word_positions(self) -> "Lexicon":
+    def with_word_positions(self) -> Lexicon:
         """The lexicon in Kaldi's word-position-dependent phones, as
         ``prepare_lang.sh`` makes them: a one-phone word ``p_S``; otherwise
         ``p_B`` first, ``p_E`` last and ``p_I`` between.  For a phone list

@@ -44,7 +44,7 @@ class PhoneGraph:
     def add_arc(self, src: int, dst: int, phone: int, log_prob: float = 0.0, word: int = -1) -> None:
         self.arcs.append((int(src), int(dst), int(phone), float(log_prob), int(word)))
 
-    def remove_epsilons(self) -> "PhoneGraph":
+    def remove_epsilons(self) -> PhoneGraph:
         """An equivalent graph without epsilon arcs (the epsilon sub-graph must
         be acyclic; path weights through epsilons are summed exactly:
         :func:`chainfb.fst_algo.remove_epsilons`).  Epsilon arcs may not
@@ -54,7 +54,7 @@ class PhoneGraph:
         arcs, final = remove_epsilons(self.num_nodes, self.arcs, self.final, EPS, "phone graph")
         return PhoneGraph(self.num_nodes, self.start, arcs, final).trim()
 
-    def trim(self) -> "PhoneGraph":
+    def trim(self) -> PhoneGraph:
         """Keep only nodes on some start-to-final path, renumbered (start first)."""
         live = [a for a in self.arcs if a[3] > -np.inf]
         mask = useful_states(self.num_nodes, [a[0] for a in live], [a[1] for a in live], self.start,

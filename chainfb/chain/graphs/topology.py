@@ -116,19 +116,19 @@ class Topology:
 
     # ------------------------------------------------------------ built-ins
     @classmethod
-    def chain(cls) -> "Topology":
+    def chain(cls) -> Topology:
         """Kaldi's chain topology: one state; entering pdf ``2i``, self-loop pdf ``2i+1``."""
         return cls("chain", 0, 2, 1, [(ENTER, 0, ("class", 0), 0.0), (0, 0, ("class", 1), 0.0)], {0: 0.0})
 
     @classmethod
-    def ctc(cls) -> "Topology":
+    def ctc(cls) -> Topology:
         """CTC: blank pdf 0, token ``i`` pdf ``1+i`` with repeats and optional blanks."""
         blank = ("shared", 0)
         arcs = [(ENTER, 0, ("class", 0), 0.0), (0, 0, ("class", 0), 0.0), (0, 1, blank, 0.0), (1, 1, blank, 0.0)]
         return cls("ctc", 1, 1, 2, arcs, {0: 0.0, 1: 0.0}, prefix_loop=blank, no_repeat_from={0})
 
     @classmethod
-    def hmm3(cls) -> "Topology":
+    def hmm3(cls) -> Topology:
         """Conventional 3-state left-to-right HMM with self-loops, pdf ``3i + state``."""
         arcs = [(ENTER, 0, ("class", 0), 0.0)]
         for s in range(3):
@@ -139,7 +139,7 @@ class Topology:
 
     # ------------------------------------------------------------ text I/O
     @classmethod
-    def from_text(cls, text: str) -> "Topology":
+    def from_text(cls, text: str) -> Topology:
         """Parse the plain-text topology format."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected str, got {type(text).__name__}")
@@ -172,7 +172,8 @@ class Topology:
                     if len(f) not in (4, 5):
                         raise ValueError(f"{where}: expected 'arc FROM TO PDF [PROB]'")
                     src = ENTER if f[1] == "enter" else int(f[1])
-                    arcs.append((src, int(f[2]), _pdf_token(f[3], shared, per, where), _prob(f[4] if len(f) == 5 else None, where)))
+                    arcs.append((src, int(f[2]), _pdf_token(f[3], shared, per, where),
+                                 _prob(f[4] if len(f) == 5 else None, where)))
                 elif f[0] == "exit":
                     if len(f) not in (2, 3):
                         raise ValueError(f"{where}: expected 'exit STATE [PROB]'")
@@ -191,12 +192,12 @@ class Topology:
         return cls(kv.get("name", "custom"), shared, per, ns, arcs, exits, prefix, norep)
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> "Topology":
+    def read(cls, path: str | os.PathLike) -> Topology:
         """Read a topology file; the names ``chain``, ``ctc`` and ``hmm3`` load
         the files shipped in ``graphs/topologies`` (or the built-ins)."""
         if str(path) in ("chain", "ctc", "hmm3") and not os.path.exists(path):
             return getattr(cls, str(path))()
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             return cls.from_text(f.read())
 
     def to_text(self) -> str:

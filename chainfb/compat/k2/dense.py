@@ -52,7 +52,6 @@ duration.
 from __future__ import annotations
 
 import hashlib
-from typing import Optional
 
 import numpy as np
 import torch
@@ -122,7 +121,7 @@ class DenseFsaVec(OnDevice):
     def device(self) -> torch.device:
         return self.log_probs.device
 
-    def to(self, device) -> "DenseFsaVec":
+    def to(self, device) -> DenseFsaVec:
         if torch.device(device) == self.device:
             return self
         seg = np.stack([self._seq, self._start, self._dur], 1).astype(np.int32)
@@ -368,8 +367,8 @@ def _no_attribute(name: str, value) -> None:
                          f"(its total scores are computed exactly by chainfb's engine)")
 
 
-def intersect_dense(a_fsas: Fsa, b_fsas: DenseFsaVec, output_beam: float, a_to_b_map: Optional[torch.Tensor] = None,
-                    seqframe_idx_name: Optional[str] = None, frame_idx_name: Optional[str] = None) -> DenseLattice:
+def intersect_dense(a_fsas: Fsa, b_fsas: DenseFsaVec, output_beam: float, a_to_b_map: torch.Tensor | None = None,
+                    seqframe_idx_name: str | None = None, frame_idx_name: str | None = None) -> DenseLattice:
     """k2's ``intersect_dense``, exact (``output_beam`` is checked, not
     used: nothing is pruned).  ``a_fsas``: an FsaVec with one FSA per
     segment of ``b_fsas`` (a single FSA counts as an FsaVec of one), or any
@@ -382,8 +381,8 @@ def intersect_dense(a_fsas: Fsa, b_fsas: DenseFsaVec, output_beam: float, a_to_b
 
 def intersect_dense_pruned(a_fsas: Fsa, b_fsas: DenseFsaVec, search_beam: float, output_beam: float,
                            min_active_states: int, max_active_states: int,
-                           seqframe_idx_name: Optional[str] = None,
-                           frame_idx_name: Optional[str] = None, allow_partial: bool = False) -> DenseLattice:
+                           seqframe_idx_name: str | None = None,
+                           frame_idx_name: str | None = None, allow_partial: bool = False) -> DenseLattice:
     """k2's ``intersect_dense_pruned`` signature, computed exactly (beams
     and active-state limits are checked, not used).  ``a_fsas`` has one FSA
     per segment, or one FSA shared by all (the denominator)."""

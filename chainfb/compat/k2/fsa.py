@@ -27,7 +27,8 @@ attribute tensors live on ``fsa.device``.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -123,7 +124,7 @@ def _check_structure(num_states, arc_splits, src, dst, labels, name="arcs") -> N
 class _Arcs:
     """What ``fsa.arcs`` gives in k2 (a RaggedArc), as far as user code reads it."""
 
-    def __init__(self, fsa: "Fsa"):
+    def __init__(self, fsa: Fsa):
         self._fsa = fsa
 
     def values(self) -> torch.Tensor:
@@ -177,7 +178,7 @@ class Fsa(OnDevice):
     :func:`~chainfb.compat.k2.ctc_topo` and the other graph functions.
     """
 
-    def __init__(self, arcs: torch.Tensor, aux_labels: Optional[torch.Tensor] = None, properties=None):
+    def __init__(self, arcs: torch.Tensor, aux_labels: torch.Tensor | None = None, properties=None):
         if not isinstance(arcs, torch.Tensor):
             raise TypeError(f"arcs: expected an int32 tensor [num_arcs, 4], got {type(arcs).__name__}")
         if arcs.dtype != torch.int32 or arcs.dim() != 2 or arcs.shape[1] != 4:
@@ -213,7 +214,7 @@ class Fsa(OnDevice):
 
     @classmethod
     def _make(cls, num_states, src, dst, labels, scores, vec: bool, arc_splits=None, device=None,
-              check: bool = True) -> "Fsa":
+              check: bool = True) -> Fsa:
         """An Fsa from host arrays (``labels`` int, ``scores`` a tensor or array)."""
         out = cls.__new__(cls)
         if not isinstance(scores, torch.Tensor):
@@ -228,7 +229,7 @@ class Fsa(OnDevice):
         glob = self._src + np.repeat(offs[:-1], np.diff(self._arc_splits))
         return np.searchsorted(glob, np.arange(int(offs[-1]) + 1), side="left").astype(np.int64)
 
-    def _parts(self) -> Iterator[Tuple[int, int, int]]:
+    def _parts(self) -> Iterator[tuple[int, int, int]]:
         """``(num_states, first_arc, end_arc)`` of each FSA."""
         for i, S in enumerate(self._num_states.tolist()):
             yield S, int(self._arc_splits[i]), int(self._arc_splits[i + 1])
@@ -277,13 +278,13 @@ class Fsa(OnDevice):
         else:
             raise AttributeError(f"No such attribute in Fsa: {name}")
 
-    def named_tensor_attr(self, include_scores: bool = True) -> Iterator[Tuple[str, Any]]:
+    def named_tensor_attr(self, include_scores: bool = True) -> Iterator[tuple[str, Any]]:
         """``(name, value)`` of the per-arc attributes (not ``labels``)."""
         for name, value in list(self._tensor_attr.items()):
             if name != "labels" and (include_scores or name != "scores"):
                 yield name, value
 
-    def named_non_tensor_attr(self) -> Iterator[Tuple[str, Any]]:
+    def named_non_tensor_attr(self) -> Iterator[tuple[str, Any]]:
         yield from list(self._non_tensor_attr.items())
 
     def get_filler(self, attribute_name: str):
@@ -300,7 +301,7 @@ class Fsa(OnDevice):
         return int(self._src.shape[0])
 
     @property
-    def shape(self) -> Tuple:
+    def shape(self) -> tuple:
         """``(num_states, None)`` for an FSA, ``(num_fsas, None, None)`` for an FsaVec."""
         if self._vec:
             return (len(self._num_states), None, None)
@@ -315,10 +316,10 @@ class Fsa(OnDevice):
         return self.scores.requires_grad
 
     @property
-    def grad(self) -> Optional[torch.Tensor]:
+    def grad(self) -> torch.Tensor | None:
         return self.scores.grad
 
-    def requires_grad_(self, requires_grad: bool) -> "Fsa":
+    def requires_grad_(self, requires_grad: bool) -> Fsa:
         """Sets ``scores.requires_grad`` in place; returns ``self``."""
         self.scores.requires_grad_(checks.flag(requires_grad, "requires_grad"))
         return self
@@ -337,19 +338,19 @@ class Fsa(OnDevice):
         return fsa_properties.to_str(self.properties)
 
     # ------------------------------------------------------------ copies
-    def _derived(self, num_states, src, dst, labels, arc_splits=None, vec=None) -> "Fsa":
+    def _derived(self, num_states, src, dst, labels, arc_splits=None, vec=None) -> Fsa:
         """A new Fsa with this one's scores (same arcs order), before its attributes are set."""
         return Fsa._make(num_states, src, dst, labels, self.scores, self._vec if vec is None else vec,
                          self._arc_splits if arc_splits is None else arc_splits, check=False)
 
-    def _copy_attrs_to(self, out: "Fsa", transform) -> "Fsa":
+    def _copy_attrs_to(self, out: Fsa, transform) -> Fsa:
         for name, value in self.named_tensor_attr(include_scores=True):
             out._tensor_attr[name] = transform(value)
         out._tensor_attr["labels"] = transform(self.labels)
         out._non_tensor_attr.update(self._non_tensor_attr)
         return out
 
-    def to(self, device) -> "Fsa":
+    def to(self, device) -> Fsa:
         """This FSA on ``device`` (``self`` when already there); scores keep their autograd history."""
         device = torch.device(device)
         if device == self.device:
@@ -357,15 +358,15 @@ class Fsa(OnDevice):
         out = self._derived(self._num_states, self._src, self._dst, self.labels.cpu().numpy())
         return self._copy_attrs_to(out, lambda v: v.to(device))
 
-    def clone(self) -> "Fsa":
+    def clone(self) -> Fsa:
         out = self._derived(self._num_states, self._src, self._dst, self.labels.cpu().numpy())
         return self._copy_attrs_to(out, lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
 
-    def detach(self) -> "Fsa":
+    def detach(self) -> Fsa:
         out = self._derived(self._num_states, self._src, self._dst, self.labels.cpu().numpy())
         return self._copy_attrs_to(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v)
 
-    def __getitem__(self, i: int) -> "Fsa":
+    def __getitem__(self, i: int) -> Fsa:
         """The ``i``-th FSA of an FsaVec (its attributes are slices: gradients flow back)."""
         if not self._vec:
             raise TypeError("fsa[i]: indexing needs an FsaVec (len(fsa.shape) == 3)")
@@ -382,7 +383,7 @@ class Fsa(OnDevice):
         out._non_tensor_attr.update(self._non_tensor_attr)
         return out
 
-    def invert_(self) -> "Fsa":
+    def invert_(self) -> Fsa:
         """Swap ``labels`` and ``aux_labels`` in place (``-1`` kept on the
         final arcs); a tensor ``aux_labels`` is needed."""
         aux = self._tensor_attr.get("aux_labels")
@@ -395,7 +396,7 @@ class Fsa(OnDevice):
         self._tensor_attr["aux_labels"] = labels
         return self
 
-    def invert(self) -> "Fsa":
+    def invert(self) -> Fsa:
         """A copy with ``labels`` and ``aux_labels`` swapped."""
         return self.clone().invert_()
 
@@ -406,9 +407,9 @@ class Fsa(OnDevice):
 
     # ------------------------------------------------------------ text
     @classmethod
-    def from_str(cls, s: str, acceptor: Optional[bool] = None, num_aux_labels: Optional[int] = None,
-                 aux_label_names: Optional[List[str]] = None, ragged_label_names: List[str] = (),
-                 openfst: bool = False) -> "Fsa":
+    def from_str(cls, s: str, acceptor: bool | None = None, num_aux_labels: int | None = None,
+                 aux_label_names: list[str] | None = None, ragged_label_names: list[str] = (),
+                 openfst: bool = False) -> Fsa:
         """An FSA from k2 text (or OpenFst text with ``openfst=True``); see
         :mod:`chainfb.compat.k2.text` for both formats.
 
@@ -434,13 +435,13 @@ class Fsa(OnDevice):
         return out
 
     @classmethod
-    def from_openfst(cls, s: str, acceptor: Optional[bool] = None, num_aux_labels: Optional[int] = None,
-                     aux_label_names: Optional[List[str]] = None, ragged_label_names: List[str] = ()) -> "Fsa":
+    def from_openfst(cls, s: str, acceptor: bool | None = None, num_aux_labels: int | None = None,
+                     aux_label_names: list[str] | None = None, ragged_label_names: list[str] = ()) -> Fsa:
         """``from_str(..., openfst=True)``."""
         return cls.from_str(s, acceptor, num_aux_labels, aux_label_names, ragged_label_names, openfst=True)
 
     @staticmethod
-    def from_fsas(fsas: List["Fsa"]) -> "Fsa":
+    def from_fsas(fsas: list[Fsa]) -> Fsa:
         return create_fsa_vec(fsas)
 
     def to_str(self, openfst: bool = False) -> str:
@@ -477,7 +478,7 @@ class Fsa(OnDevice):
         return out
 
     @classmethod
-    def from_dict(cls, dict_in: dict) -> "Fsa":
+    def from_dict(cls, dict_in: dict) -> Fsa:
         """The inverse of :meth:`as_dict`."""
         if not isinstance(dict_in, dict) or "arcs" not in dict_in:
             raise ValueError("dict_in: expected a dict with an 'arcs' entry (from Fsa.as_dict)")
@@ -517,7 +518,7 @@ def _fix_final_labels(fsa: Fsa, labels: torch.Tensor) -> torch.Tensor:
 def _int_attrs(fsa: Fsa):
     """The int32 tensor and ragged attributes, sorted by name (k2's ``to_str`` order)."""
     ints, ragged = [], []
-    for name, value in sorted(fsa.named_tensor_attr(include_scores=False), key=lambda kv: kv[0]):
+    for _name, value in sorted(fsa.named_tensor_attr(include_scores=False), key=lambda kv: kv[0]):
         if isinstance(value, torch.Tensor) and value.dtype == torch.int32:
             ints.append(value.cpu().numpy())
         elif isinstance(value, RaggedTensor):
@@ -543,7 +544,7 @@ def _single(fsa, name: str) -> Fsa:
     return fsa
 
 
-def _stack(parts: List[Fsa], name: str) -> Fsa:
+def _stack(parts: list[Fsa], name: str) -> Fsa:
     """An FsaVec of the single FSAs ``parts`` (attributes concatenated; all
     of ``parts`` must have the same tensor attributes)."""
     if not parts:
@@ -578,7 +579,7 @@ def _stack(parts: List[Fsa], name: str) -> Fsa:
     return out
 
 
-def create_fsa_vec(fsas: List[Fsa]) -> Fsa:
+def create_fsa_vec(fsas: list[Fsa]) -> Fsa:
     """k2's ``create_fsa_vec``: an FsaVec of single FSAs; tensor attributes
     (``scores`` included, with their autograd history) are concatenated."""
     if isinstance(fsas, Fsa) or not isinstance(fsas, (list, tuple)):

@@ -25,7 +25,6 @@ blanks and repeats).  All scores are 0.
 
 from __future__ import annotations
 
-from typing import List, Union
 
 import numpy as np
 import torch
@@ -84,7 +83,7 @@ def _linear(row: np.ndarray):
     return U + 2, ar, ar + 1, np.concatenate([row, [-1]]).astype(np.int64)
 
 
-def linear_fsa(labels: Union[List[int], List[List[int]], RaggedTensor], device=None) -> Fsa:
+def linear_fsa(labels: list[int] | list[list[int]] | RaggedTensor, device=None) -> Fsa:
     """A linear acceptor of ``labels`` (``U + 2`` states: the labels, then
     a ``-1`` arc into the final state; scores 0): a single FSA for a list
     of ints, an FsaVec for a list of lists or a RaggedTensor."""
@@ -95,7 +94,7 @@ def linear_fsa(labels: Union[List[int], List[List[int]], RaggedTensor], device=N
     return _build([_linear(r) for r in rows], vec, _device(device))
 
 
-def linear_fst(labels: Union[List[int], List[List[int]]], aux_labels: Union[List[int], List[List[int]]]) -> Fsa:
+def linear_fst(labels: list[int] | list[list[int]], aux_labels: list[int] | list[list[int]]) -> Fsa:
     """A linear transducer: :func:`linear_fsa` of ``labels`` with
     ``aux_labels`` (``-1`` on the final arc)."""
     fsa = linear_fsa(labels)
@@ -152,7 +151,7 @@ def _ctc_graph_one(y: np.ndarray, modified: bool):
     return (2 * U + 2, arr(src), arr(dst), arr(lab)), arr(aux)
 
 
-def ctc_graph(symbols: Union[List[List[int]], RaggedTensor], modified: bool = False, device="cpu") -> Fsa:
+def ctc_graph(symbols: list[list[int]] | RaggedTensor, modified: bool = False, device="cpu") -> Fsa:
     """k2's ``ctc_graph``: the CTC graph of each symbol sequence (symbols
     ``>= 1``; 0 is blank), an FsaVec with ``aux_labels`` (see the module
     docstring).  ``symbols`` is a list of lists of ints or a

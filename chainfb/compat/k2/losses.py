@@ -14,7 +14,6 @@ before the batch mean.  ``delay_penalty`` > 0 is not supported.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -40,7 +39,7 @@ class CtcLoss(torch.nn.Module):
         self.use_double_scores = checks.flag(use_double_scores, "use_double_scores")
 
     def forward(self, decoding_graph: Fsa, dense_fsa_vec: DenseFsaVec, delay_penalty: float = 0.0,
-                target_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+                target_lengths: torch.Tensor | None = None) -> torch.Tensor:
         if checks.number(delay_penalty, "delay_penalty") != 0.0:
             raise ValueError(f"delay_penalty: only 0 is supported, got {delay_penalty}")
         lengths = None
@@ -60,7 +59,7 @@ class CtcLoss(torch.nn.Module):
 
 def ctc_loss(decoding_graph: Fsa, dense_fsa_vec: DenseFsaVec, output_beam: float = 10, delay_penalty: float = 0.0,
              reduction: str = "sum", use_double_scores: bool = True,
-             target_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+             target_lengths: torch.Tensor | None = None) -> torch.Tensor:
     """k2's ``ctc_loss``: :class:`CtcLoss` in one call.
 
     Parameters

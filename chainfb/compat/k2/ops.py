@@ -36,7 +36,6 @@ attributes.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
 
 import numpy as np
 import torch
@@ -390,7 +389,7 @@ def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True, ret
 
 
 def compose(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
-            inner_labels: Optional[str] = None) -> Fsa:
+            inner_labels: str | None = None) -> Fsa:
     """k2's ``compose``: ``a_fsa``'s ``aux_labels`` (a tensor; its output
     side) matched with ``b_fsa``'s labels.  ``a_fsa`` is inverted and
     arc-sorted, intersected with ``b_fsa`` (which must be arc-sorted), and

@@ -12,7 +12,7 @@ from a list of lists, ``values``, ``row_splits(1)``, ``dim0``,
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ class RaggedTensor:
         self.values = torch.tensor(flat, dtype=torch.int32, device=device)
 
     @classmethod
-    def from_rows(cls, rows: list, device=None) -> "RaggedTensor":
+    def from_rows(cls, rows: list, device=None) -> RaggedTensor:
         """From a list of integer NumPy arrays / lists (checked by the caller)."""
         out = cls.__new__(cls)
         lens = np.array([len(r) for r in rows], dtype=np.int64)
@@ -95,26 +95,26 @@ class RaggedTensor:
     def tolist(self) -> list:
         return [r.tolist() for r in self.rows()]
 
-    def to(self, device) -> "RaggedTensor":
+    def to(self, device) -> RaggedTensor:
         if torch.device(device) == self.device:
             return self
         out = RaggedTensor.__new__(RaggedTensor)
         out._splits, out.values = self._splits, self.values.to(device)
         return out
 
-    def index(self, rows: np.ndarray) -> "RaggedTensor":
+    def index(self, rows: np.ndarray) -> RaggedTensor:
         """Rows ``rows`` (``-1``: an empty row), as a new ragged tensor."""
         mine = self.rows()
         empty = np.zeros(0, np.int64)
         return RaggedTensor.from_rows([mine[r] if r >= 0 else empty for r in np.asarray(rows).tolist()],
                                       device=self.device)
 
-    def remove_values_eq(self, target: int) -> "RaggedTensor":
+    def remove_values_eq(self, target: int) -> RaggedTensor:
         """A copy without the values equal to ``target``."""
         t = checks.integer(target, "target")
         return RaggedTensor.from_rows([r[r != t] for r in self.rows()], device=self.device)
 
-    def remove_values_leq(self, cutoff: int) -> "RaggedTensor":
+    def remove_values_leq(self, cutoff: int) -> RaggedTensor:
         """A copy without the values ``<= cutoff``."""
         c = checks.integer(cutoff, "cutoff")
         return RaggedTensor.from_rows([r[r > c] for r in self.rows()], device=self.device)

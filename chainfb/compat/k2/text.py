@@ -152,7 +152,7 @@ def _parse_openfst(lines, num_aux, num_ragged):
     swap = {0: start, start: 0} if start > 0 else {}
     arcs = []
     for s in range(super_final + 1):
-        for src, dst, label, aux, ragged, w in per_state.get(swap.get(s, s), []):
+        for _src, dst, label, aux, ragged, w in per_state.get(swap.get(s, s), []):
             arcs.append((s, swap.get(dst, dst), label, aux, ragged, w))
     return super_final + 1, arcs
 
@@ -178,7 +178,7 @@ def parse(s: str, num_aux: int, num_ragged: int, openfst: bool):
 
 def _g(x: float) -> str:
     """A float as C++'s ``operator<<`` prints it (``%g``, six digits)."""
-    return "%g" % x
+    return f"{x:g}"
 
 
 def format_arcs(num_states: int, src, dst, label, score, int_labels=(), ragged_rows=(), openfst=False) -> str:

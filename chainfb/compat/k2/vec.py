@@ -9,7 +9,6 @@ layout in :mod:`chainfb.compat.k2.fsa`.
 
 from __future__ import annotations
 
-from typing import List
 
 from ... import checks
 from .fsa import Fsa, _stack, create_fsa_vec
@@ -35,7 +34,7 @@ def index_fsa(src: Fsa, indexes) -> Fsa:
     return _stack([src[int(i)] for i in idx], "src")
 
 
-def cat(srcs: List[Fsa]) -> Fsa:
+def cat(srcs: list[Fsa]) -> Fsa:
     """k2's ``cat``: the FSAs of several FsaVecs, in order, as one FsaVec."""
     if not isinstance(srcs, (list, tuple)):
         raise TypeError(f"srcs: expected a list of FsaVecs, got {type(srcs).__name__}")
