@@ -5,6 +5,10 @@ checks (which live in :mod:`chainfb.checks`).  (Which engine runs is decided in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, TypeGuard
+
 import numpy as np
 import torch
 
@@ -12,25 +16,32 @@ from . import checks
 from .checks import FLOATS, INTS
 
 __all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "check_lengths", "check_tensor",
-           "FLOATS", "INTS"]
+           "FLOATS", "INTS", "Array", "Ints"]
+
+#: An array argument: a NumPy array, a torch tensor (CPU or CUDA) or a CuPy array.  CuPy is optional, so its
+#: type cannot be named: the alias is ``Any``; each function's docstring gives the shape and dtypes it takes.
+Array = Any
+#: Integers given per sequence or per frame (lengths, labels): a list or tuple of ints, or an integer array.
+Ints = Sequence[int] | Array
 
 check_tensor = checks.tensor
 
 
-def is_torch(x) -> bool:
+def is_torch(x: object) -> TypeGuard[torch.Tensor]:
     return isinstance(x, torch.Tensor)
 
 
-def is_cupy(x) -> bool:
+def is_cupy(x: object) -> bool:
     return type(x).__module__.startswith("cupy")
 
 
-def is_cuda(x) -> bool:
+def is_cuda(x: object) -> bool:
     """True for CUDA torch tensors and CuPy arrays."""
     return (is_torch(x) and x.is_cuda) or is_cupy(x)
 
 
-def as_array(x, name: str, float_dtypes=(np.float32, np.float64)):
+def as_array(x: Array, name: str,
+             float_dtypes: tuple | None = (np.float32, np.float64)) -> tuple[Array, ModuleType]:
     """``(array, xp)``: a NumPy view of a NumPy array or CPU tensor, or a CuPy
     view of a CuPy array or CUDA tensor (no copy), and its array module."""
     if is_torch(x):
@@ -55,7 +66,7 @@ def as_array(x, name: str, float_dtypes=(np.float32, np.float64)):
     return x, np
 
 
-def wrap_like(arr, like):
+def wrap_like(arr: Array, like: Array) -> Array:
     """``arr`` as a torch tensor when ``like`` is one (zero-copy), else as is."""
     if not is_torch(like):
         return arr
@@ -64,7 +75,7 @@ def wrap_like(arr, like):
     return torch.from_dlpack(arr)
 
 
-def check_lengths(lengths, N: int, T: int, name: str = "lengths") -> np.ndarray:
+def check_lengths(lengths: Ints | None, N: int, T: int, name: str = "lengths") -> np.ndarray:
     """``lengths`` as int64 ``[N]`` in ``[0, T]`` (NumPy); ``None`` means all ``T``
     (:func:`chainfb.checks.lengths`)."""
     return checks.lengths(lengths, name, N, T)

@@ -16,18 +16,25 @@ drop-ins (:mod:`chainfb.compat`); ``docs/layout.md`` has the layers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from . import checks, engines
-from ._arrays import as_array, check_lengths, is_torch, wrap_like
+from ._arrays import Array, Ints, as_array, check_lengths, is_torch, wrap_like
 from .batch import FstBatch
 from .criterion import Criterion, apply
 from .cuda.interop import on_torch_stream
+from .fst import Fst
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
 __all__ = ["PdfCriterion", "forward_backward", "best_path", "fst_loglike", "NumeratorLoss"]
+
+#: The graphs of a batch: one Fst shared by all sequences, one Fst per sequence, or an FstBatch.
+Graphs = Fst | Sequence[Fst] | FstBatch
 
 
 class PdfCriterion(Criterion):
@@ -55,8 +62,10 @@ class PdfCriterion(Criterion):
     #: the argument named in errors
     name = "scores"
 
-    def __init__(self, fsts, shape, lengths=None, clamp=None, leaky=None, engine="auto", value_dtype=None,
-                 lattice=None, lengths_checked: bool = False):
+    def __init__(self, fsts: Graphs | None, shape: Sequence[int], lengths: Ints | None = None,
+                 clamp: tuple[float, float] | None = None, leaky: tuple[float, Array] | None = None,
+                 engine: str = "auto", value_dtype: npt.DTypeLike | None = None, lattice: Lattice | None = None,
+                 lengths_checked: bool = False):
         if len(shape) != 3:
             raise ValueError(f"{self.name}: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
         N, T, P = shape
@@ -84,7 +93,7 @@ class PdfCriterion(Criterion):
         self._held = (x, arr, xp) if keep else None
         return arr, xp
 
-    def gather(self, x, need_grad=True):
+    def gather(self, x: Array, need_grad: bool = True) -> Array:
         arr, xp = self._array(x, keep=True)
         # float32 scores stay float32 (half the memory; the compiled CPU engine
         # widens each one exactly as it reads it, the NumPy engine converts, and
@@ -99,15 +108,15 @@ class PdfCriterion(Criterion):
         """A zero gradient buffer for ``arr`` ``[N, T, P]`` (contiguous)."""
         return xp.zeros(arr.shape, dtype=arr.dtype)
 
-    def scale_grad(self, grad, go):
+    def scale_grad(self, grad: torch.Tensor, go: torch.Tensor) -> None:
         """``grad`` (the gradient ``finish`` gave, ``[N, T, P]``) times
-        ``go[n]`` per sequence, in place, without looking at ``go`` on the
-        host: one multiply on the device, no synchronisation (a gradient of
-        ones costs a pass over ``grad``, cheaper than the host waiting for
-        the device)."""
+        ``go[n]`` (``[N]``) per sequence, in place, without looking at ``go``
+        on the host: one multiply on the device, no synchronisation (a
+        gradient of ones costs a pass over ``grad``, cheaper than the host
+        waiting for the device)."""
         grad.mul_(go.view(-1, 1, 1))
 
-    def finish(self, x, loglike, post):
+    def finish(self, x: Array, loglike: Array, post: Array | None) -> tuple[Array, Array | None]:
         arr, xp = self._array(x, keep=False)
         dtype = arr.dtype if self.value_dtype is None else self.value_dtype
         value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x,
@@ -128,7 +137,8 @@ def _like_input(out, x, same_dtype=True):
 
 
 @on_torch_stream
-def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
+def forward_backward(fsts: Graphs, scores: Array, lengths: Ints | None = None,
+                     need_posteriors: bool = True) -> tuple[Array, Array | None]:
     """Log-likelihood of each sequence under its graph, and its posteriors.
 
     Parameters
@@ -162,7 +172,7 @@ def forward_backward(fsts, scores, lengths=None, need_posteriors: bool = True):
 
 
 @on_torch_stream
-def best_path(fsts, scores, lengths=None):
+def best_path(fsts: Graphs, scores: Array, lengths: Ints | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """The best (Viterbi) path of each sequence through its graph: the
     engine's recursion in the max semiring (CUDA scores are decoded on the
     host).
@@ -197,7 +207,7 @@ def best_path(fsts, scores, lengths=None):
     return score, paths
 
 
-def fst_loglike(scores: torch.Tensor, fsts, lengths=None) -> torch.Tensor:
+def fst_loglike(scores: torch.Tensor, fsts: Graphs, lengths: Ints | None = None) -> torch.Tensor:
     """Differentiable log-likelihood of each sequence under its graph.
 
     Parameters
@@ -228,7 +238,7 @@ class NumeratorLoss(torch.nn.Module):
         super().__init__()
         self.reduction = checks.reduction(reduction, ("none", "sum", "mean", "frame"))
 
-    def forward(self, scores, fsts, lengths=None):
+    def forward(self, scores: torch.Tensor, fsts: Graphs, lengths: Ints | None = None) -> torch.Tensor:
         """``scores [N, T, P]``, ``fsts`` (Fst, list of N Fst or FstBatch),
         ``lengths [N]`` (default all ``T``) -> the reduced loss."""
         nll = -fst_loglike(scores, fsts, lengths)

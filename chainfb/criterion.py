@@ -45,6 +45,8 @@ exact.  :func:`first_order_backward` gives the same to a hand-written
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -78,19 +80,19 @@ class Criterion:
     #: host (a synchronisation with the device).  Not for a criterion that ``shares_grad``.
     scale_grad = None
 
-    def gather(self, x, need_grad: bool = True):
+    def gather(self, x: Any, need_grad: bool = True) -> Any:
         """Compact engine scores ``X [T, C]`` from ``x`` (``need_grad``: a
         gradient will be asked for)."""
         raise NotImplementedError
 
-    def finish(self, x, loglike, post):
+    def finish(self, x: Any, loglike: Any, post: Any | None) -> tuple[Any, Any | None]:
         """``(value [N] tensor on x's device, grad like x or None)`` (for an
         input shared by the sequences, its gradient per sequence: ``[N,
         *shape]``; see the module docstring)."""
         raise NotImplementedError
 
     @on_torch_stream
-    def run(self, x, need_grad: bool = True):
+    def run(self, x: Any, need_grad: bool = True) -> tuple[Any, Any | None]:
         """Gather, the engine, finish: ``(value [N], grad or None)``.  For
         CUDA tensors the CuPy work runs on torch's current stream and
         allocator, and CuPy's own state is left as it was
@@ -119,7 +121,8 @@ class _FirstOrder(torch.autograd.Function):
         raise RuntimeError(SECOND_DERIVATIVE)
 
 
-def first_order(grads, depends):
+def first_order(grads: Iterable[torch.Tensor | None],
+                depends: Iterable[object]) -> tuple[torch.Tensor | None, ...]:
     """``grads`` (tensors computed without a graph, or None) tied to the
     tensors ``depends`` they were computed from: under ``create_graph=True``
     the result is a node of the graph whose inputs are those of ``depends``
@@ -137,7 +140,7 @@ def first_order(grads, depends):
     return tuple(None if g is None else next(tied) for g in grads)
 
 
-def first_order_backward(backward):
+def first_order_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for the ``backward`` of a ``torch.autograd.Function``
     whose gradient is formed without a graph: it runs under ``no_grad``
     and, with ``create_graph=True``, its results are tied
@@ -238,7 +241,7 @@ def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
     return tuple(out)
 
 
-def apply(x, criterion: Criterion) -> torch.Tensor:
+def apply(x: torch.Tensor | tuple[torch.Tensor, ...], criterion: Criterion) -> torch.Tensor:
     """The criterion's per-sequence value ``[N]``, differentiable w.r.t. ``x``
     (a tensor, or a tuple of tensors when the criterion reads several; its
     ``gather`` and ``finish`` then take and give tuples).  Each input is

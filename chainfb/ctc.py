@@ -30,10 +30,13 @@ Gradient convention: the gradient w.r.t. ``log_probs`` is the true one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 from . import checks
+from ._arrays import Ints
 from .api import PdfCriterion
 from .criterion import apply
 from .batch import FstBatch
@@ -107,7 +110,8 @@ def _ctc_fst(y: np.ndarray, blank: int) -> Fst:
     return Fst(P + 1, 0, src, dst, lab[dst - 1], np.zeros(len(src)), final)
 
 
-def ctc_graph(targets, target_lengths=None, blank: int = 0) -> FstBatch:
+def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], target_lengths: Ints | None = None,
+              blank: int = 0) -> FstBatch:
     """The CTC topology of each label sequence, as one :class:`FstBatch`
     (one acceptor per sequence over pdfs = vocabulary indices).
 
@@ -207,8 +211,8 @@ def _to_host(**named):
     return tuple(out.values())
 
 
-def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, reduction: str = "mean",
-             zero_infinity: bool = False):
+def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints | int, target_lengths: Ints | int,
+             blank: int = 0, reduction: str = "mean", zero_infinity: bool = False) -> torch.Tensor:
     """The CTC loss, ``torch.nn.functional.ctc_loss``'s signature and numbers.
 
     Parameters

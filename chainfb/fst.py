@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import checks, fst_binary
 
@@ -150,7 +151,8 @@ class Fst:
 
     __slots__ = ("num_states", "start", "src", "dst", "pdf", "log_prob", "final", "span")
 
-    def __init__(self, num_states, start, src, dst, pdf, log_prob, final, span=None):
+    def __init__(self, num_states: int, start: int, src: ArrayLike, dst: ArrayLike, pdf: ArrayLike,
+                 log_prob: ArrayLike, final: ArrayLike, span: ArrayLike | None = None):
         num_states = _whole(num_states, "num_states")
         start = _whole(start, "start")
         src = _whole_array(src, "src")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -37,6 +38,9 @@ from scipy.sparse.csgraph import breadth_first_order
 
 from . import checks
 from .fst import Fst
+
+#: Integer ids (states, labels) per arc or per state: a list of ints or an integer array.
+Ids = Sequence[int] | np.ndarray
 
 __all__ = ["accessible", "coaccessible", "useful_states", "trim", "topological_order", "canonical_fst",
            "merge_equivalent_states", "determinize", "intersect", "remove_epsilons", "remove_epsilons_max",
@@ -55,12 +59,12 @@ def _ids(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def accessible(num_states: int, src, dst, start: int) -> np.ndarray:
+def accessible(num_states: int, src: Ids, dst: Ids, start: int) -> np.ndarray:
     """Bool mask ``[num_states]``: reachable from ``start`` along arcs ``src[i] -> dst[i]``."""
     return _reached(int(num_states), _ids(src), _ids(dst), int(start))
 
 
-def coaccessible(num_states: int, src, dst, final_states) -> np.ndarray:
+def coaccessible(num_states: int, src: Ids, dst: Ids, final_states: Ids) -> np.ndarray:
     """Bool mask ``[num_states]``: able to reach one of ``final_states`` along arcs ``src[i] -> dst[i]``."""
     src, dst, finals = _ids(src), _ids(dst), _ids(final_states)
     S = int(num_states)
@@ -69,14 +73,14 @@ def coaccessible(num_states: int, src, dst, final_states) -> np.ndarray:
     return _reached(S + 1, np.concatenate([dst, super_node]), np.concatenate([src, finals]), S)[:S]
 
 
-def useful_states(num_states: int, src, dst, start: int, final_states) -> np.ndarray:
+def useful_states(num_states: int, src: Ids, dst: Ids, start: int, final_states: Ids) -> np.ndarray:
     """Bool mask ``[num_states]``: reachable from ``start`` along arcs
     ``src[i] -> dst[i]`` and able to reach one of ``final_states`` (the
     states a trim keeps)."""
     return accessible(num_states, src, dst, start) & coaccessible(num_states, src, dst, final_states)
 
 
-def trim(fst: Fst, word_of_arc=None):
+def trim(fst: Fst, word_of_arc: Ids | None = None) -> tuple[Fst, np.ndarray | None]:
     """Remove states not on a start-to-final path (and their arcs).
 
     Returns ``(fst, word_of_arc)``; ``word_of_arc`` ``[A]`` follows the arcs
@@ -97,7 +101,7 @@ def trim(fst: Fst, word_of_arc=None):
     return out
 
 
-def topological_order(num_states: int, src, dst, start: int, last: int | None = None) -> np.ndarray | None:
+def topological_order(num_states: int, src: Ids, dst: Ids, start: int, last: int | None = None) -> np.ndarray | None:
     """The states reachable from ``start`` in an order in which every arc
     other than a self-loop goes forward (Kahn's algorithm, the
     lowest-numbered ready state first), int64 ``[K]``; with ``last`` (k2's
@@ -130,7 +134,9 @@ def topological_order(num_states: int, src, dst, start: int, last: int | None = 
 
 
 # --------------------------------------------------------------- arc order
-def canonical_fst(num_states: int, start: int, src, dst, pdf, log_prob, final, word=None):
+def canonical_fst(num_states: int, start: int, src: Ids, dst: Ids, pdf: Ids, log_prob: Sequence[float] | np.ndarray,
+                  final: Sequence[float] | np.ndarray,
+                  word: Ids | None = None) -> tuple[Fst, np.ndarray | None]:
     """An Fst of these arcs in the canonical order (the start state's arcs
     first, then by source state, otherwise as given), and ``word`` ``[A]``
     (labels that follow the arcs, or ``None``) permuted alike:
@@ -156,7 +162,8 @@ def _combine_parallel(arcs):
     return [(s, d, p, float(lp), w) for (s, d, p, w), lp in acc.items()]
 
 
-def merge_equivalent_states(fst: Fst, word_of_arc=None, max_passes: int = 50):
+def merge_equivalent_states(fst: Fst, word_of_arc: Ids | None = None,
+                            max_passes: int = 50) -> tuple[Fst, np.ndarray | None]:
     """Exact state merging for epsilon-free acceptors (cheap minimization).
 
     Two merges, repeated until nothing changes, each preserving every path's
@@ -252,7 +259,8 @@ def merge_equivalent_states(fst: Fst, word_of_arc=None, max_passes: int = 50):
 
 
 # --------------------------------------------------------------- determinization
-def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10, semiring: str = "log"):
+def determinize(fst: Fst, max_states: int | None = None, delta: float = 1e-10,
+                semiring: str = "log") -> Fst | None:
     """Weighted determinization in the log semiring (subset construction with
     residual weights), so that no state has two arcs with the same pdf.
 
@@ -359,7 +367,8 @@ def _lae(a: float, b: float) -> float:
     return float(np.logaddexp(a, b))
 
 
-def remove_epsilons(num_states: int, arcs, final: dict, epsilon: int = -1, what: str = "graph"):
+def remove_epsilons(num_states: int, arcs: Iterable[tuple], final: dict, epsilon: int = -1,
+                    what: str = "graph") -> tuple[list[tuple], dict]:
     """Epsilon removal in the log semiring: ``(arcs, final)`` of an
     equivalent graph without epsilon arcs, on the same states (trim it
     afterwards).
@@ -425,7 +434,9 @@ def _eps_closure_max(s, eps_out, S, name):
     return [s] + sorted(q for q in best if q != s), paths
 
 
-def remove_epsilons_max(num_states: int, src, dst, label, score, epsilon: int = 0, name: str = "fsa"):
+def remove_epsilons_max(num_states: int, src: Ids, dst: Ids, label: Ids, score: Sequence[float] | np.ndarray,
+                        epsilon: int = 0,
+                        name: str = "fsa") -> tuple[int, np.ndarray, np.ndarray, np.ndarray, list]:
     """Epsilon removal in the tropical semiring (max): from each state, the
     best epsilon path to every state it reaches (itself first, then by
     state id) is followed by that state's non-epsilon arcs.

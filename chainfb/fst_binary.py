@@ -40,11 +40,16 @@ given its constructor, and imports nothing of chainfb.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Any
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .fst import Fst
 
 __all__ = ["MAGIC", "MAGIC_BYTES", "encode", "decode"]
 
@@ -67,7 +72,7 @@ def _string(name: bytes) -> bytes:
     return struct.pack("<i", len(name)) + name
 
 
-def encode(fst, name: str = "fst") -> bytes:
+def encode(fst: Fst, name: str = "fst") -> bytes:
     """``fst`` (a :class:`chainfb.Fst`, checked by the caller) in OpenFst's
     binary ``vector`` form (label ``pdf + 1`` on both sides, float32 costs).
     Arcs spanning several frames cannot be held: a ``ValueError`` naming
@@ -137,7 +142,8 @@ class _Reader:
             self.unpack(_INT64, f"{what}'s key")
 
 
-def decode(data, pos: int, fail: Callable[[str], ValueError], make: Callable[..., Any]) -> tuple[Any, int]:
+def decode(data: bytes | bytearray | memoryview | mmap.mmap, pos: int,
+           fail: Callable[[str], ValueError], make: Callable[..., Any]) -> tuple[Any, int]:
     """The FST in OpenFst's binary form at byte ``pos`` of ``data`` (a
     ``vector`` FST, or the ``compact_acceptor`` form Kaldi writes into
     chain examples), built by ``make`` (:class:`chainfb.Fst`, or a class

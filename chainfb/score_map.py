@@ -15,8 +15,12 @@ Works for NumPy and CuPy arrays (``xp`` is the array module).
 
 from __future__ import annotations
 
-import numpy as np
+from types import ModuleType
 
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
+
+from ._arrays import Array
 from .checks import LRU
 
 __all__ = ["PdfScoreMap"]
@@ -49,7 +53,7 @@ class PdfScoreMap:
 
     _MAX_LAYOUTS = 8
 
-    def __init__(self, col_seq, col_pdf, name: str = "scores"):
+    def __init__(self, col_seq: ArrayLike, col_pdf: ArrayLike, name: str = "scores"):
         self.col_seq = np.asarray(col_seq, dtype=np.int64)
         self.col_pdf = np.asarray(col_pdf, dtype=np.int64)
         self.name = name
@@ -72,14 +76,15 @@ class PdfScoreMap:
         device = getattr(getattr(arr, "device", None), "id", None)  # CuPy: one offsets copy per GPU
         return self._layouts.get((xp.__name__, device, item, strides), build)
 
-    def gather(self, xp, scores, dtype=np.float64, name=None):
+    def gather(self, xp: ModuleType, scores: Array, dtype: DTypeLike = np.float64, name: str | None = None) -> Array:
         """Compact scores ``[T, C]`` (``dtype``, row-major: the engines read a
         frame at a time) from ``scores`` ``[N, T, P]``."""
         offs, width = self._offsets(xp, scores, name)
         view = _frame_view(xp, scores, width)
         return xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
 
-    def scatter_add(self, xp, target, post, scale: float = 1.0, accumulate: bool = True, name=None):
+    def scatter_add(self, xp: ModuleType, target: Array, post: Array, scale: float = 1.0, accumulate: bool = True,
+                    name: str | None = None) -> None:
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
         (``=`` instead of ``+=`` when ``accumulate`` is False).
 

@@ -12,15 +12,20 @@ live with the tests, under ``tests/oracles``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .fst import Fst
 
+if TYPE_CHECKING:
+    from .chain import DenominatorGraph
+
 __all__ = ["random_fst", "numerator_like_fst", "denominator_like_fst", "kaldi_sized_denominator"]
 
 
-def random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, start=None, num_finals=2, self_loops=True) -> Fst:
+def random_fst(rng: np.random.Generator, num_states: int = 4, num_arcs: int = 8, num_pdfs: int = 3,
+               start: int | None = None, num_finals: int = 2, self_loops: bool = True) -> Fst:
     """A small random acceptor; may contain dead ends and unreachable states."""
     src = rng.integers(0, num_states, num_arcs)
     dst = rng.integers(0, num_states, num_arcs)
@@ -33,7 +38,7 @@ def random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, start=None, num_finals
     return Fst.from_arcs(zip(src, dst, pdf, lp), finals, start=start, num_states=num_states)
 
 
-def numerator_like_fst(rng, num_phones=50, num_pdfs=2000) -> Fst:
+def numerator_like_fst(rng: np.random.Generator, num_phones: int = 50, num_pdfs: int = 2000) -> Fst:
     """A left-to-right graph like an e2e numerator: per phone a state with a
     self-loop and a forward arc (distinct pdfs), plus optional-silence
     skips; about ``6 * num_phones`` arcs."""
@@ -48,7 +53,8 @@ def numerator_like_fst(rng, num_phones=50, num_pdfs=2000) -> Fst:
     return Fst.from_arcs(arcs, {S - 1: 0.0, S - 2: -0.5}, num_states=S)
 
 
-def denominator_like_fst(rng, num_states=3000, num_arcs=50000, num_pdfs=2000) -> Fst:
+def denominator_like_fst(rng: np.random.Generator, num_states: int = 3000, num_arcs: int = 50000,
+                         num_pdfs: int = 2000) -> Fst:
     """A random strongly-connected graph of denominator size; all states final."""
     src = np.concatenate([np.arange(num_states), rng.integers(0, num_states, num_arcs - num_states)])
     dst = np.concatenate([(np.arange(num_states) + 1) % num_states, rng.integers(0, num_states, num_arcs - num_states)])
@@ -58,7 +64,8 @@ def denominator_like_fst(rng, num_states=3000, num_arcs=50000, num_pdfs=2000) ->
     return f
 
 
-def kaldi_sized_denominator(rng, num_phones: int = 40, num_utts: int = 4000):
+def kaldi_sized_denominator(rng: np.random.Generator, num_phones: int = 40,
+                            num_utts: int = 4000) -> DenominatorGraph:
     """A :class:`chainfb.DenominatorGraph` at Kaldi's scale (~3,400 states,
     ~48,000 arcs, 80 pdfs for the defaults): a 4-gram phone LM estimated on
     ``num_utts`` synthetic Markov phone sequences of 20..79 phones, composed

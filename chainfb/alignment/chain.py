@@ -28,13 +28,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import checks
-from ..api import PdfCriterion
+from .._arrays import Array, Ints
+from ..api import Graphs, PdfCriterion
 from ..cuda.interop import on_torch_stream
 from .paths import best_arcs
+
+if TYPE_CHECKING:
+    from ..chain import BiphoneSet, Lexicon, Topology
 
 __all__ = ["PdfAlignment", "Segment", "align_pdfs", "phone_segments", "word_segments"]
 
@@ -76,7 +81,7 @@ class Segment:
 
 
 @on_torch_stream
-def align_pdfs(fsts, scores, lengths=None) -> list[PdfAlignment]:
+def align_pdfs(fsts: Graphs, scores: Array, lengths: Ints | None = None) -> list[PdfAlignment]:
     """The Viterbi pdf alignment of each sequence through its graph.
 
     Parameters
@@ -125,7 +130,8 @@ def _unit_phones(context, phones):
     return out
 
 
-def phone_segments(pdfs, topology, phones: Sequence[str] | None = None, context=None) -> list[Segment]:
+def phone_segments(pdfs: Ints, topology: Topology, phones: Sequence[str] | None = None,
+                   context: BiphoneSet | None = None) -> list[Segment]:
     """Phone segments of a pdf alignment (see the module docstring).
 
     Parameters
@@ -199,7 +205,8 @@ def _is(seg: Segment, phone) -> bool:
 _TIE = 1e-9
 
 
-def word_segments(phone_segs: Sequence[Segment], words: Sequence[str], lexicon,
+def word_segments(phone_segs: Sequence[Segment], words: Sequence[str],
+                  lexicon: Lexicon | Mapping[str, Sequence[Sequence[str]]],
                   silence: str | None = "SIL") -> list[Segment]:
     """Word segments from phone segments and the transcript.
 

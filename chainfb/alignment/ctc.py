@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .. import checks
+from .._arrays import Array, Ints
 from ..api import PdfCriterion
 from ..ctc import ctc_graph
 from ..cuda.interop import on_torch_stream
@@ -34,7 +35,7 @@ from .paths import best_arcs
 __all__ = ["forced_align", "merge_tokens", "TokenSpan", "ctc_min_frames"]
 
 
-def ctc_min_frames(labels) -> int:
+def ctc_min_frames(labels: Ints) -> int:
     """Frames a CTC alignment of ``labels`` needs: their number plus one
     blank between each pair of equal neighbours."""
     y = np.asarray(labels).reshape(-1)
@@ -59,8 +60,8 @@ def _rows(targets, target_lengths, B, C, blank):
 
 
 @on_torch_stream
-def forced_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths=None, target_lengths=None,
-                 blank: int = 0):
+def forced_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints | None = None,
+                 target_lengths: Ints | None = None, blank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The best (Viterbi) CTC alignment of each utterance.
 
     Parameters
@@ -134,7 +135,7 @@ class TokenSpan:
         return self.end - self.start
 
 
-def merge_tokens(tokens, scores, blank: int = 0) -> list[TokenSpan]:
+def merge_tokens(tokens: Array, scores: Array, blank: int = 0) -> list[TokenSpan]:
     """The token spans of one alignment: runs of equal labels, blanks dropped.
 
     Parameters

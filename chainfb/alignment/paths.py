@@ -9,10 +9,15 @@ own modules, never here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import engines
+from .._arrays import Array, Ints
+
+if TYPE_CHECKING:
+    from ..lattice import Lattice
 
 __all__ = ["StepArcs", "best_arcs"]
 
@@ -37,7 +42,7 @@ class StepArcs:
     score: float
 
 
-def best_arcs(lattice, X, lengths) -> list:
+def best_arcs(lattice: Lattice, X: Array, lengths: Ints) -> list[StepArcs]:
     """Viterbi over ``lattice`` with compact scores ``X [T, C]`` (NumPy or
     CuPy; CuPy is decoded on the host by the engine) for ``lengths [N]``
     steps: a list of N :class:`StepArcs`."""

@@ -32,12 +32,14 @@ are emitted as late as possible.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .. import checks
+from .._arrays import Ints
 from ..cuda.interop import on_torch_stream
 from ..transducer import GridCriterion, TransducerCriterion, boundary_from_lengths, check_inputs, rnnt_logprobs_pruned
 from ..transducer.loss import check_durations
@@ -116,8 +118,10 @@ def _check_common(logits, targets, logit_lengths, target_lengths, blank, num_big
 
 @on_torch_stream
 @torch.no_grad()
-def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths, blank: int = -1,
-               big_blank_durations=(), sigma: float = 0.0, fused_log_softmax: bool = True) -> list:
+def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: Ints, target_lengths: Ints,
+               blank: int = -1,
+               big_blank_durations: Sequence[int] = (), sigma: float = 0.0,
+               fused_log_softmax: bool = True) -> list[TransducerAlignment]:
     """The Viterbi alignment of each utterance under RNN-T (or multi-blank
     RNN-T with ``big_blank_durations``).
 
@@ -148,8 +152,8 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
 
 @on_torch_stream
 @torch.no_grad()
-def tdt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths, blank: int, durations,
-              sigma: float = 0.0) -> list:
+def tdt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: Ints, target_lengths: Ints, blank: int,
+              durations: Sequence[int], sigma: float = 0.0) -> list[TransducerAlignment]:
     """The Viterbi alignment of each utterance under the Token-and-Duration
     Transducer (:func:`chainfb.tdt_loss`'s lattice and arguments).
 
@@ -194,7 +198,8 @@ def _align_steps(crit, logits, Ub, kind_of, dur_of, with_durations: bool) -> lis
 
 @on_torch_stream
 @torch.no_grad()
-def grid_align(px: torch.Tensor, py: torch.Tensor, boundary=None) -> list:
+def grid_align(px: torch.Tensor, py: torch.Tensor,
+               boundary: torch.Tensor | None = None) -> list[TransducerAlignment]:
     """The best path through the ``(s, t)`` grid of the pruned family
     (:func:`chainfb.transducer.grid_loglike`'s lattice and arguments).
 
@@ -226,8 +231,8 @@ def grid_align(px: torch.Tensor, py: torch.Tensor, boundary=None) -> list:
     return out
 
 
-def pruned_rnnt_align(logits: torch.Tensor, targets: torch.Tensor, ranges: torch.Tensor, logit_lengths,
-                      target_lengths, blank: int, rnnt_type: str = "regular") -> list:
+def pruned_rnnt_align(logits: torch.Tensor, targets: torch.Tensor, ranges: torch.Tensor, logit_lengths: Ints,
+                      target_lengths: Ints, blank: int, rnnt_type: str = "regular") -> list[TransducerAlignment]:
     """The best alignment from joiner logits on a pruned band
     (:func:`chainfb.transducer.pruned_rnnt_loss`'s arguments): ``(px, py)``
     by :func:`chainfb.transducer.rnnt_logprobs_pruned` (``-inf`` outside the

@@ -35,10 +35,13 @@ graph's ``log_init [S]``, not repeated per sequence.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
-from .._arrays import as_array
+from .._arrays import Array, Ints, as_array
 from ..api import PdfCriterion
 from ..batch import FstBatch
 from ..criterion import apply
@@ -122,7 +125,7 @@ class DenominatorGraph:
         return self.fst.num_arcs
 
     @classmethod
-    def read(cls, path, num_pdfs: int | None = None) -> DenominatorGraph:
+    def read(cls, path: str | os.PathLike, num_pdfs: int | None = None) -> DenominatorGraph:
         """From an OpenFst text file or a binary one, as Kaldi's
         ``chain-make-den-fst`` writes ``den.fst`` (label = pdf + 1)."""
         return cls(Fst.read(path), num_pdfs)
@@ -140,7 +143,8 @@ class DenominatorGraph:
             self._lattices = {N: lat}
         return lat
 
-    def criterion(self, shape, lengths=None, leaky_hmm_coefficient: float = 0.1, engine: str = "auto"):
+    def criterion(self, shape: Sequence[int], lengths: Ints | None = None, leaky_hmm_coefficient: float = 0.1,
+                  engine: str = "auto") -> PdfCriterion:
         """The denominator as a :class:`~chainfb.api.PdfCriterion` for scores
         of ``shape`` ``[N, T, P]`` (value: float64 log-likelihood ``[N]``)."""
         return self._criterion(shape, lengths, leaky_hmm_coefficient, engine, False)
@@ -157,7 +161,7 @@ class DenominatorGraph:
         return PdfCriterion(None, shape, lengths, clamp=(-CLAMP, CLAMP), leaky=(c, self.log_init), engine=engine,
                             value_dtype=np.float64, lattice=self._lattice(N), lengths_checked=lengths_checked)
 
-    def loglike(self, nnet_output: torch.Tensor, lengths=None, leaky_hmm_coefficient: float = 0.1,
+    def loglike(self, nnet_output: torch.Tensor, lengths: Ints | None = None, leaky_hmm_coefficient: float = 0.1,
                 engine: str = "auto") -> torch.Tensor:
         """Differentiable denominator log-likelihood ``[N]`` (float64, on
         ``nnet_output``'s device) of ``nnet_output [N, T, P]``; its gradient
@@ -173,8 +177,8 @@ class DenominatorGraph:
         return apply(nnet_output, crit)
 
     @on_torch_stream
-    def forward_backward(self, scores, lengths=None, leaky_hmm_coefficient: float = 0.1,
-                         need_posteriors: bool = True, engine: str = "auto"):
+    def forward_backward(self, scores: Array, lengths: Ints | None = None, leaky_hmm_coefficient: float = 0.1,
+                         need_posteriors: bool = True, engine: str = "auto") -> tuple[Array, Array | None]:
         """Denominator log-likelihood per sequence and its pdf posteriors.
 
         Parameters

@@ -43,6 +43,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import fst_binary
+from .._arrays import Ints
 from ..fst import Fst
 from .supervision import Supervision
 
@@ -95,7 +96,7 @@ class ChainSupervision:
     deriv_weights: np.ndarray | None = None
     alignment_pdfs: np.ndarray | None = None
 
-    def supervision(self, lengths=None):
+    def supervision(self, lengths: Ints | None = None) -> Supervision:
         """The :class:`chainfb.Supervision` of an end-to-end output, for
         :class:`chainfb.GenericNumeratorComputation` (``weight`` and
         ``frames_per_sequence`` as Kaldi wrote them)."""

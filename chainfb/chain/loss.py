@@ -52,12 +52,15 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .. import checks
-from .._arrays import check_lengths
+from .._arrays import Array, Ints, check_lengths
+from ..batch import FstBatch
+from ..fst import Fst
 from ..api import PdfCriterion
 from ..criterion import apply
 from .denominator import CLAMP, DenominatorGraph
@@ -87,8 +90,9 @@ class ChainLoss(torch.nn.Module):
     ``Fst`` or an ``FstBatch``; ``lengths`` ``[N]``; ``weights`` ``[N]``.
     """
 
-    def __init__(self, den_graph, leaky_hmm_coefficient: float = 0.1, l2_regularize: float = 0.0,
-                 out_of_range_regularize: float = 0.01, reduction: str = "sum", den_engine: str = "auto"):
+    def __init__(self, den_graph: DenominatorGraph | Fst, leaky_hmm_coefficient: float = 0.1,
+                 l2_regularize: float = 0.0, out_of_range_regularize: float = 0.01, reduction: str = "sum",
+                 den_engine: str = "auto"):
         super().__init__()
         self.den_graph = den_graph if isinstance(den_graph, DenominatorGraph) else DenominatorGraph(den_graph)
         self.leaky_hmm_coefficient = checks.number(leaky_hmm_coefficient, "leaky_hmm_coefficient", 0.0, 1.0,
@@ -99,7 +103,8 @@ class ChainLoss(torch.nn.Module):
         self.den_engine = den_engine
         self.info: dict = {}
 
-    def forward(self, nnet_output, num_graphs, lengths=None, weights=None):
+    def forward(self, nnet_output: torch.Tensor, num_graphs: Sequence[Fst] | FstBatch, lengths: Ints | None = None,
+                weights: Array | None = None) -> torch.Tensor:
         if not isinstance(nnet_output, torch.Tensor):
             raise TypeError(f"nnet_output: expected a torch.Tensor, got {type(nnet_output).__name__}")
         if nnet_output.dim() != 3:

@@ -7,8 +7,10 @@ are this class.)"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .. import checks
-from .._arrays import check_lengths
+from .._arrays import Ints, check_lengths
 from ..batch import FstBatch
 from ..fst import Fst
 
@@ -31,7 +33,8 @@ class Supervision:
         a sequence's length get no derivative.
     """
 
-    def __init__(self, fsts, frames_per_sequence: int, weight: float = 1.0, lengths=None):
+    def __init__(self, fsts: Fst | Sequence[Fst] | FstBatch, frames_per_sequence: int, weight: float = 1.0,
+                 lengths: Ints | None = None):
         if isinstance(fsts, Fst):
             fsts = [fsts]
         self.batch = FstBatch.coerce(fsts)

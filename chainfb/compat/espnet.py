@@ -58,6 +58,7 @@ tensors and lengths by the native losses.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import torch
 
@@ -107,8 +108,9 @@ def rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor, 
 
 
 def multiblank_rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
-                         label_lens: torch.Tensor, blank: int, big_blank_durations=(), reduction: str = "mean",
-                         fastemit_lambda: float = 0.0, clamp: float = 0.0, *, sigma: float = 0.0) -> torch.Tensor:
+                         label_lens: torch.Tensor, blank: int, big_blank_durations: Sequence[int] = (),
+                         reduction: str = "mean", fastemit_lambda: float = 0.0, clamp: float = 0.0, *,
+                         sigma: float = 0.0) -> torch.Tensor:
     """NeMo's functional ``multiblank_rnnt_loss`` (its argument order:
     ``reduction`` is the 7th): :class:`MultiblankRNNTLossNumba` applied to
     ``acts [B, T, U + 1, V]`` (standard blank ``blank``, big blank ``i`` at
@@ -120,7 +122,8 @@ def multiblank_rnnt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: tor
 
 
 def tdt_loss(acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor, label_lens: torch.Tensor,
-             blank: int, durations=(), reduction: str = "mean", fastemit_lambda: float = 0.0, clamp: float = 0.0,
+             blank: int, durations: Sequence[int] = (), reduction: str = "mean", fastemit_lambda: float = 0.0,
+             clamp: float = 0.0,
              *, sigma: float = 0.0, omega: float = 0.0) -> torch.Tensor:
     """NeMo's functional ``tdt_loss`` (``reduction`` is the 7th argument):
     :class:`TDTLossNumba` applied to ``acts [B, T, U + 1, V + D]`` (``V``
@@ -178,7 +181,8 @@ class RNNTLossNumba(torch.nn.Module):
         self.reduction, self.fastemit_lambda, self.clamp = _check(reduction, fastemit_lambda, clamp)
         self.blank = blank
 
-    def forward(self, acts, labels, act_lens, label_lens):
+    def forward(self, acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
+                label_lens: torch.Tensor) -> torch.Tensor:
         costs = _rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank, clamp=self.clamp,
                            reduction="none", fastemit_lambda=self.fastemit_lambda)
         return _nemo_reduce(costs, self.reduction)
@@ -190,14 +194,16 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
     ``forward(acts, labels, act_lens, label_lens)``.  Runs on CPU too (NeMo's
     version needs CUDA)."""
 
-    def __init__(self, blank, big_blank_durations, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0):
+    def __init__(self, blank: int, big_blank_durations: Sequence[int], reduction: str = "mean",
+                 fastemit_lambda: float = 0.0, clamp: float = -1, sigma: float = 0.0):
         super().__init__()
         self.reduction, self.fastemit_lambda, self.clamp = _check(reduction, fastemit_lambda, clamp)
         self.blank = blank
         self.big_blank_durations = list(big_blank_durations)
         self.sigma = checks.number(sigma, "sigma")
 
-    def forward(self, acts, labels, act_lens, label_lens):
+    def forward(self, acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
+                label_lens: torch.Tensor) -> torch.Tensor:
         if not isinstance(acts, torch.Tensor):
             raise TypeError(f"acts: expected a torch.Tensor, got {type(acts).__name__}")
         costs = _multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank,
@@ -215,8 +221,8 @@ class TDTLossNumba(torch.nn.Module):
     per call as NeMo does (:func:`sample_rnnt`, module docstring);
     :func:`chainfb.tdt_loss` takes its expectation instead."""
 
-    def __init__(self, blank, durations=None, reduction="mean", fastemit_lambda=0.0, clamp=-1, sigma=0.0,
-                 omega=0.0):
+    def __init__(self, blank: int, durations: Sequence[int] | None = None, reduction: str = "mean",
+                 fastemit_lambda: float = 0.0, clamp: float = -1, sigma: float = 0.0, omega: float = 0.0):
         super().__init__()
         self.reduction, self.fastemit_lambda, self.clamp = _check(reduction, fastemit_lambda, clamp)
         self.blank = blank
@@ -224,7 +230,8 @@ class TDTLossNumba(torch.nn.Module):
         self.sigma = checks.number(sigma, "sigma")
         self.omega = checks.number(omega, "omega", 0.0, 1.0)
 
-    def forward(self, acts, labels, act_lens, label_lens):
+    def forward(self, acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
+                label_lens: torch.Tensor) -> torch.Tensor:
         rnnt = sample_rnnt(self.omega)  # drawn on every call, like NeMo
         costs = _tdt_loss(acts, labels, act_lens, label_lens, blank=self.blank, durations=self.durations,
                          sigma=self.sigma, omega=1.0 if rnnt else 0.0, fastemit_lambda=self.fastemit_lambda,

@@ -99,6 +99,9 @@ __all__ = [
     "do_rnnt_pruning",
 ]
 
+#: A loss ``[B]`` or reduced, or with ``return_grad=True`` ``(loss, (px_grad, py_grad))``.
+LossOrGrads = torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+
 
 def with_cuda() -> bool:
     """fast_rnnt's ``with_cuda()``: True when this install computes CUDA
@@ -133,7 +136,8 @@ def _loss(px, py, boundary, delay_penalty, reduction, return_grad, dtype):
     return (loss, grads) if return_grad else loss
 
 
-def mutual_information_recursion(px, py, boundary=None, return_grad=False):
+def mutual_information_recursion(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor | None = None,
+                                 return_grad: bool = False) -> LossOrGrads:
     """k2's ``mutual_information_recursion``: total log-probability ``[B]``
     of the ``(s, t)`` grid (``px [B, S, T + 1]`` or ``[B, S, T]``, ``py [B, S
     + 1, T]``, ``boundary [B, 4]``), or ``(total, (px_grad, py_grad))``."""
@@ -189,19 +193,24 @@ def _terms(xs, name):
     return list(xs)
 
 
-def get_rnnt_logprobs(lm, am, symbols, termination_symbol, rnnt_type="regular", boundary=None, *, modified=None):
+def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+                      rnnt_type: str = "regular", boundary: torch.Tensor | None = None, *,
+                      modified: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` for the additive joiner (``lm [B, S + 1, C]``, ``am [B, T, C]``)."""
     return P.rnnt_logprobs(am, lm, symbols, termination_symbol, boundary, _type(rnnt_type, modified))
 
 
-def get_rnnt_logprobs_joint(logits, symbols, termination_symbol, rnnt_type="regular", boundary=None, *,
-                            modified=None):
+def get_rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+                            rnnt_type: str = "regular", boundary: torch.Tensor | None = None, *,
+                            modified: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` from joiner logits ``[B, T, S + 1, C]``."""
     return P.rnnt_logprobs_joint(logits, symbols, termination_symbol, boundary, _type(rnnt_type, modified))
 
 
-def get_rnnt_logprobs_smoothed(lm, am, symbols, termination_symbol, lm_only_scale=0.1, am_only_scale=0.1,
-                               boundary=None, rnnt_type="regular", *, modified=None):
+def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+                               lm_only_scale: float = 0.1, am_only_scale: float = 0.1,
+                               boundary: torch.Tensor | None = None, rnnt_type: str = "regular", *,
+                               modified: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` of k2's smoothed loss."""
     l_s = checks.number(lm_only_scale, "lm_only_scale")
     a_s = checks.number(am_only_scale, "am_only_scale")
@@ -209,8 +218,10 @@ def get_rnnt_logprobs_smoothed(lm, am, symbols, termination_symbol, lm_only_scal
                            lm_only_scale=l_s or 1e-20, am_only_scale=a_s or 1e-20)
 
 
-def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol, boundary=None, rnnt_type="regular", *,
-                             modified=None):
+def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
+                             termination_symbol: int, boundary: torch.Tensor | None = None,
+                             rnnt_type: str = "regular", *,
+                             modified: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` from joiner logits ``[B, T, s_range, C]`` on the band
     ``ranges [B, T, s_range]`` (``-inf`` outside)."""
     return P.rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol, boundary,
@@ -246,8 +257,10 @@ def get_hat_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges:
                                   boundary, _type(rnnt_type, modified))
 
 
-def rnnt_loss_simple(lm, am, symbols, termination_symbol, boundary=None, rnnt_type="regular", delay_penalty=0.0,
-                     reduction="mean", return_grad=False, *, modified=None):
+def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+                     boundary: torch.Tensor | None = None, rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: str = "mean", return_grad: bool = False, *,
+                     modified: bool | None = None) -> LossOrGrads:
     """k2's ``rnnt_loss_simple``: ``loss`` or ``(loss, (px_grad, py_grad))``."""
     rnnt_type, reduction = _type(rnnt_type, modified), checks.reduction(reduction)
     return_grad = checks.flag(return_grad, "return_grad")
@@ -255,9 +268,10 @@ def rnnt_loss_simple(lm, am, symbols, termination_symbol, boundary=None, rnnt_ty
     return _loss(px, py, boundary, P._penalty(delay_penalty), reduction, return_grad, am.dtype)
 
 
-def rnnt_loss_smoothed(lm, am, symbols, termination_symbol, lm_only_scale=0.1, am_only_scale=0.1, boundary=None,
-                       rnnt_type="regular", delay_penalty=0.0, reduction="mean", return_grad=False, *,
-                       modified=None):
+def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+                       lm_only_scale: float = 0.1, am_only_scale: float = 0.1, boundary: torch.Tensor | None = None,
+                       rnnt_type: str = "regular", delay_penalty: float = 0.0, reduction: str = "mean",
+                       return_grad: bool = False, *, modified: bool | None = None) -> LossOrGrads:
     """k2's ``rnnt_loss_smoothed``: ``loss`` or ``(loss, (px_grad, py_grad))``."""
     rnnt_type, reduction = _type(rnnt_type, modified), checks.reduction(reduction)
     return_grad = checks.flag(return_grad, "return_grad")
@@ -266,8 +280,9 @@ def rnnt_loss_smoothed(lm, am, symbols, termination_symbol, lm_only_scale=0.1, a
     return _loss(px, py, boundary, P._penalty(delay_penalty), reduction, return_grad, am.dtype)
 
 
-def rnnt_loss(logits, symbols, termination_symbol, boundary=None, rnnt_type="regular", delay_penalty=0.0,
-              reduction="mean", return_grad=False, *, modified=None):
+def rnnt_loss(logits: torch.Tensor, symbols: torch.Tensor, termination_symbol: int,
+              boundary: torch.Tensor | None = None, rnnt_type: str = "regular", delay_penalty: float = 0.0,
+              reduction: str = "mean", return_grad: bool = False, *, modified: bool | None = None) -> LossOrGrads:
     """k2's ``rnnt_loss`` on full joiner logits ``[B, T, S + 1, C]``:
     ``loss`` or ``(loss, (px_grad, py_grad))``."""
     rnnt_type, reduction = _type(rnnt_type, modified), checks.reduction(reduction)
@@ -286,8 +301,10 @@ def rnnt_loss(logits, symbols, termination_symbol, boundary=None, rnnt_type="reg
     return _loss(px, py, boundary, delay_penalty, reduction, return_grad, logits.dtype)
 
 
-def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol, boundary=None, rnnt_type="regular",
-                     delay_penalty=0.0, reduction="mean", return_grad=False, *, use_hat_loss=False, modified=None):
+def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor, termination_symbol: int,
+                     boundary: torch.Tensor | None = None, rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: str = "mean", return_grad: bool = False, *, use_hat_loss: bool = False,
+                     modified: bool | None = None) -> LossOrGrads:
     """k2's ``rnnt_loss_pruned`` on band logits ``[B, T, s_range, C]``:
     ``loss`` or ``(loss, (px_grad, py_grad))`` (occupancies of the full
     grid, zero outside the band); ``use_hat_loss=True``: the HAT loss
@@ -302,7 +319,8 @@ def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol, boundary=None,
     return (out[0].to(logits.dtype), out[1]) if return_grad else out.to(logits.dtype)
 
 
-def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range):
+def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary: torch.Tensor | None,
+                          s_range: int) -> torch.Tensor:
     """k2's ``get_rnnt_prune_ranges``: int64 ``[B, T, s_range']``, with
     ``s_range'`` widened for the regular topology when ``s_range`` cannot
     reach every sequence's last symbol (a warning) and at most ``S + 1``;
@@ -339,6 +357,6 @@ def get_rnnt_prune_ranges_deprecated(px_grad: torch.Tensor, py_grad: torch.Tenso
     return P.ranges_from_starts(start, bd, s_range, T1 == T)
 
 
-def do_rnnt_pruning(am, lm, ranges):
+def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """k2's ``do_rnnt_pruning``: ``(am_pruned, lm_pruned)``, ``[B, T, s_range, C]`` each."""
     return P.prune(am, lm, ranges)

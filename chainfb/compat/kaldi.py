@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import engines
 from .. import checks
-from .._arrays import as_array, check_lengths, is_torch
+from .._arrays import Array, Ints, as_array, check_lengths, is_torch
 from ..chain.denominator import DenominatorGraph
 from ..chain.supervision import Supervision
 from ..cuda.interop import cuda_device_of, on_torch_stream, torch_stream
@@ -63,7 +63,7 @@ class GenericNumeratorComputation:
     """
 
     @on_torch_stream
-    def __init__(self, supervision: Supervision, nnet_output):
+    def __init__(self, supervision: Supervision, nnet_output: Array):
         if not isinstance(supervision, Supervision):
             raise TypeError(f"supervision: expected chainfb.Supervision, got {type(supervision).__name__}")
         self.supervision = supervision
@@ -89,7 +89,7 @@ class GenericNumeratorComputation:
             loglike, _ = self._run(False)
             return self.supervision.weight * float(loglike.sum())
 
-    def forward_backward(self, nnet_output_deriv) -> tuple[bool, float]:
+    def forward_backward(self, nnet_output_deriv: Array) -> tuple[bool, float]:
         """Add ``weight * posteriors`` into ``nnet_output_deriv`` (same layout).
 
         Returns ``(ok, total_loglike)`` where ``total_loglike`` is the weighted
@@ -151,8 +151,8 @@ class DenominatorComputation:
     not sum to the number of sequences within 1% (Kaldi's check).
     """
 
-    def __init__(self, den_graph: DenominatorGraph, num_sequences: int, nnet_output,
-                 leaky_hmm_coefficient: float = 1e-5, lengths=None, engine: str = "auto"):
+    def __init__(self, den_graph: DenominatorGraph, num_sequences: int, nnet_output: Array,
+                 leaky_hmm_coefficient: float = 1e-5, lengths: Ints | None = None, engine: str = "auto"):
         if not isinstance(den_graph, DenominatorGraph):
             raise TypeError(f"den_graph: expected DenominatorGraph, got {type(den_graph).__name__}")
         arr, xp = as_array(nnet_output, "nnet_output")
@@ -173,7 +173,7 @@ class DenominatorComputation:
         self._total = float(np.asarray(ll).sum())
         return self._total
 
-    def backward(self, deriv_weight: float, nnet_output_deriv) -> bool:
+    def backward(self, deriv_weight: float, nnet_output_deriv: Array) -> bool:
         """Add ``deriv_weight * posteriors`` into ``nnet_output_deriv``; returns ok."""
         deriv_weight = checks.number(deriv_weight, "deriv_weight")
         if self._post is None:

@@ -126,7 +126,8 @@ class RNNTLoss(torch.nn.Module):
         self._loss = resolve_rnnt_loss(loss_name, self._blank, loss_kwargs)
         self._force_float32 = loss_name not in _KEEP_DTYPE
 
-    def reduce(self, losses, target_lengths) -> torch.Tensor:
+    def reduce(self, losses: torch.Tensor | list[torch.Tensor],
+               target_lengths: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         """NeMo's ``RNNTLoss.reduce``: ``losses [B]`` (or a list of them,
         concatenated, with the list of their ``target_lengths``) reduced by
         ``self.reduction``."""

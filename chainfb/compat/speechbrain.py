@@ -70,7 +70,7 @@ class TransducerLoss(torch.nn.Module):
         self.reduction = checks.reduction(reduction)
         self.true_gradient = checks.flag(true_gradient, "true_gradient")
 
-    def forward(self, logits, labels, T, U):
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, T: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
         costs = rnnt_loss(logits, labels, T, U, blank=self.blank, reduction="none")
         per_frame = reduce_costs(_per_frame(costs, T.detach()), self.reduction)
         if self.true_gradient:

@@ -110,7 +110,8 @@ class RNNTLoss(torch.nn.Module):
         self.reduction = reduction
         self.fused_log_softmax = fused_log_softmax
 
-    def forward(self, logits, targets, logit_lengths, target_lengths):
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+                target_lengths: torch.Tensor) -> torch.Tensor:
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
             self.fused_log_softmax

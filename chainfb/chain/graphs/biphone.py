@@ -58,10 +58,15 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ... import checks
-from .lexicon import Lexicon, phone_index
+from ..._arrays import Array
+from .lexicon import Lexicon, PhoneIds, phone_index
 from .phone_graph import EPS, PhoneGraph
+from .topology import Topology
 
 __all__ = ["BiphoneSet", "biphone_counts", "transcript_biphone_counts", "START"]
+
+#: The phones: a list of names (index = phone id), or their number.
+Phones = Sequence[str] | int
 
 START = -1  # the left context of the first phone of an utterance
 
@@ -80,7 +85,7 @@ def _num_phones(phones) -> tuple[int, list]:
     raise TypeError(f"phones: expected a list of phone names or a number of phones, got {type(phones).__name__}")
 
 
-def biphone_counts(phone_seqs: Iterable[Sequence[int]], num_phones: int):
+def biphone_counts(phone_seqs: Iterable[Sequence[int]], num_phones: int) -> tuple[np.ndarray, np.ndarray]:
     """Kaldi's biphone and phone counts of phone sequences
     (``compute_biphone_stats.py``): every phone is counted once with its left
     context (the previous phone, or the utterance start).
@@ -106,7 +111,8 @@ def biphone_counts(phone_seqs: Iterable[Sequence[int]], num_phones: int):
     return counts, counts.sum(axis=0)
 
 
-def transcript_biphone_counts(texts: Iterable[Sequence[str]], lexicon, phone_ids, prons: str = "all"):
+def transcript_biphone_counts(texts: Iterable[Sequence[str]], lexicon: Lexicon, phone_ids: PhoneIds,
+                              prons: str = "all") -> tuple[np.ndarray, np.ndarray]:
     """Biphone and phone counts of word transcripts, without optional silence
     (as Kaldi's ``prepare_e2e.sh`` counts them).
 
@@ -201,8 +207,9 @@ class BiphoneSet:
     num_biphone_units, num_monophone_units : int; ``has_zerophone`` : bool.
     """
 
-    def __init__(self, phones, counts=None, phone_counts=None, min_biphone_count: int = 100,
-                 min_monophone_count: int = 20, context_independent=()):
+    def __init__(self, phones: Phones, counts: Array | None = None, phone_counts: Array | None = None,
+                 min_biphone_count: int = 100, min_monophone_count: int = 20,
+                 context_independent: Sequence[str | int] = ()):
         P, names = _num_phones(phones)
         self.num_phones, self.phones = P, names
         self.min_biphone_count = checks.integer(min_biphone_count, "min_biphone_count", 0)
@@ -282,16 +289,18 @@ class BiphoneSet:
 
     # ------------------------------------------------------------ construction
     @classmethod
-    def from_transcripts(cls, texts, lexicon, phones, min_biphone_count: int = 100, min_monophone_count: int = 20,
-                         prons: str = "all", context_independent=()) -> BiphoneSet:
+    def from_transcripts(cls, texts: Iterable[Sequence[str]], lexicon: Lexicon, phones: Sequence[str],
+                         min_biphone_count: int = 100, min_monophone_count: int = 20, prons: str = "all",
+                         context_independent: Sequence[str | int] = ()) -> BiphoneSet:
         """The tied set of the biphones of ``texts`` (counted by
         :func:`transcript_biphone_counts` with ``prons``)."""
         counts, phone_counts = transcript_biphone_counts(texts, lexicon, phones, prons)
         return cls(phones, counts, phone_counts, min_biphone_count, min_monophone_count, context_independent)
 
     @classmethod
-    def from_phone_sequences(cls, phone_seqs, phones, min_biphone_count: int = 100, min_monophone_count: int = 20,
-                             context_independent=()) -> BiphoneSet:
+    def from_phone_sequences(cls, phone_seqs: Iterable[Sequence[int]], phones: Phones,
+                             min_biphone_count: int = 100, min_monophone_count: int = 20,
+                             context_independent: Sequence[str | int] = ()) -> BiphoneSet:
         """The tied set of the biphones of ``phone_seqs`` (phone-id sequences,
         counted as given by :func:`biphone_counts`)."""
         P, _ = _num_phones(phones)
@@ -307,11 +316,11 @@ class BiphoneSet:
         """The (tied) unit of ``phone`` after ``left`` (``START`` = -1 for the utterance start)."""
         return int(self.unit[int(left) + 1, int(phone)])
 
-    def num_pdfs(self, topology) -> int:
+    def num_pdfs(self, topology: Topology) -> int:
         """Network output dimension under ``topology``: ``shared_pdfs + num_units * pdfs_per_phone``."""
         return topology.num_pdfs(self.num_units)
 
-    def pdf_map(self, topology) -> np.ndarray:
+    def pdf_map(self, topology: Topology) -> np.ndarray:
         """int64 ``[P+1, P, pdfs_per_phone]``: the pdf of class ``c`` of
         ``phone`` after ``left`` at ``[left + 1, phone, c]``."""
         c = np.arange(topology.pdfs_per_phone, dtype=np.int64)

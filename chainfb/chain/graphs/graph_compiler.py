@@ -33,14 +33,15 @@ from ...fst import Fst
 from ...fst_algo import canonical_fst, has_path_of_length, merge_equivalent_states, min_frames, trim
 from ...fst_algo import determinize as determinize_fst
 from .biphone import BiphoneSet
-from .lexicon import Lexicon, phone_index
+from .lexicon import Lexicon, PhoneIds, phone_index
 from .phone_graph import EPS, PhoneGraph
 from .topology import ENTER, Topology
 
 __all__ = ["phone_index", "expand", "numerator_graph", "word_loop_graph", "min_frames", "fits", "check_fits"]
 
 
-def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False, context: BiphoneSet | None = None):
+def expand(pg: PhoneGraph, topology: Topology, all_final: bool = False,
+           context: BiphoneSet | None = None) -> tuple[Fst, np.ndarray]:
     """Expand an epsilon-free phone graph by ``topology``.
 
     Parameters
@@ -180,7 +181,7 @@ def numerator_graph(
     words: Sequence[str],
     lexicon: Lexicon,
     topology: Topology,
-    phone_ids,
+    phone_ids: PhoneIds,
     optional_silence: str | None = "SIL",
     sil_prob: float = 0.5,
     sil_at_ends: bool = True,
@@ -257,12 +258,12 @@ def word_loop_graph(
     words: Sequence[str],
     lexicon: Lexicon,
     topology: Topology,
-    phone_ids,
+    phone_ids: PhoneIds,
     optional_silence: str | None = "SIL",
     sil_prob: float = 0.5,
     minimize: bool = True,
     context: BiphoneSet | None = None,
-):
+) -> tuple[Fst, np.ndarray]:
     """A decoding graph: any sequence of ``words`` (a uniform word loop) with
     optional silence between them.
 

@@ -32,8 +32,13 @@ from ... import checks
 
 __all__ = ["Lexicon", "read_lexicon", "read_text", "read_phones", "phone_index"]
 
+#: The phones by id: a list of names (index = id) or a ``{phone: id}`` mapping.
+PhoneIds = Sequence[str] | Mapping[str, int]
+#: A text file to read: its path, or its lines.
+PathOrLines = str | os.PathLike | Iterable[str]
 
-def phone_index(phone_ids) -> dict:
+
+def phone_index(phone_ids: PhoneIds) -> dict[str, int]:
     """``{phone name: 0-based id}`` from a list of phones or a mapping."""
     if isinstance(phone_ids, Mapping):
         return {str(k): int(v) for k, v in phone_ids.items()}
@@ -138,7 +143,7 @@ def _positioned(pron: tuple[str, ...]) -> tuple[str, ...]:
     return (pron[0] + "_B", *(p + "_I" for p in pron[1:-1]), pron[-1] + "_E")
 
 
-def read_lexicon(path_or_lines, with_probs: bool | None = None, sil_probs: bool | None = None) -> Lexicon:
+def read_lexicon(path_or_lines: PathOrLines, with_probs: bool | None = None, sil_probs: bool | None = None) -> Lexicon:
     """Read a Kaldi ``lexicon.txt``, ``lexiconp.txt`` or ``lexiconp_silprob.txt``.
 
     Parameters
@@ -201,7 +206,7 @@ def read_lexicon(path_or_lines, with_probs: bool | None = None, sil_probs: bool 
     return lex
 
 
-def read_text(path_or_lines) -> list[tuple[str, list[str]]]:
+def read_text(path_or_lines: PathOrLines) -> list[tuple[str, list[str]]]:
     """Read a Kaldi ``text`` file: ``[(utt_id, [words])]`` in file order."""
     out = []
     for _, ln in _lines(path_or_lines, "path_or_lines"):
@@ -220,7 +225,7 @@ def _position_bases(phones: list[str]) -> set[str]:
     return {p[:-2] for p in phones if p.endswith(_POSITIONS) and all(p[:-2] + x in names for x in _POSITIONS)}
 
 
-def read_phones(path_or_lines, word_positions: str | None = None) -> list[str]:
+def read_phones(path_or_lines: PathOrLines, word_positions: str | None = None) -> list[str]:
     """Read a phone inventory: ``phones.txt`` (``phone id`` lines, ordered by
     id; ``<eps>``, if present, has id 0) or one phone per line.  ``<eps>``
     and ``#N`` disambiguation symbols are dropped.  Returns the phones in

@@ -39,7 +39,7 @@ def normalization_fst(den: DenominatorGraph) -> Fst:
     return Fst(S + 1, S, src, dst, pdf, lp, np.zeros(S + 1))
 
 
-def add_normalization(num_fst: Fst, den) -> Fst:
+def add_normalization(num_fst: Fst, den: DenominatorGraph | Fst) -> Fst:
     """``num_fst`` intersected with the normalization FST of ``den``
     (a DenominatorGraph, or an already built normalization Fst)."""
     norm = den if isinstance(den, Fst) else normalization_fst(den)

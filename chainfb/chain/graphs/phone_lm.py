@@ -38,7 +38,7 @@ from ...fst import Fst
 from ...fst_algo import merge_equivalent_states
 from .biphone import BiphoneSet
 from .graph_compiler import expand
-from .lexicon import phone_index
+from .lexicon import Lexicon, PhoneIds, phone_index
 from .phone_graph import PhoneGraph
 from .topology import Topology
 
@@ -190,8 +190,9 @@ def estimate_phone_lm(
     return PhoneLM(order, hist, start, arcs, final)
 
 
-def transcript_phones(words, lexicon, phone_ids, optional_silence="SIL", sil_prob=0.5, rng=None,
-                      pron="first") -> list[int]:
+def transcript_phones(words: Sequence[str], lexicon: Lexicon, phone_ids: PhoneIds, optional_silence: str | None = "SIL",
+                      sil_prob: float = 0.5, rng: np.random.Generator | None = None,
+                      pron: str = "first") -> list[int]:
     """One phone-id sequence for a transcript, for phone-LM estimation (as
     Kaldi's e2e recipe does from the text): the first pronunciation of each
     word (``pron="first"``) or one drawn by probability (``"sample"``), and

@@ -109,7 +109,7 @@ class Topology:
         """Number of pdfs for ``num_phones`` phones."""
         return self.shared_pdfs + num_phones * self.pdfs_per_phone
 
-    def pdf_id(self, pdf, phone: int) -> int:
+    def pdf_id(self, pdf: tuple[str, int], phone: int) -> int:
         """0-based pdf id of template pdf ``pdf`` for phone index ``phone``."""
         kind, k = pdf
         return k if kind == "shared" else self.shared_pdfs + phone * self.pdfs_per_phone + k

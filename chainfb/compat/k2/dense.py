@@ -62,6 +62,7 @@ from ...batch import FstBatch
 from ...criterion import apply
 from ...fst import Fst
 from .fsa import Fsa, OnDevice
+from .ragged import Device
 from .vec import create_fsa_vec
 
 __all__ = ["DenseFsaVec", "DenseLattice", "intersect_dense", "intersect_dense_pruned"]
@@ -121,7 +122,7 @@ class DenseFsaVec(OnDevice):
     def device(self) -> torch.device:
         return self.log_probs.device
 
-    def to(self, device) -> DenseFsaVec:
+    def to(self, device: Device) -> DenseFsaVec:
         if torch.device(device) == self.device:
             return self
         seg = np.stack([self._seq, self._start, self._dur], 1).astype(np.int32)
@@ -183,7 +184,7 @@ class DenseLattice:
         self._graphs = {}
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, None, None]:
         return (len(self._b), None, None)
 
     @property

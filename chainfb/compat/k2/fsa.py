@@ -35,7 +35,7 @@ import torch
 
 from ... import checks
 from . import text
-from .ragged import RaggedTensor
+from .ragged import Device, RaggedTensor
 
 __all__ = ["Fsa", "create_fsa_vec", "to_str", "to_str_simple", "fsa_properties"]
 
@@ -178,7 +178,7 @@ class Fsa(OnDevice):
     :func:`~chainfb.compat.k2.ctc_topo` and the other graph functions.
     """
 
-    def __init__(self, arcs: torch.Tensor, aux_labels: torch.Tensor | None = None, properties=None):
+    def __init__(self, arcs: torch.Tensor, aux_labels: torch.Tensor | None = None, properties: int | None = None):
         if not isinstance(arcs, torch.Tensor):
             raise TypeError(f"arcs: expected an int32 tensor [num_arcs, 4], got {type(arcs).__name__}")
         if arcs.dtype != torch.int32 or arcs.dim() != 2 or arcs.shape[1] != 4:
@@ -287,7 +287,7 @@ class Fsa(OnDevice):
     def named_non_tensor_attr(self) -> Iterator[tuple[str, Any]]:
         yield from list(self._non_tensor_attr.items())
 
-    def get_filler(self, attribute_name: str):
+    def get_filler(self, attribute_name: str) -> int | float:
         """The value meaning "nothing here" for an attribute (``name_filler``, default 0)."""
         return self._non_tensor_attr.get(attribute_name + "_filler", 0)
 
@@ -350,7 +350,7 @@ class Fsa(OnDevice):
         out._non_tensor_attr.update(self._non_tensor_attr)
         return out
 
-    def to(self, device) -> Fsa:
+    def to(self, device: Device) -> Fsa:
         """This FSA on ``device`` (``self`` when already there); scores keep their autograd history."""
         device = torch.device(device)
         if device == self.device:
@@ -400,7 +400,7 @@ class Fsa(OnDevice):
         """A copy with ``labels`` and ``aux_labels`` swapped."""
         return self.clone().invert_()
 
-    def get_tot_scores(self, use_double_scores: bool, log_semiring: bool):
+    def get_tot_scores(self, use_double_scores: bool, log_semiring: bool) -> torch.Tensor:
         raise NotImplementedError(
             "get_tot_scores: on this package's Fsa it is computed for the lattices intersect_dense returns "
             "(chainfb.compat.k2.intersect_dense); a general acyclic FSA's total is not implemented")

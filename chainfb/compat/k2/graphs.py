@@ -32,7 +32,7 @@ import torch
 from ... import checks
 from ...fst import Fst
 from .fsa import Fsa
-from .ragged import RaggedTensor
+from .ragged import Device, RaggedTensor
 
 __all__ = ["linear_fsa", "linear_fst", "ctc_topo", "ctc_graph", "fst_to_fsa"]
 
@@ -83,7 +83,7 @@ def _linear(row: np.ndarray):
     return U + 2, ar, ar + 1, np.concatenate([row, [-1]]).astype(np.int64)
 
 
-def linear_fsa(labels: list[int] | list[list[int]] | RaggedTensor, device=None) -> Fsa:
+def linear_fsa(labels: list[int] | list[list[int]] | RaggedTensor, device: Device | None = None) -> Fsa:
     """A linear acceptor of ``labels`` (``U + 2`` states: the labels, then
     a ``-1`` arc into the final state; scores 0): a single FSA for a list
     of ints, an FsaVec for a list of lists or a RaggedTensor."""
@@ -106,7 +106,7 @@ def linear_fst(labels: list[int] | list[list[int]], aux_labels: list[int] | list
     return fsa
 
 
-def ctc_topo(max_token: int, modified: bool = False, device=None) -> Fsa:
+def ctc_topo(max_token: int, modified: bool = False, device: Device | None = None) -> Fsa:
     """k2's CTC topology over tokens ``1..max_token`` (0 = blank), a
     transducer: labels are the tokens read, ``aux_labels`` the tokens
     emitted (see the module docstring for both topologies)."""
@@ -151,7 +151,7 @@ def _ctc_graph_one(y: np.ndarray, modified: bool):
     return (2 * U + 2, arr(src), arr(dst), arr(lab)), arr(aux)
 
 
-def ctc_graph(symbols: list[list[int]] | RaggedTensor, modified: bool = False, device="cpu") -> Fsa:
+def ctc_graph(symbols: list[list[int]] | RaggedTensor, modified: bool = False, device: Device = "cpu") -> Fsa:
     """k2's ``ctc_graph``: the CTC graph of each symbol sequence (symbols
     ``>= 1``; 0 is blank), an FsaVec with ``aux_labels`` (see the module
     docstring).  ``symbols`` is a list of lists of ints or a

@@ -110,7 +110,7 @@ def _arc_sort_one(S, src, dst, lab):
     return S, src[order], dst[order], lab[order], order
 
 
-def arc_sort(fsa: Fsa, ret_arc_map: bool = False):
+def arc_sort(fsa: Fsa, ret_arc_map: bool = False) -> Fsa | tuple[Fsa, torch.Tensor]:
     """Arcs of each state sorted by label (as unsigned, so ``-1`` last),
     then destination; ``fsa`` itself when already sorted."""
     fsa = _fsa(fsa)
@@ -131,7 +131,7 @@ def _self_loops_one(S, src, dst, lab):
     return S, ns[order], nd[order], nl[order], amap[order]
 
 
-def add_epsilon_self_loops(fsa: Fsa, ret_arc_map: bool = False):
+def add_epsilon_self_loops(fsa: Fsa, ret_arc_map: bool = False) -> Fsa | tuple[Fsa, torch.Tensor]:
     """An epsilon (label 0, score 0) self-loop on every state but the final
     one, placed first among the state's arcs."""
     return _unary(_fsa(fsa), _self_loops_one, checks.flag(ret_arc_map, "ret_arc_map"))
@@ -196,7 +196,7 @@ def top_sort(fsa: Fsa) -> Fsa:
     return _unary(_fsa(fsa), _top_sort_one)
 
 
-def invert(fsa: Fsa, ret_arc_map: bool = False):
+def invert(fsa: Fsa, ret_arc_map: bool = False) -> Fsa | tuple[Fsa, torch.Tensor]:
     """A copy with ``labels`` and (tensor) ``aux_labels`` swapped."""
     out = _fsa(fsa).invert()
     if checks.flag(ret_arc_map, "ret_arc_map"):
@@ -343,7 +343,8 @@ def _check_sorted(fsa: Fsa, name: str) -> None:
         raise ValueError(f"{name}: must be arc-sorted (call arc_sort first)")
 
 
-def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True, ret_arc_maps: bool = False):
+def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
+              ret_arc_maps: bool = False) -> Fsa | tuple[Fsa, torch.Tensor, torch.Tensor]:
     """k2's ``intersect`` (see the module docstring): both inputs must be
     arc-sorted; labels must match (0 with 0 as well when
     ``treat_epsilons_specially`` is False).  Single FSAs give a single FSA;
@@ -437,7 +438,7 @@ def _determinize_one(S, src, dst, lab, score):
     return n + 1, ns[o], nd[o], nl[o], nw[o]
 
 
-def determinize(fsa: Fsa, weight_pushing_type=None) -> Fsa:
+def determinize(fsa: Fsa, weight_pushing_type: object = None) -> Fsa:
     """A deterministic acceptor equivalent to ``fsa`` in the tropical
     semiring (epsilon is an ordinary label; ``fsa`` must not require grad
     and must have no ``aux_labels``); ``fsa`` itself when it is already

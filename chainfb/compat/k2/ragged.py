@@ -21,6 +21,9 @@ from ... import checks
 
 __all__ = ["RaggedTensor"]
 
+#: Where tensors live: a ``torch.device``, or what ``torch.device()`` takes (``"cpu"``, ``"cuda:0"``, an index).
+Device = torch.device | str | int
+
 
 class RaggedTensor:
     """``[dim0][?]`` int32 values: row ``i`` is
@@ -33,7 +36,8 @@ class RaggedTensor:
     device : where ``values`` lives (default CPU).
     """
 
-    def __init__(self, data, dtype: torch.dtype = torch.int32, device=None):
+    def __init__(self, data: Sequence[Sequence[int]] | RaggedTensor, dtype: torch.dtype = torch.int32,
+                 device: Device | None = None):
         if isinstance(data, RaggedTensor):
             rows = data.tolist()
         else:
@@ -55,7 +59,7 @@ class RaggedTensor:
         self.values = torch.tensor(flat, dtype=torch.int32, device=device)
 
     @classmethod
-    def from_rows(cls, rows: list, device=None) -> RaggedTensor:
+    def from_rows(cls, rows: list, device: Device | None = None) -> RaggedTensor:
         """From a list of integer NumPy arrays / lists (checked by the caller)."""
         out = cls.__new__(cls)
         lens = np.array([len(r) for r in rows], dtype=np.int64)
@@ -95,7 +99,7 @@ class RaggedTensor:
     def tolist(self) -> list:
         return [r.tolist() for r in self.rows()]
 
-    def to(self, device) -> RaggedTensor:
+    def to(self, device: Device) -> RaggedTensor:
         if torch.device(device) == self.device:
             return self
         out = RaggedTensor.__new__(RaggedTensor)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -157,7 +158,8 @@ def _parse_openfst(lines, num_aux, num_ragged):
     return super_final + 1, arcs
 
 
-def parse(s: str, num_aux: int, num_ragged: int, openfst: bool):
+def parse(s: str, num_aux: int, num_ragged: int,
+          openfst: bool) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[list]]:
     """``(num_states, src, dst, label, score, aux [num_aux x A], ragged
     [num_ragged lists of A rows])`` from k2 or OpenFst text (module
     docstring); errors name ``s`` and the line."""
@@ -181,7 +183,9 @@ def _g(x: float) -> str:
     return f"{x:g}"
 
 
-def format_arcs(num_states: int, src, dst, label, score, int_labels=(), ragged_rows=(), openfst=False) -> str:
+def format_arcs(num_states: int, src: np.ndarray, dst: np.ndarray, label: np.ndarray, score: np.ndarray,
+                int_labels: Sequence[np.ndarray] = (), ragged_rows: Sequence[Sequence[Sequence[int]]] = (),
+                openfst: bool = False) -> str:
     """One FSA as k2 text (module docstring); ``int_labels`` are extra
     integer columns (``aux_labels`` first), ``ragged_rows`` lists of
     per-arc rows."""

@@ -10,6 +10,11 @@ layout in :mod:`chainfb.compat.k2.fsa`.
 from __future__ import annotations
 
 
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
 from ... import checks
 from .fsa import Fsa, _stack, create_fsa_vec
 
@@ -24,7 +29,7 @@ def _vec(fsa, name: str) -> Fsa:
     return fsa
 
 
-def index_fsa(src: Fsa, indexes) -> Fsa:
+def index_fsa(src: Fsa, indexes: Sequence[int] | np.ndarray | torch.Tensor) -> Fsa:
     """k2's ``index_fsa``: the FsaVec of ``src[indexes[0]], src[indexes[1]], ...``."""
     _vec(src, "src")
     idx = checks.int_array(indexes, "indexes", 1)
