@@ -80,7 +80,7 @@ class PdfCriterion(Criterion):
         self.lengths = lengths if lengths_checked else check_lengths(lengths, N, T)
         self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf, self.name)
         self.clamp, self.leaky, self.engine, self.value_dtype = clamp, leaky, engine, value_dtype
-        self._held = None
+        self._held: tuple | None = None
 
     def _array(self, x, keep: bool):
         """``(array, xp)`` of ``x``: the view ``gather`` made when ``x`` is the

@@ -46,12 +46,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from . import engines
 from .cuda.interop import on_torch_stream
+
+if TYPE_CHECKING:
+    from .lattice import Lattice
 
 __all__ = ["Criterion", "apply", "first_order", "first_order_backward", "SECOND_DERIVATIVE"]
 
@@ -69,9 +73,9 @@ class Criterion:
         (the grid's ``return_grad``): backward scales it out of place.
     """
 
-    lattice = None
-    lengths = None
-    leaky = None
+    lattice: Lattice | None = None
+    lengths: np.ndarray | None = None
+    leaky: tuple[float, Any] | None = None
     engine = "auto"
     shares_grad = False
     #: ``scale_grad(grad, go)``, or None: ``grad *= go[n]`` per sequence, in place, without looking at ``go``

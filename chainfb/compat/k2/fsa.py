@@ -28,7 +28,7 @@ attribute tensors live on ``fsa.device``.
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -408,7 +408,7 @@ class Fsa(OnDevice):
     # ------------------------------------------------------------ text
     @classmethod
     def from_str(cls, s: str, acceptor: bool | None = None, num_aux_labels: int | None = None,
-                 aux_label_names: list[str] | None = None, ragged_label_names: list[str] = (),
+                 aux_label_names: list[str] | None = None, ragged_label_names: Sequence[str] = (),
                  openfst: bool = False) -> Fsa:
         """An FSA from k2 text (or OpenFst text with ``openfst=True``); see
         :mod:`chainfb.compat.k2.text` for both formats.
@@ -436,7 +436,7 @@ class Fsa(OnDevice):
 
     @classmethod
     def from_openfst(cls, s: str, acceptor: bool | None = None, num_aux_labels: int | None = None,
-                     aux_label_names: list[str] | None = None, ragged_label_names: list[str] = ()) -> Fsa:
+                     aux_label_names: list[str] | None = None, ragged_label_names: Sequence[str] = ()) -> Fsa:
         """``from_str(..., openfst=True)``."""
         return cls.from_str(s, acceptor, num_aux_labels, aux_label_names, ragged_label_names, openfst=True)
 

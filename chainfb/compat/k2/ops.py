@@ -36,6 +36,7 @@ attributes.
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ def _index(value, arc_map: np.ndarray, filler):
     return out
 
 
-def _assemble(fsa: Fsa, results, vec: bool) -> Fsa:
+def _assemble(fsa: Fsa, results, vec: bool) -> tuple[Fsa, np.ndarray]:
     """The Fsa of per-FSA ``(S, src, dst, labels, arc_map)`` results (local
     arc maps into the FSA whose first arc is ``a0``: ``results`` holds
     ``(..., arc_map, a0)``), attributes indexed through the maps."""
@@ -110,6 +111,12 @@ def _arc_sort_one(S, src, dst, lab):
     return S, src[order], dst[order], lab[order], order
 
 
+@overload
+def arc_sort(fsa: Fsa, ret_arc_map: Literal[False] = False) -> Fsa: ...
+@overload
+def arc_sort(fsa: Fsa, ret_arc_map: Literal[True]) -> tuple[Fsa, torch.Tensor]: ...
+@overload
+def arc_sort(fsa: Fsa, ret_arc_map: bool) -> Fsa | tuple[Fsa, torch.Tensor]: ...
 def arc_sort(fsa: Fsa, ret_arc_map: bool = False) -> Fsa | tuple[Fsa, torch.Tensor]:
     """Arcs of each state sorted by label (as unsigned, so ``-1`` last),
     then destination; ``fsa`` itself when already sorted."""
@@ -131,6 +138,12 @@ def _self_loops_one(S, src, dst, lab):
     return S, ns[order], nd[order], nl[order], amap[order]
 
 
+@overload
+def add_epsilon_self_loops(fsa: Fsa, ret_arc_map: Literal[False] = False) -> Fsa: ...
+@overload
+def add_epsilon_self_loops(fsa: Fsa, ret_arc_map: Literal[True]) -> tuple[Fsa, torch.Tensor]: ...
+@overload
+def add_epsilon_self_loops(fsa: Fsa, ret_arc_map: bool) -> Fsa | tuple[Fsa, torch.Tensor]: ...
 def add_epsilon_self_loops(fsa: Fsa, ret_arc_map: bool = False) -> Fsa | tuple[Fsa, torch.Tensor]:
     """An epsilon (label 0, score 0) self-loop on every state but the final
     one, placed first among the state's arcs."""
@@ -343,6 +356,18 @@ def _check_sorted(fsa: Fsa, name: str) -> None:
         raise ValueError(f"{name}: must be arc-sorted (call arc_sort first)")
 
 
+@overload
+def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
+              ret_arc_maps: Literal[False] = False) -> Fsa: ...
+@overload
+def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool,
+              ret_arc_maps: Literal[True]) -> tuple[Fsa, torch.Tensor, torch.Tensor]: ...
+@overload
+def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True, *,
+              ret_arc_maps: Literal[True]) -> tuple[Fsa, torch.Tensor, torch.Tensor]: ...
+@overload
+def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
+              ret_arc_maps: bool = False) -> Fsa | tuple[Fsa, torch.Tensor, torch.Tensor]: ...
 def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
               ret_arc_maps: bool = False) -> Fsa | tuple[Fsa, torch.Tensor, torch.Tensor]:
     """k2's ``intersect`` (see the module docstring): both inputs must be
