@@ -28,10 +28,12 @@ check_tensor = checks.tensor
 
 
 def is_torch(x: object) -> TypeGuard[torch.Tensor]:
+    """True for torch tensors (CPU or CUDA)."""
     return isinstance(x, torch.Tensor)
 
 
 def is_cupy(x: object) -> bool:
+    """True for CuPy arrays (told by their module: CuPy is not imported)."""
     return type(x).__module__.startswith("cupy")
 
 

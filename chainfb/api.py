@@ -94,6 +94,7 @@ class PdfCriterion(Criterion):
         return arr, xp
 
     def gather(self, x: Array, need_grad: bool = True) -> Array:
+        """Compact engine scores ``X [T, C]`` from ``x [N, T, P]`` (clamped when ``clamp`` is set)."""
         arr, xp = self._array(x, keep=True)
         # float32 scores stay float32 (half the memory; the compiled CPU engine
         # widens each one exactly as it reads it, the NumPy engine converts, and
@@ -117,6 +118,7 @@ class PdfCriterion(Criterion):
         grad.mul_(go.view(-1, 1, 1))
 
     def finish(self, x: Array, loglike: Array, post: Array | None) -> tuple[Array, Array | None]:
+        """``(value [N], grad [N, T, P] like x or None)`` from the engine's ``loglike [N]`` and ``post [T, C]``."""
         arr, xp = self._array(x, keep=False)
         dtype = arr.dtype if self.value_dtype is None else self.value_dtype
         value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x,

@@ -105,6 +105,8 @@ class ChainLoss(torch.nn.Module):
 
     def forward(self, nnet_output: torch.Tensor, num_graphs: Sequence[Fst] | FstBatch, lengths: Ints | None = None,
                 weights: Array | None = None) -> torch.Tensor:
+        """``nnet_output [N, T, P]``, ``num_graphs`` (N graphs), ``lengths [N]``, ``weights [N]`` -> the loss
+        (``[N]`` for ``"none"``, else a scalar)."""
         if not isinstance(nnet_output, torch.Tensor):
             raise TypeError(f"nnet_output: expected a torch.Tensor, got {type(nnet_output).__name__}")
         if nnet_output.dim() != 3:

@@ -183,6 +183,8 @@ class RNNTLossNumba(torch.nn.Module):
 
     def forward(self, acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
+        """``acts [B, T, U + 1, V]``, ``labels [B, >= U]``, ``act_lens [B]``, ``label_lens [B]`` -> the cost
+        (``[1]`` for ``"mean"`` / ``"sum"``, ``[B]`` for ``"none"``)."""
         costs = _rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank, clamp=self.clamp,
                            reduction="none", fastemit_lambda=self.fastemit_lambda)
         return _nemo_reduce(costs, self.reduction)
@@ -204,6 +206,8 @@ class MultiblankRNNTLossNumba(torch.nn.Module):
 
     def forward(self, acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
+        """``acts [B, T, U + 1, V]`` (big blanks below ``blank``), ``labels [B, >= U]``, ``act_lens [B]``,
+        ``label_lens [B]`` -> the cost (``[1]`` for ``"mean"`` / ``"sum"``, ``[B]`` for ``"none"``)."""
         if not isinstance(acts, torch.Tensor):
             raise TypeError(f"acts: expected a torch.Tensor, got {type(acts).__name__}")
         costs = _multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=self.blank,
@@ -232,6 +236,8 @@ class TDTLossNumba(torch.nn.Module):
 
     def forward(self, acts: torch.Tensor, labels: torch.Tensor, act_lens: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
+        """``acts [B, T, U + 1, V + D]``, ``labels [B, >= U]``, ``act_lens [B]``, ``label_lens [B]`` -> the cost
+        (``[1]`` for ``"mean"`` / ``"sum"``, ``[B]`` for ``"none"``)."""
         rnnt = sample_rnnt(self.omega)  # drawn on every call, like NeMo
         costs = _tdt_loss(acts, labels, act_lens, label_lens, blank=self.blank, durations=self.durations,
                          sigma=self.sigma, omega=1.0 if rnnt else 0.0, fastemit_lambda=self.fastemit_lambda,

@@ -71,6 +71,8 @@ class TransducerLoss(torch.nn.Module):
         self.true_gradient = checks.flag(true_gradient, "true_gradient")
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor, T: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+        """``logits [B, T, U + 1, V]``, ``labels [B, U]``, ``T [B]`` and ``U [B]`` lengths -> the loss reduced by
+        ``reduction`` (module docstring)."""
         costs = rnnt_loss(logits, labels, T, U, blank=self.blank, reduction="none")
         per_frame = reduce_costs(_per_frame(costs, T.detach()), self.reduction)
         if self.true_gradient:

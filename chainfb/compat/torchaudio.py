@@ -112,6 +112,8 @@ class RNNTLoss(torch.nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                 target_lengths: torch.Tensor) -> torch.Tensor:
+        """``logits [B, T, U + 1, V]``, ``targets [B, U]``, ``logit_lengths [B]``, ``target_lengths [B]`` -> the
+        loss (``[B]`` for ``"none"``, else a scalar), as :func:`rnnt_loss`."""
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
             self.fused_log_softmax
