@@ -37,7 +37,8 @@ def parse_junit(path) -> dict | None:
 
 def parse_sanitizer(log_path) -> dict:
     """compute-sanitizer's summary in a log: ``errors`` (the ERROR SUMMARY's count, or racecheck's errors where it
-    prints only its RACECHECK SUMMARY; None when no summary was printed: the run did not finish), racecheck's ``hazards`` / ``warnings``, the first reported lines, and ``ok`` (a summary with 0 errors)."""
+    prints only its RACECHECK SUMMARY; None when no summary was printed: the run did not finish), racecheck's
+    ``hazards`` / ``warnings``, the first reported lines, and ``ok`` (a summary with 0 errors)."""
     try:
         with open(log_path, errors="replace") as f:
             text = f.read()
@@ -169,8 +170,8 @@ def _bench(data, emulated) -> list:
     return out + _footer(data, "benchmark")
 
 
-SECTIONS = {"env": ("Environment", _env), "warm": ("CPU engine compiled", _warm), "tests": ("CUDA tests", _tests), "sanitizer": ("Sanitizers", _sanitizer),
-            "compare": ("GPU vs CPU", _compare), "bench": ("Benchmarks", None)}
+SECTIONS = {"env": ("Environment", _env), "warm": ("CPU engine compiled", _warm), "tests": ("CUDA tests", _tests),
+            "sanitizer": ("Sanitizers", _sanitizer), "compare": ("GPU vs CPU", _compare), "bench": ("Benchmarks", None)}
 
 
 def render(results) -> str:

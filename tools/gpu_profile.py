@@ -138,7 +138,8 @@ def main(argv=None) -> int:
         md += [f"| {n[:90]} | {c} | {ms:.4f} |" for n, c, ms in kernels[:25]]
         md += ["", "| host op | calls | host ms (incl. children) |", "| --- | --- | --- |"]
         md += [f"| {n[:90]} | {c} | {ms:.4f} |" for n, c, ms, _ in ops[:25]] + [""]
-        md += ["| Python function | calls (5 steps) | own ms per step | cumulative ms per step |", "| --- | --- | --- | --- |"]
+        md += ["| Python function | calls (5 steps) | own ms per step | cumulative ms per step |",
+               "| --- | --- | --- | --- |"]
         md += [f"| {n[:90]} | {c} | {tt:.4f} | {ct:.4f} |" for n, c, tt, ct in py] + [""]
         print(name, t, flush=True)
         with open(os.path.join(args.out, "profile.json"), "w") as f:
