@@ -41,6 +41,7 @@ import torch
 import chainfb
 from emulation import EmulatedBackend, build, run_on
 from emulation import cost_model as cm
+from emulation import recursion_fit
 from emulation import shapes
 
 #: peers' forward + backward times measured on one NVIDIA H200 (torch 2.11 + CUDA 13, CUDA events)
@@ -156,6 +157,11 @@ def main(argv=None):
     print("# calibration (the kernels before their rewrite, H200): case, kernel, measured ms, fitted ms")
     for case, kernel, sec, fit in report:
         print(f"#   {case:30s} {kernel:9s} {sec * 1e3:9.3f} {fit * 1e3:9.3f}  ({fit / sec:.2f}x)")
+    print("# the recursion kernels refitted to an H100's measured times (emulation.recursion_fit; predictions "
+          "below use the units above, which under-predict these kernels 4-7x):")
+    for line in recursion_fit.report().splitlines():
+        if not line.startswith("  T,"):
+            print("#   " + line.strip())
     cases = set(args.cases.split(","))
     with tempfile.TemporaryDirectory() as d:
         be = EmulatedBackend(build(d), count=True)
