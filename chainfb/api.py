@@ -51,9 +51,11 @@ class PdfCriterion(Criterion):
     leaky : ``(c, log_init [S])`` or None; engine : see :func:`chainfb.engines.select`.
     value_dtype : dtype of the value (default: the scores' dtype).
 
-    The scores cross from torch to NumPy/CuPy once per call: ``gather``
-    keeps the array view it made, and ``finish`` (given the same tensor)
-    uses it.
+    The scores cross from torch to NumPy/CuPy once per call: ``start``
+    hands the array view it made to ``complete`` in its context (nothing
+    is kept on the object between calls).
+    given : ``(x, array, xp)``, the array view of tensor ``x`` its caller
+        already made (used whenever ``x`` itself is passed), or None.
     lattice : the lattice of ``fsts``, when the caller has it (``fsts`` is then not read).
     lengths_checked : ``lengths`` is already int64 ``[N]`` in ``[0, T]``
         (checked once by the caller, e.g. :class:`chainfb.ChainLoss`).
@@ -65,7 +67,7 @@ class PdfCriterion(Criterion):
     def __init__(self, fsts: Graphs | None, shape: Sequence[int], lengths: Ints | None = None,
                  clamp: tuple[float, float] | None = None, leaky: tuple[float, Array] | None = None,
                  engine: str = "auto", value_dtype: npt.DTypeLike | None = None, lattice: Lattice | None = None,
-                 lengths_checked: bool = False):
+                 lengths_checked: bool = False, given: tuple | None = None):
         if len(shape) != 3:
             raise ValueError(f"{self.name}: expected a 3-D array [N, T, P], got shape {tuple(shape)}")
         N, T, P = shape
@@ -80,22 +82,19 @@ class PdfCriterion(Criterion):
         self.lengths = lengths if lengths_checked else check_lengths(lengths, N, T)
         self.score_map = PdfScoreMap(lattice.col_seq, lattice.col_pdf, self.name)
         self.clamp, self.leaky, self.engine, self.value_dtype = clamp, leaky, engine, value_dtype
-        self._held: tuple | None = None
+        self._given = given
 
-    def _array(self, x, keep: bool):
-        """``(array, xp)`` of ``x``: the view ``gather`` made when ``x`` is the
-        tensor it was given, else a new one (kept for ``finish`` if ``keep``)."""
-        held = self._held
-        if held is not None and held[0] is x:
-            arr, xp = held[1], held[2]
-        else:
-            arr, xp = as_array(x, self.name)
-        self._held = (x, arr, xp) if keep else None
-        return arr, xp
+    def _array(self, x):
+        """``(array, xp)`` of ``x``: the view the caller gave for it, else a new one."""
+        given = self._given
+        if given is not None and given[0] is x:
+            return given[1], given[2]
+        return as_array(x, self.name)
 
-    def gather(self, x: Array, need_grad: bool = True) -> Array:
-        """Compact engine scores ``X [T, C]`` from ``x [N, T, P]`` (clamped when ``clamp`` is set)."""
-        arr, xp = self._array(x, keep=True)
+    def start(self, x: Array, need_grad: bool = True) -> tuple[Array, tuple]:
+        """Compact engine scores ``X [T, C]`` from ``x [N, T, P]`` (clamped when ``clamp`` is set), and the
+        context ``complete`` takes: the array view of ``x`` and its array module."""
+        arr, xp = self._array(x)
         # float32 scores stay float32 (half the memory; the compiled CPU engine
         # widens each one exactly as it reads it, the NumPy engine converts, and
         # the CUDA kernels run the normalised recursion in float32, as torch's
@@ -103,14 +102,18 @@ class PdfCriterion(Criterion):
         X = self.score_map.gather(xp, arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
         if self.clamp is not None:
             xp.clip(X, self.clamp[0], self.clamp[1], out=X)
-        return X
+        return X, (arr, xp)
+
+    def gather(self, x: Array, need_grad: bool = True) -> Array:
+        """The engine's scores ``X [T, C]`` of ``x`` (the gather half alone)."""
+        return self.start(x, need_grad)[0]
 
     def _grad_buffer(self, xp, arr):
         """A zero gradient buffer for ``arr`` ``[N, T, P]`` (contiguous)."""
         return xp.zeros(arr.shape, dtype=arr.dtype)
 
     def scale_grad(self, grad: torch.Tensor, go: torch.Tensor) -> None:
-        """``grad`` (the gradient ``finish`` gave, ``[N, T, P]``) times
+        """``grad`` (the gradient ``complete`` gave, ``[N, T, P]``) times
         ``go[n]`` (``[N]``) per sequence, in place, without looking at ``go``
         on the host: one multiply on the device, no synchronisation (a
         gradient of ones costs a pass over ``grad``, cheaper than the host
@@ -118,8 +121,12 @@ class PdfCriterion(Criterion):
         grad.mul_(go.view(-1, 1, 1))
 
     def finish(self, x: Array, loglike: Array, post: Array | None) -> tuple[Array, Array | None]:
+        """``complete`` without a context: ``x`` is viewed again."""
+        return self.complete(x, loglike, post, self._array(x))
+
+    def complete(self, x: Array, loglike: Array, post: Array | None, ctx: tuple) -> tuple[Array, Array | None]:
         """``(value [N], grad [N, T, P] like x or None)`` from the engine's ``loglike [N]`` and ``post [T, C]``."""
-        arr, xp = self._array(x, keep=False)
+        arr, xp = ctx
         dtype = arr.dtype if self.value_dtype is None else self.value_dtype
         value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x,
                             self.value_dtype is None)
@@ -168,8 +175,7 @@ def forward_backward(fsts: Graphs, scores: Array, lengths: Ints | None = None,
     """
     need_posteriors = checks.flag(need_posteriors, "need_posteriors")
     arr, xp = as_array(scores, "scores")
-    crit = PdfCriterion(fsts, arr.shape, lengths)
-    crit._held = (scores, arr, xp)  # converted once, here
+    crit = PdfCriterion(fsts, arr.shape, lengths, given=(scores, arr, xp))  # converted once, here
     return crit.run(scores, need_posteriors)
 
 
@@ -196,11 +202,9 @@ def best_path(fsts: Graphs, scores: Array, lengths: Ints | None = None) -> tuple
         into that sequence's own Fst.
     """
     arr, xp = as_array(scores, "scores")
-    crit = PdfCriterion(fsts, arr.shape, lengths)
-    crit._held = (scores, arr, xp)  # converted once, here
+    crit = PdfCriterion(fsts, arr.shape, lengths, given=(scores, arr, xp))  # converted once, here
     lat, lengths = crit.lattice, crit.lengths
     score, arcs = engines.best_path(lat, crit.gather(scores), lengths)
-    crit._held = None
     batch = lat.batch
     first_arc = batch.arc_offsets[batch.seq_to_graph]
     read = [arcs[n, : lengths[n]] for n in range(len(score))]  # -1: inside a spanning arc

@@ -10,7 +10,15 @@ A :class:`Criterion` is what a compiler produces for one batch:
 - ``finish(x, loglike, post) -> (value [N], grad)``: the per-sequence value
   the criterion reports and its gradient w.r.t. ``x`` (``post`` is the
   engine's ``d loglike / d X``, or None when no gradient is needed) -- the
-  score map's backward half.  An input's gradient is batch-first like the
+  score map's backward half.
+
+A criterion whose two halves share work (row normalisers, a gradient
+buffer) passes it from one to the other in a context object instead of
+keeping it on itself: ``start(x, need_grad) -> (X, ctx)`` and ``complete(x,
+loglike, post, ctx) -> (value, grad)``, which :meth:`Criterion.run` calls.
+Their defaults are ``gather`` (with no context) and ``finish``; the
+criteria of this package define them, so one criterion object may be
+reused, and run from several threads at once.  An input's gradient is batch-first like the
   input (row ``n``: ``d value[n] / d x[n]``), or, for an input shared by
   the ``N`` sequences (a parameter ``w``), the per-sequence gradients ``[N,
   *w.shape]`` (``d value[n] / d w``), which backward sums weighted by the
@@ -69,8 +77,8 @@ class Criterion:
     lengths : int64 NumPy ``[N]`` -- frames (steps) each sequence runs.
     leaky : ``(c, log_init [S])`` or None
     engine : engine name for :func:`chainfb.engines.select` (``"auto"``).
-    shares_grad : the gradient ``finish`` gives is also handed to the caller
-        (the grid's ``return_grad``): backward scales it out of place.
+    shares_grad : the gradient ``finish`` gives is also kept by the caller:
+        backward scales it out of place (see also ``apply``'s ``return_grad``).
     """
 
     lattice: Lattice | None = None
@@ -95,16 +103,26 @@ class Criterion:
         *shape]``; see the module docstring)."""
         raise NotImplementedError
 
+    def start(self, x: Any, need_grad: bool = True) -> tuple[Any, Any]:
+        """``(X [T, C], ctx)``: the engine's scores and what :meth:`complete`
+        needs of this call (default: :meth:`gather`, no context)."""
+        return self.gather(x, need_grad), None
+
+    def complete(self, x: Any, loglike: Any, post: Any | None, ctx: Any) -> tuple[Any, Any | None]:
+        """``(value [N], grad or None)`` from the engine's outputs and the
+        context :meth:`start` gave (default: :meth:`finish`)."""
+        return self.finish(x, loglike, post)
+
     @on_torch_stream
     def run(self, x: Any, need_grad: bool = True) -> tuple[Any, Any | None]:
-        """Gather, the engine, finish: ``(value [N], grad or None)``.  For
+        """Start, the engine, complete: ``(value [N], grad or None)``.  For
         CUDA tensors the CuPy work runs on torch's current stream and
         allocator, and CuPy's own state is left as it was
         (:func:`chainfb.cuda.interop.torch_stream`)."""
-        X = self.gather(x, need_grad)
+        X, ctx = self.start(x, need_grad)
         loglike, post = engines.forward_backward(self.lattice, X, self.lengths, leaky=self.leaky,
                                                  need_posteriors=need_grad, engine=self.engine)
-        return self.finish(x, loglike, post if need_grad else None)
+        return self.complete(x, loglike, post if need_grad else None, ctx)
 
 
 #: the error a second derivative raises
@@ -167,11 +185,14 @@ def first_order_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
 
 class _CriterionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, criterion, *xs):
-        need = any(ctx.needs_input_grad[1:])
+    def forward(ctx, criterion, returned, *xs):
+        need = any(ctx.needs_input_grad[2:])
         x = xs[0] if len(xs) == 1 else xs
-        value, grad = criterion.run(x, need)
+        value, grad = criterion.run(x, need or returned is not None)
+        if returned is not None:  # the caller keeps the gradient: backward scales it out of place
+            returned.append(grad)
         ctx.criterion, ctx.grad, ctx.several = criterion, grad, len(xs) > 1
+        ctx.shares_grad = criterion.shares_grad or returned is not None
         ctx.shared = _shared_inputs(criterion, xs, grad if ctx.several else (grad,), value.shape[0]) if need else ()
         if need:
             ctx.save_for_backward(*xs)
@@ -188,7 +209,7 @@ class _CriterionFunction(torch.autograd.Function):
         grads = first_order(grads, ctx.saved_tensors)
         go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
         out = [None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)) for g in grads]
-        return (None, *(g.sum(dim=0) if shared else g for g, shared in zip(out, ctx.shared)))
+        return (None, None, *(g.sum(dim=0) if shared else g for g, shared in zip(out, ctx.shared)))
 
     @staticmethod
     def _unscaled(ctx) -> tuple:
@@ -211,7 +232,8 @@ class _CriterionFunction(torch.autograd.Function):
             return ones[0]
 
         out = []
-        shared, sparse = ctx.criterion.shares_grad, ctx.criterion.scale_grad
+        shared = ctx.shares_grad
+        sparse = None if shared else ctx.criterion.scale_grad  # in place: not for a gradient the caller keeps
         for g, per_sequence in zip(grads, ctx.shared):
             if g is None:
                 pass
@@ -223,7 +245,7 @@ class _CriterionFunction(torch.autograd.Function):
                 factor = go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
                 g = g * factor if shared else g.mul_(factor)
             out.append(g)
-        return (None, *out)
+        return (None, None, *out)
 
 
 def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
@@ -245,14 +267,21 @@ def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
     return tuple(out)
 
 
-def apply(x: torch.Tensor | tuple[torch.Tensor, ...], criterion: Criterion) -> torch.Tensor:
+def apply(x: torch.Tensor | tuple[torch.Tensor, ...], criterion: Criterion,
+          return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, Any]:
     """The criterion's per-sequence value ``[N]``, differentiable w.r.t. ``x``
     (a tensor, or a tuple of tensors when the criterion reads several; its
     ``gather`` and ``finish`` then take and give tuples).  Each input is
     batch-first (``[N, ...]``) or shared by the sequences, its gradient
-    given per sequence (module docstring)."""
+    given per sequence (module docstring).
+
+    With ``return_grad``, ``(value, grad)``: also the gradient ``finish``
+    gave (computed in the same run; ``d value[n] / d x`` unscaled), which
+    backward then scales out of place."""
     xs = x if isinstance(x, tuple) else (x,)
     for i, t in enumerate(xs):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(t).__name__}" + (f" at {i}" if len(xs) > 1 else ""))
-    return _CriterionFunction.apply(criterion, *xs)
+    returned = [] if return_grad else None
+    value = _CriterionFunction.apply(criterion, returned, *xs)
+    return (value, returned[0]) if return_grad else value

@@ -181,7 +181,7 @@ class CtcCriterion(PdfCriterion):
         self.lengths = input_lengths
         self.score_map = score_map or PdfScoreMap(lattice.col_seq, lattice.col_pdf, self.name)
         self.clamp = self.leaky = self.value_dtype = None
-        self._held = None
+        self._given = None
 
     def _grad_buffer(self, xp, arr):
         N, T, C = arr.shape

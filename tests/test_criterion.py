@@ -94,3 +94,86 @@ def test_pdf_gradient_scaled_without_reading_the_host(monkeypatch):
     for n, row in enumerate(targets.tolist()):
         outside[:, n, [0, *row[: tl[n]]]] = False
     assert (got[outside] == 0).all()
+
+
+# ------------------------------------------------- one criterion object, two threads at once
+
+def _transducer_case(rng):
+    from chainfb.transducer import TransducerCriterion
+
+    B, T, U, V = 3, 6, 3, 5
+    targets = torch.from_numpy(rng.integers(1, V, (B, U)))
+    Tl, Ul = np.array([6, 4, 5]), np.array([3, 1, 2])
+    crit = TransducerCriterion((B, T, U + 1, V), targets, Tl, Ul, 0, fastemit_lambda=0.1)
+    return crit, [torch.from_numpy(rng.normal(size=(B, T, U + 1, V))) for _ in range(2)]
+
+
+def _tdt_case(rng):
+    from chainfb.transducer import TDTCriterion
+
+    B, T, U, V, durations = 2, 5, 2, 4, (0, 1, 2)
+    targets = torch.from_numpy(rng.integers(1, V, (B, U)))
+    crit = TDTCriterion((B, T, U + 1, V + 3), targets, np.array([5, 3]), np.array([2, 1]), 0, durations, 0.05)
+    return crit, [torch.from_numpy(rng.normal(size=(B, T, U + 1, V + 3))) for _ in range(2)]
+
+
+def _grid_case(rng):
+    from chainfb.transducer import GridCriterion
+
+    B, S, T = 2, 3, 4
+    xs = [(torch.from_numpy(rng.normal(size=(B, S, T + 1))), torch.from_numpy(rng.normal(size=(B, S + 1, T))))
+          for _ in range(2)]
+    return GridCriterion(*xs[0]), xs
+
+
+def _pdf_case(rng):
+    crit = chainfb.PdfCriterion(FST, (4, 5, 3), [5, 4, 2, 5])
+    return crit, [torch.from_numpy(rng.normal(size=(4, 5, 3))) for _ in range(2)]
+
+
+@pytest.mark.parametrize("backend", ["compiled", "torch_ops"])
+@pytest.mark.parametrize("case", [_transducer_case, _tdt_case, _grid_case, _pdf_case],
+                         ids=["rnnt", "tdt", "grid", "pdf"])
+def test_one_criterion_object_runs_on_two_threads_at_once(case, backend, monkeypatch):
+    """A criterion object keeps nothing between its gather and its gradient:
+    two threads that run one object on different inputs, both gathers done
+    before either reaches the engine (a barrier in front of it), each get
+    the numbers a call alone gives."""
+    import threading
+
+    from chainfb import criterion as seam
+    from chainfb.transducer.maps import compiled
+
+    if backend == "torch_ops":
+        monkeypatch.setattr(compiled, "available", lambda dtype=None: False)
+    elif not compiled.available(torch.float64):
+        pytest.skip("no compiled score maps")
+    crit, xs = case(np.random.default_rng(11))
+    alone = [crit.run(x, True) for x in xs]
+    engine = seam.engines.forward_backward
+    barrier = threading.Barrier(2, timeout=60)
+
+    def after_both_gathers(*args, **kwargs):
+        barrier.wait()
+        return engine(*args, **kwargs)
+
+    monkeypatch.setattr(seam.engines, "forward_backward", after_both_gathers)
+    got, errors = [None, None], []
+
+    def work(k):
+        try:
+            got[k] = crit.run(xs[k], True)
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for (value, grad), (v0, g0) in zip(got, alone):
+        torch.testing.assert_close(value, v0, rtol=0, atol=0)
+        for g, want in zip(grad if isinstance(grad, tuple) else (grad,), g0 if isinstance(g0, tuple) else (g0,)):
+            torch.testing.assert_close(g, want, rtol=0, atol=0)

@@ -563,7 +563,8 @@ def test_grid_score_map_moves_what_the_entries_say(modified, dtype):
     """The grid's compiled score map (rules per sequence) against its
     per-element entries (what the torch score map gathers by), on random
     boundaries: the same scores in, the same gradients out."""
-    from chainfb.transducer import cpu_maps, grid
+    from chainfb.transducer import grid
+    from chainfb.transducer.maps import compiled as cpu_maps
 
     if not cpu_maps.available(dtype):
         pytest.skip("no compiled score maps")
@@ -577,10 +578,13 @@ def test_grid_score_map_moves_what_the_entries_say(modified, dtype):
         py = torch.randn(B, S + 1, T, dtype=dtype)
         crit = grid.GridCriterion(px, py, bd)
         plan = crit.plan
-        X = plan.scores(px.numpy(), py.numpy())
-        want = grid._ScorePlan.scores(plan, px.numpy(), py.numpy())
+        shape, pxn, pyn = (plan.num_rows, plan.num_columns), px.numpy(), py.numpy()
+        X = cpu_maps.grid_scores(pxn, pyn, plan.boundary, plan.layout.colidx, plan.modified, shape)
+        want = cpu_maps.planned_scores((pxn, pyn), (plan.px, plan.py), shape)
         assert X.dtype == want.dtype and np.array_equal(X, want)
         post = rng.random((plan.num_rows, plan.num_columns))
-        for got, exp in zip(plan.gradients(post, px.numpy(), py.numpy()),
-                            grid._ScorePlan.gradients(plan, post, px.numpy(), py.numpy())):
+        got_all = cpu_maps.grid_gradients(post, plan.boundary, plan.layout.colidx, plan.modified, pxn.shape, pyn.shape,
+                                          pyn.dtype)
+        for got, src, entry in zip(got_all, (pxn, pyn), (plan.px, plan.py)):
+            exp = cpu_maps.planned_gradient(post, entry, src.shape, src.dtype)
             assert got.dtype == exp.dtype and np.array_equal(got, exp)

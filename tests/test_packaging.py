@@ -24,7 +24,7 @@ QUICK_TEST_FILE = "test_fst.py"
 # copy that is built
 CACHE_FILES = ("chainfb/engines/numba_log/__pycache__/one_frame.run-120.py311.nbi",
                "chainfb/engines/numba_log/__pycache__/one_frame.run-120.py311.1.nbc",
-               "chainfb/transducer/__pycache__/cpu_maps.cpython-311.pyc", "tools/__pycache__/_cli.cpython-311.pyc")
+               "chainfb/transducer/maps/__pycache__/cells.cpython-311.pyc", "tools/__pycache__/_cli.cpython-311.pyc")
 
 
 def _source_files():

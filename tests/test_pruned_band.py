@@ -162,7 +162,7 @@ def test_additive_logprobs_and_gradient_match_autograd(S, regular, compiled, mon
     """Both score maps of the additive joiner (compiled and torch), with and
     without the regular topology's -inf column, against plain autograd: the
     same numbers, and the same gradient (none through the -inf entries)."""
-    from chainfb.transducer import cpu_maps
+    from chainfb.transducer.maps import compiled as cpu_maps
 
     if compiled and not cpu_maps.available(torch.float64):
         pytest.skip("no compiled score maps")
@@ -193,7 +193,7 @@ def test_additive_logprobs_and_gradient_match_autograd(S, regular, compiled, mon
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_additive_score_maps_agree_to_the_bit(dtype, monkeypatch):
     """The compiled additive joiner does torch's operations in torch's order."""
-    from chainfb.transducer import cpu_maps
+    from chainfb.transducer.maps import compiled as cpu_maps
 
     if not cpu_maps.available(dtype):
         pytest.skip("no compiled score maps")

@@ -95,9 +95,9 @@ def test_compiled_spans_against_the_loop_oracle(durations, sigma):
     x, tg, Tb, Ub = tdt_batch(21, B=4, T=7, U=3, durations=durations, Tb=[7, 2, 5, 1], Ub=[3, 3, 1, 0])
     crit = TDTCriterion(x.shape, tg, Tb.numpy(), Ub.numpy(), 4, durations, sigma)
     assert crit.lattice.num_states == int((Ub + 1).sum())
-    X = crit.gather(x)
+    X, ctx = crit.start(x)
     loglike, post = lattice_forward_backward(crit.lattice, X, crit.lengths)
-    cost, grad = crit.finish(x, loglike, post)
+    cost, grad = crit.complete(x, loglike, post, ctx)
     for b in range(4):
         lp, g = grid_reference(x[b].numpy(), tg[b], int(Tb[b]), int(Ub[b]), 4, durations, sigma)
         if lp == -math.inf:
@@ -379,7 +379,7 @@ def test_compiled_score_maps_match_torch_on_non_finite_logits(monkeypatch, dtype
     the durations exponentiated per frame) give the torch score maps'
     costs and gradients when a row holds NaN or infinities, in the tokens
     or in the durations."""
-    from chainfb.transducer import cpu_maps
+    from chainfb.transducer.maps import compiled as cpu_maps
 
     if not cpu_maps.available(dtype):
         pytest.skip("the compiled score maps need Numba")

@@ -2,7 +2,7 @@
 it compiles.
 
 Numba compiles the engine (:mod:`~chainfb.engines.numba_log`) and the
-transducer score maps (:mod:`chainfb.transducer.cpu_maps`) the first time a
+transducer score maps (:mod:`chainfb.transducer.maps.cells`) the first time a
 process calls them -- about a minute of one core -- and keeps the result on
 disk, so that later processes load it in about a second.  Numba's own
 ``cache=True`` keeps it next to the source (``__pycache__``) or, where

@@ -1,7 +1,7 @@
 """Vector math over one row of scores, compiled by Numba: the row maximum,
 the NaN scan and the exponentials of a row, shared by the compiled engine
 (:mod:`chainfb.engines.numba_log`) and the transducer score maps
-(:mod:`chainfb.transducer.cpu_maps`).
+(:mod:`chainfb.transducer.maps.cells`).
 
 Each function reads a contiguous stretch of a 1-D array (``row[lo:lo + n]``
 or the whole of ``x``) and is written so that the compiler vectorises its

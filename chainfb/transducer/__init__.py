@@ -7,7 +7,9 @@ SpeechBrain flavours).
   :class:`~chainfb.FstBatch` objects; ``compile_layout`` batches, caches
   and adds the column bookkeeping);
 - :mod:`.criterion`: :class:`TransducerCriterion`, the step graphs plus the
-  transducer score map (torch and CUDA-kernel backends);
+  transducer score map;
+- :mod:`.maps`: the score maps of RNN-T, TDT and the grid, one module per
+  backend (torch ops, compiled CPU, CUDA kernels) and the one ``select``;
 - :mod:`.loss`: the public losses;
 - :mod:`.grid`: the ``(s, t)`` grid lattice of k2's mutual-information
   recursion as a step-graph criterion over ``(px, py)``;

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 from .. import checks
-from .._arrays import as_array, wrap_like
+from .._arrays import wrap_like
 from ..criterion import Criterion, apply
-from . import cpu_maps
+from . import maps
 from .graphs import compile_layout
 
 __all__ = ["GridCriterion", "BandGridCriterion", "grid_loglike", "band_loglike", "band_start", "check_boundary"]
@@ -84,21 +84,15 @@ class _ScorePlan:
     - ``num_rows``, ``num_columns`` and ``lengths`` (the engine's steps per
       sequence).
 
-    :meth:`scores` and :meth:`gradients` are the compiled score map (NumPy
-    in, NumPy out); index tensors for the torch one are kept per device
-    (:meth:`on`)."""
+    The score maps of :mod:`chainfb.transducer.maps` read the plan: the
+    compiled one moves scores by ``px`` and ``py`` (or, for the full grid,
+    ``full_grid``, by the rules of its boundary and layout); index tensors
+    for the torch one are kept per device (:meth:`on`)."""
+
+    full_grid = False
 
     def __init__(self):
         self._on = {}
-
-    def scores(self, px: np.ndarray, py: np.ndarray) -> np.ndarray:
-        """The engine's scores from C-contiguous NumPy ``px``, ``py`` (compiled)."""
-        return cpu_maps.planned_scores((px, py), (self.px, self.py), (self.num_rows, self.num_columns))
-
-    def gradients(self, post: np.ndarray, px: np.ndarray, py: np.ndarray) -> tuple:
-        """``(px_grad, py_grad)`` NumPy from the engine's posteriors (compiled)."""
-        return tuple(cpu_maps.planned_gradient(post, entry, src.shape, src.dtype)
-                     for src, entry in zip((px, py), (self.px, self.py)))
 
     @functools.cached_property
     def gather(self):
@@ -126,9 +120,11 @@ class _GridGatherPlan(_ScorePlan):
     boundary's start) is read at step ``t + s`` (regular) or ``t``
     (modified), in the column ``colidx[b, s, 1]`` of its ``(s, symbol)``
     arc; the blank arc in ``colidx[b, s, 0]``.  The compiled score map
-    (:meth:`scores`, :meth:`gradients`) moves them by these rules; the
-    per-element entries ``px``, ``py`` (one slice per sequence) are formed
-    when first asked for, by the torch score map."""
+    moves them by these rules (``full_grid``); the per-element entries
+    ``px``, ``py`` (one slice per sequence) are formed when first asked
+    for, by the torch score map."""
+
+    full_grid = True
 
     def __init__(self, lay, bd, S, T, modified):
         super().__init__()
@@ -138,16 +134,6 @@ class _GridGatherPlan(_ScorePlan):
         S_b, T_b = bd[:, 2] - bd[:, 0], bd[:, 3] - bd[:, 1]
         self.lengths = T_b if modified else S_b + T_b
         self.num_rows = int(self.lengths.max()) if len(bd) else 0
-
-    def scores(self, px: np.ndarray, py: np.ndarray) -> np.ndarray:
-        """The engine's scores from C-contiguous NumPy ``px``, ``py`` (compiled)."""
-        return cpu_maps.grid_scores(px, py, self.boundary, self.layout.colidx, self.modified,
-                                    (self.num_rows, self.num_columns))
-
-    def gradients(self, post: np.ndarray, px: np.ndarray, py: np.ndarray) -> tuple:
-        """``(px_grad, py_grad)`` NumPy from the engine's posteriors (compiled)."""
-        return cpu_maps.grid_gradients(post, self.boundary, self.layout.colidx, self.modified, px.shape, py.shape,
-                                       py.dtype)
 
     @functools.cached_property
     def _entries(self):
@@ -180,70 +166,34 @@ class _GridGatherPlan(_ScorePlan):
 _PLANS = checks.LRU(16)
 
 
-def _scores(sources, gather, shape):
-    """The engine's float64 scores ``[rows, C]``: ``gather`` into the
-    concatenation of the flattened ``sources`` and ``-inf``."""
-    first = sources[0]
-    sizes = [x.numel() for x in sources]
-    ext = torch.empty(sum(sizes) + 1, dtype=torch.float64, device=first.device)
-    o = 0
-    for x, n in zip(sources, sizes):
-        ext[o:o + n] = x.detach().reshape(-1)  # the float64 cast, once per element
-        o += n
-    ext[o] = -np.inf
-    return torch.index_select(ext, 0, gather).view(shape)
-
-
-def _posteriors(post, like):
-    """The engine's posteriors as a flat float64 torch tensor on ``like``'s device."""
-    P = wrap_like(post, like) if not isinstance(post, np.ndarray) else torch.from_numpy(post)
-    return P.reshape(-1).to(like.device)
-
-
 def _value(loglike, like):
     ll = wrap_like(loglike, like) if not isinstance(loglike, np.ndarray) else torch.from_numpy(loglike)
     return ll.to(device=like.device, dtype=like.dtype)
 
 
 class _PlannedCriterion(Criterion):
-    """``gather`` and ``finish`` of a criterion over ``(px, py)`` through its
-    :class:`_ScorePlan` ``self.plan``; ``last_grads``: the ``(px, py)``
-    gradients of the last run that formed them."""
+    """``start`` and ``complete`` of a criterion over ``(px, py)`` through
+    its :class:`_ScorePlan` ``self.plan``, on the score map's backend
+    :func:`chainfb.transducer.maps.select` picks."""
 
-    _name = "px"
+    name = "px"
+
+    def start(self, x, need_grad=True):
+        return maps.gather("grid", self, x, need_grad)
 
     def gather(self, x, need_grad=True):
-        px, py = x
-        shape = (self.plan.num_rows, self.lattice.num_columns)
-        if _compiled(px):  # one compiled pass from the sources to the scores
-            return self.plan.scores(*(t.detach().contiguous().numpy() for t in x))
-        X = _scores((px, py), self.plan.on(px.device)[0], shape)
-        return as_array(X, self._name)[0]
+        """The engine's scores ``X [num_rows, C]`` of ``(px, py)`` (the gather half alone)."""
+        return self.start(x, need_grad)[0]
 
-    def finish(self, x, loglike, post):
-        px, py = x
-        value = _value(loglike, px)
+    def complete(self, x, loglike, post, ctx):
+        value = _value(loglike, x[0])
         if post is None:
             return value, None
-        if _compiled(px) and isinstance(post, np.ndarray):
-            self.last_grads = tuple(map(torch.from_numpy, self.plan.gradients(post, px.detach().numpy(),
-                                                                               py.detach().numpy())))
-            return value, self.last_grads
-        P = _posteriors(post, px)
-        if not P.numel():  # no step at all (every grid a single point): no arc, so no gradient
-            self.last_grads = tuple(torch.zeros_like(src) for src in x)
-            return value, self.last_grads
-        grads = []
-        for src, entry in zip(x, self.plan.on(px.device)[1:]):
-            g = torch.index_select(P, 0, entry.clamp(min=0)).masked_fill_(entry < 0, 0.0)
-            grads.append(g.to(src.dtype).view(src.shape))
-        self.last_grads = tuple(grads)
-        return value, self.last_grads
+        return value, maps.gradient("grid", self, x, loglike, post, ctx)
 
-
-def _compiled(px) -> bool:
-    """Whether the compiled CPU score map serves a plan over ``px``'s device and dtype."""
-    return px.device.type == "cpu" and cpu_maps.available(px.dtype)
+    def finish(self, x, loglike, post):
+        """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""
+        return self.complete(x, loglike, post, self.start(x, post is not None)[1])
 
 
 class GridCriterion(_PlannedCriterion):
@@ -404,7 +354,7 @@ class BandGridCriterion(_PlannedCriterion):
     boundary : int64 NumPy ``[B, 4]`` (``[0, 0, S_b, T_b]`` rows).
     """
 
-    _name = "px_band"
+    name = "px_band"
 
     def __init__(self, px_band, py_band, start, boundary):
         B, T, R = px_band.shape
@@ -458,13 +408,12 @@ def _total_and_grads(crit, x, return_grad: bool):
     """``crit``'s total ``[B]``, differentiable w.r.t. the tensors ``x``,
     and with ``return_grad`` its gradients (the arc occupancies) from the
     same engine run -- one run whether or not ``x`` requires grad.  The
-    gradients returned are the ones autograd keeps, so the criterion is
-    marked ``shares_grad`` (its backward scales them out of place)."""
+    gradients returned are the ones autograd keeps (backward scales them
+    out of place, :func:`chainfb.criterion.apply`)."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in x):
         total, grads = crit.run(x, return_grad)  # nothing to differentiate
+    elif return_grad:
+        total, grads = apply(x, crit, return_grad=True)
     else:
-        crit.last_grads = None
-        crit.shares_grad = return_grad
-        total = apply(x, crit)
-        grads = crit.last_grads
+        total, grads = apply(x, crit), None
     return total, (tuple(g.detach() for g in grads) if return_grad else None)

@@ -65,7 +65,7 @@ import torch
 
 from .. import checks
 from ..criterion import first_order_backward
-from . import cpu_maps
+from .maps import compiled
 from .grid import band_loglike, band_start, check_boundary, grid_loglike
 
 __all__ = [
@@ -207,7 +207,7 @@ class _AdditiveLogprobs(torch.autograd.Function):
     c])``).  With ``bd`` (the boundary ``[B, 4]`` NumPy, the regular
     topology) ``px`` is ``[B, S, T + 1]``: ``-inf`` at ``t = T`` and at ``t =
     t_end``.  After the product, the compiled score map
-    (:func:`~chainfb.transducer.cpu_maps.additive_logprobs`, CPU float32 /
+    (:func:`~chainfb.transducer.maps.compiled.additive_logprobs`, CPU float32 /
     float64) forms both in one pass, else torch does.
 
     Backward, with ``g_n = -(g_x + g_y)`` the gradient of ``norm`` and ``W =
@@ -227,8 +227,8 @@ class _AdditiveLogprobs(torch.autograd.Function):
         lm_e, lm_scale = _softmax_scale(lm)
         am_e, lm_e = _without_bad_rows(am_e, am_scale), _without_bad_rows(lm_e, lm_scale)
         R = torch.bmm(lm_e, am_e.transpose(1, 2)).add_(torch.finfo(am.dtype).tiny)  # [B, S + 1, T]
-        if am.device.type == "cpu" and cpu_maps.available(am.dtype):
-            px, py = cpu_maps.additive_logprobs(
+        if am.device.type == "cpu" and compiled.available(am.dtype):
+            px, py = compiled.additive_logprobs(
                 torch.log(R).numpy(), am.detach().contiguous().numpy(), lm.detach().contiguous().numpy(),
                 am_scale.numpy(), lm_scale.numpy(), sy.numpy(), blank, None if bd is None else bd[:, 3])
             px, py = torch.from_numpy(px), torch.from_numpy(py)

@@ -1,10 +1,9 @@
-"""Compiled CPU score maps of the transducer family (RNN-T, multi-blank
-RNN-T, TDT, and the ``(px, py)`` grids' score plans): the gather and the
-gradient of :mod:`~chainfb.transducer.criterion`,
-:mod:`~chainfb.transducer.tdt` and :mod:`~chainfb.transducer.grid` as
-one pass each over the logits, compiled by Numba (a default dependency) and run
-on :func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
-``(b, t, u)``.
+"""The compiled kernels of the transducer family's CPU score maps (RNN-T,
+multi-blank RNN-T, TDT, and the ``(px, py)`` grids' score plans), compiled by
+Numba (a default dependency) and run by :func:`run` on
+:func:`chainfb.engines.get_num_threads` threads over ranges of grid cells
+``(b, t, u)``, blocks of frames, rows or single scores.  The backend that
+calls them is :mod:`chainfb.transducer.maps.compiled`.
 
 Gather: per cell read by some arc, the log-normaliser of the row (for
 TDT the token logits' plus the duration logits', one ``log`` of the
@@ -16,8 +15,8 @@ blocks of ``_TB`` frames written diagonal by diagonal, so that both the
 logits and ``X`` are read and written along their rows (TDT keeps the
 block in a small buffer; RNN-T moves a whole cell-order matrix).  When a
 gradient will be asked for, the row's exponentials ``exp(x - max)`` are
-left in the gradient-to-be (:func:`new_gradient`), so each logit is read
-once and exponentiated once; TDT's duration softmax is left there too.
+left in the gradient-to-be, so each logit is read once and exponentiated
+once; TDT's duration softmax is left there too.
 
 Gradient: per cell, the arc posteriors of its slots, then the row of the
 gradient written once: the kept exponentials times ``occupancy / sum``
@@ -32,51 +31,19 @@ float32 logits use an exponential evaluated in float32 lanes (range
 reduction by ``ln 2`` and a degree-7 polynomial, within a few units in the
 last place, vectorised by the compiler); float64 logits use ``np.exp``
 (both :func:`chainfb.engines.vector_math.exp_scaled_sum`).
-Sums of exponentials accumulate in float64.  Other dtypes (float16,
-bfloat16) stay on the torch score maps.
+Sums of exponentials accumulate in float64.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..engines import numba_log
-from ..engines.numba_cache import njit
-from ..engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
-from ..engines.vector_math import exp_scaled_sum, has_nan, row_exp_sum, row_max
-
-__all__ = ["available", "new_gradient", "host_symbols", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient",
-           "planned_scores", "planned_gradient", "grid_scores", "grid_gradients", "additive_logprobs"]
+from ...engines.numba_cache import njit
+from ...engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
+from ...engines.vector_math import exp_scaled_sum, has_nan, row_exp_sum, row_max
 
 # cells per thread below which one thread does the whole batch
 _MIN_PARALLEL_CELLS = 256
-
-
-def available(dtype=None) -> bool:
-    """Whether the compiled score maps can run (Numba present and not
-    disabled, see :mod:`chainfb.engines.numba_log`), for logits of torch
-    ``dtype`` when given (float32 and float64 only)."""
-    if not numba_log.available():
-        return False
-    if dtype is None:
-        return True
-    import torch
-
-    return dtype in (torch.float32, torch.float64)
-
-
-def new_gradient(shape, dtype) -> tuple:
-    """A zero CPU tensor of ``shape`` and torch ``dtype`` for a gradient the
-    kernels write, and the NumPy array it views.  The memory comes from
-    ``np.zeros``: a large block is fresh zero pages from the OS, which the
-    kernels leave untouched where the gradient is 0 (cells no arc reads:
-    the padding of a batch), so those pages are never faulted in or
-    written; NumPy also asks Linux for transparent huge pages, so the pages
-    written take a few hundred faults instead of one per 4 KiB."""
-    import torch
-
-    a = np.zeros(shape, dtype=np.float32 if dtype == torch.float32 else np.float64)
-    return torch.from_numpy(a), a
 
 
 @njit(nogil=True)
@@ -101,13 +68,13 @@ def _cell_used(counts, b, u, t):
 
 
 @njit(nogil=True)
-def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
+def rnnt_gather_cells(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
     batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
     ``S[cell, j] = x[b, t, u, sym[b, u, j]] - norm`` for the kinds ``j``
-    read at ``t`` (:func:`_move` moves them into the engine's matrix).  With ``keep`` (and ``fused``) the row
+    read at ``t`` (:func:`move_blocks` moves them into the engine's matrix).  With ``keep`` (and ``fused``) the row
     ``exp(x - max)`` is left in ``g[b, t, u]`` and ``inv[cell]`` holds the
-    factor that makes it the softmax (for :func:`_rnnt_grad`)."""
+    factor that makes it the softmax (for :func:`rnnt_grad_cells`)."""
     B, T, U1, V = x.shape
     J = sym.shape[2]
     buf = np.empty(V, x.dtype)
@@ -130,14 +97,14 @@ def _rnnt_gather(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
 
 
 @njit(nogil=True)
-def _rnnt_grad(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
+def rnnt_grad_cells(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
     """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
-    kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`_move`; no first term when
+    kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`move_blocks`; no first term when
     not ``fused``), clamped to ``[-clamp, clamp]`` when ``clamp > 0``;
     ``g`` is zero on entry and left so for cells no arc reads and for
     utterances with ``zero[b]``, or (``kept``) holds what
-    :func:`_rnnt_gather` left there."""
+    :func:`rnnt_gather_cells` left there."""
     B, T, U1, V = x.shape
     J = sym.shape[2]
     ib = np.empty(V, np.int32)
@@ -188,7 +155,7 @@ _TB = 16
 
 
 @njit(nogil=True)
-def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, keep, c0, c1):
+def tdt_gather_blocks(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, keep, c0, c1):
     """Blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance of a TDT
     batch (``x [B, T, U1, V + D]``): per cell, the scores of the slots ``j
     = kind * D + i`` (kind 0 the blank, 1 the label ``labels[b, u]``) read
@@ -196,7 +163,7 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
     token and duration log-normalisers' sum taken as one ``log`` of the
     product of the two rows' sums; kept in a block-sized buffer, then
     written into ``X[t + u, colidx[b, u, j]]`` diagonal by diagonal (as
-    :func:`_move`).  The durations of the ``U1`` cells of a frame are
+    :func:`move_blocks`).  The durations of the ``U1`` cells of a frame are
     exponentiated together (one vectorised pass).  ``inv[cell]``: the
     factor that makes the token row's ``exp(x - max)`` its softmax (0 or NaN
     where the token normaliser is not finite).  With ``keep`` that row is
@@ -275,10 +242,10 @@ def _tdt_gather(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, kee
 
 
 @njit(nogil=True)
-def _tdt_grad(V, blank, labels, counts, colidx, inv, post, zero, label_weight, clamp, g, c0, c1):
+def tdt_grad_blocks(V, blank, labels, counts, colidx, inv, post, zero, label_weight, clamp, g, c0, c1):
     """The TDT gradient rows of the cells of blocks ``c0 <= blk < c1`` (as
-    :func:`_tdt_gather`; see :mod:`chainfb.transducer.tdt`) from what
-    :func:`_tdt_gather` left in ``g [B, T, U1, V + D]`` (with ``keep``): with
+    :func:`tdt_gather_blocks`; see :mod:`chainfb.transducer.tdt`) from what
+    :func:`tdt_gather_blocks` left in ``g [B, T, U1, V + D]`` (with ``keep``): with
     ``A_j`` the posterior of slot ``j`` (``post[t + u, colidx[b, u, j]]``,
     read diagonal by diagonal into a block-sized buffer), ``Pb``/``Pl`` the
     blank's/label's sums over durations, tokens ``softmax * (Pb + lw Pl) -
@@ -339,7 +306,7 @@ def _tdt_grad(V, blank, labels, counts, colidx, inv, post, zero, label_weight, c
 
 
 @njit(nogil=True)
-def _move(S, colidx, counts, T, X, to_steps, c0, c1):
+def move_blocks(S, colidx, counts, T, X, to_steps, c0, c1):
     """Between the cell order and the engine's step-major matrix: with
     ``to_steps``, ``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]``
     for the kinds read at ``t``; else the reverse, ``S[cell, j] = X[t + u,
@@ -367,7 +334,7 @@ def _move(S, colidx, counts, T, X, to_steps, c0, c1):
 
 
 @njit(nogil=True)
-def _put(src, entry, X, c0, c1):
+def put_scores(src, entry, X, c0, c1):
     """``X[entry[i]] = src[i]`` for ``c0 <= i < c1`` where ``entry[i] >= 0`` (flat arrays)."""
     for i in range(c0, c1):
         e = entry[i]
@@ -376,7 +343,7 @@ def _put(src, entry, X, c0, c1):
 
 
 @njit(nogil=True)
-def _take(post, entry, out, c0, c1):
+def take_scores(post, entry, out, c0, c1):
     """``out[i] = post[entry[i]]`` for ``c0 <= i < c1``, 0 where ``entry[i] < 0`` (flat arrays)."""
     for i in range(c0, c1):
         e = entry[i]
@@ -384,7 +351,7 @@ def _take(post, entry, out, c0, c1):
 
 
 @njit(nogil=True)
-def _additive(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1):
+def additive_blocks(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1):
     """The additive joiner's ``(px, py)`` (:func:`additive_logprobs`) for
     blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance: the
     block's rows of ``am`` stay in the cache while every ``s`` reads them.
@@ -415,7 +382,7 @@ def _additive(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1
 
 
 @njit(nogil=True)
-def _grid_put(px, py, bd, colidx, modified, X, c0, c1):
+def grid_put_rows(px, py, bd, colidx, modified, X, c0, c1):
     """The grid's scores (:mod:`~chainfb.transducer.grid`) into ``X`` for
     the rows ``c0 <= r < c1`` of ``py`` (``r = b * (S + 1) + s``): cell
     ``(s, t)`` of sequence ``b``, at ``k = s - s_begin`` and ``t - t_begin``
@@ -440,8 +407,8 @@ def _grid_put(px, py, bd, colidx, modified, X, c0, c1):
 
 
 @njit(nogil=True)
-def _grid_take(post, bd, colidx, modified, gx, gy, c0, c1):
-    """The reverse of :func:`_grid_put`: every element of the rows ``c0 <= r
+def grid_take_rows(post, bd, colidx, modified, gx, gy, c0, c1):
+    """The reverse of :func:`grid_put_rows`: every element of the rows ``c0 <= r
     < c1`` of ``gy`` (and of ``gx`` where ``s < S``) written, the engine's
     posterior of the cell's arc inside the boundary and 0 outside."""
     S1 = gy.shape[1]
@@ -461,12 +428,12 @@ def _grid_take(post, bd, colidx, modified, gx, gy, c0, c1):
                 gx[b, s, t] = post[row0 + t, cs] if inside and s < s1 and t0 <= t < t2 else 0.0
 
 
-def _blocks(B: int, T: int) -> int:
-    """How many blocks of :func:`_move` a batch has."""
+def blocks(B: int, T: int) -> int:
+    """How many blocks of :func:`move_blocks` a batch has."""
     return B * ((T + _TB - 1) // _TB)
 
 
-def _cells(fn, ncells: int, *args) -> None:
+def run(fn, ncells: int, *args) -> None:
     """``fn(*args, c0, c1)`` over ``[0, ncells)`` split into contiguous
     ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
     compiled kernels release the GIL)."""
@@ -482,186 +449,5 @@ def _cells(fn, ncells: int, *args) -> None:
 
 # units per thread below which one thread does it all, for the kernels not over cells:
 # blocks of cells, single scores (the score plans' moves) and rows of a grid
-_GRAIN = {_move: 2, _tdt_gather: 2, _tdt_grad: 2, _additive: 2, _put: 1 << 17, _take: 1 << 17,
-          _grid_put: 64, _grid_take: 64}
-
-
-def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
-    """:func:`~chainfb.transducer.criterion.symbol_table` from host
-    (NumPy) targets ``[B, >= max(U_b)]`` and ``U_b`` ``[B]``: int64 ``[B, U1, 2 + M]``."""
-    B = targets.shape[0]
-    sym = np.empty((B, U1, 2 + len(big_blanks)), dtype=np.int64)
-    sym[:, :, 0] = int(blank)
-    lab = np.full((B, U1), -1, dtype=np.int64)
-    k = min(U1, targets.shape[1])
-    lab[:, :k] = targets[:, :k]
-    lab[np.arange(U1)[None, :] >= np.asarray(target_lengths)[:, None]] = -1
-    sym[:, :, 1] = lab
-    for i, s in enumerate(big_blanks):
-        sym[:, :, 2 + i] = int(s)
-    return sym
-
-
-def _grid(layout, T: int, x: np.ndarray) -> tuple:
-    """``(colidx, counts)`` of ``layout`` as int64 NumPy and the scores
-    matrix ``X [num_steps, C]`` of ``-inf`` for logits with ``T`` frames."""
-    X = np.full((layout.num_steps, layout.lat.num_columns), -np.inf)
-    counts = layout.slot_counts()  # at most T_b <= T
-    if counts.shape[1] != x.shape[2]:
-        raise ValueError(f"logits: {x.shape[2]} label positions, the layout has {counts.shape[1]}")
-    return layout.colidx, counts, X
-
-
-def _no_rows(x: np.ndarray) -> np.ndarray:
-    """A stand-in for the gradient when the gather keeps no rows."""
-    return np.zeros((1, 1, 1, 1), dtype=x.dtype)
-
-
-def rnnt_gather(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.ndarray | None = None) -> tuple:
-    """Engine scores of an RNN-T / multi-blank batch.
-
-    x : ``[B, T, U1, V]`` float32/float64 C-contiguous NumPy logits;
-    sym : int ``[B, U1, J]`` (:func:`~chainfb.transducer.criterion.symbol_table`);
-    layout : the batch's :class:`~chainfb.transducer.graphs.TransducerLayout`;
-    out : the gradient-to-be (:func:`new_gradient`, zero) or None: when
-        given (and ``fused``), the rows' exponentials are left there and
-        :func:`rnnt_gradient` scales them instead of recomputing them.
-
-    Returns ``X`` float64 ``[num_steps, C]`` and the cells' log-normalisers
-    and softmax factors, float64 ``[B * T * U1]`` each (for :func:`rnnt_gradient`)."""
-    B, T, U1, V = x.shape
-    colidx, counts, X = _grid(layout, T, x)
-    norm, inv = np.zeros(B * T * U1), np.zeros(B * T * U1)
-    sym = np.ascontiguousarray(sym, dtype=np.int64)
-    keep = out is not None and bool(fused)
-    S = np.empty((B * T * U1, colidx.shape[2]))
-    _cells(_rnnt_gather, B * T * U1, x, sym, counts, bool(fused), x.dtype == np.float32, S, norm, inv,
-           out if keep else _no_rows(x), keep)
-    _cells(_move, _blocks(B, T), S, colidx, counts, T, X, True)
-    return X, norm, inv
-
-
-def rnnt_gradient(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv: np.ndarray, post: np.ndarray,
-                  kind_weight, zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray,
-                  kept: bool = False) -> np.ndarray:
-    """The RNN-T / multi-blank gradient ``[B, T, U1, V]`` written into ``out``
-    (same shape and dtype as ``x``: zero on entry, :func:`new_gradient`, or
-    with ``kept`` as :func:`rnnt_gather` left it): see :func:`_rnnt_grad`;
-    ``post`` float64 ``[num_steps, C]``, ``kind_weight`` ``[J]``, ``zero``
-    bool ``[B]``."""
-    B, T, U1, V = x.shape
-    colidx, counts = layout.colidx, layout.slot_counts()
-    sym = np.ascontiguousarray(sym, dtype=np.int64)
-    kw = np.ascontiguousarray(kind_weight, dtype=np.float64)
-    post = np.ascontiguousarray(post, dtype=np.float64)
-    P = np.empty((B * T * U1, colidx.shape[2]))
-    _cells(_move, _blocks(B, T), P, colidx, counts, T, post, False)
-    _cells(_rnnt_grad, B * T * U1, x, sym, counts, norm, inv, P, kw,
-           np.ascontiguousarray(zero, dtype=np.bool_), float(clamp), bool(fused), x.dtype == np.float32,
-           bool(kept and fused), out)
-    return out
-
-
-def tdt_gather(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, sigma: float,
-               out: np.ndarray | None = None) -> tuple:
-    """Engine scores of a TDT batch: ``x [B, T, U1, V + D]`` float32/float64
-    C-contiguous NumPy, ``labels`` int ``[B, U1]`` (the label read at
-    ``(b, u)``; the blank where there is none); ``out``: the gradient-to-be
-    (:func:`new_gradient`, zero) or None: when given, the token rows'
-    exponentials and the duration softmax are left there for
-    :func:`tdt_gradient`.  Returns ``X`` float64 ``[num_steps, C]`` and the
-    token softmax factors float64 ``[B * T * U1]``."""
-    B, T, U1, _ = x.shape
-    colidx, counts, X = _grid(layout, T, x)
-    inv = np.zeros(B * T * U1)
-    labels = np.ascontiguousarray(labels, dtype=np.int64)
-    keep = out is not None
-    _cells(_tdt_gather, _blocks(B, T), x, int(V), int(blank), labels, counts, colidx, float(sigma),
-           x.dtype == np.float32, X, inv, out if keep else _no_rows(x), keep)
-    return X, inv
-
-
-def tdt_gradient(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero, fastemit_lambda: float,
-                 clamp: float, out: np.ndarray) -> np.ndarray:
-    """The TDT gradient ``[B, T, U1, V + D]`` written into ``out``, the
-    gradient-to-be that :func:`tdt_gather` filled (see :func:`_tdt_grad`;
-    FastEmit scales the label's token terms by ``1 + fastemit_lambda``);
-    ``inv`` from :func:`tdt_gather`, ``post`` float64 ``[num_steps, C]``,
-    ``zero`` bool ``[B]``."""
-    B, T = out.shape[:2]
-    labels = np.ascontiguousarray(labels, dtype=np.int64)
-    post = np.ascontiguousarray(post, dtype=np.float64)
-    _cells(_tdt_grad, _blocks(B, T), int(V), int(blank), labels, layout.slot_counts(), layout.colidx, inv, post,
-           np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp), out)
-    return out
-
-
-def planned_scores(sources, entries, shape) -> np.ndarray:
-    """The engine's scores ``X`` of ``shape`` from a score plan
-    (:class:`~chainfb.transducer.grid._ScorePlan`): element ``i`` of each
-    C-contiguous NumPy source (float32/float64) at ``X.flat[entry[i]]``
-    (``entry[i] < 0``: on no arc), ``-inf`` elsewhere.  float32 when every
-    source is (the compiled engine reads float32 scores as they are: half
-    the memory, the same numbers), else float64."""
-    f32 = all(src.dtype == np.float32 for src in sources)
-    X = np.full(shape, -np.inf, dtype=np.float32 if f32 else np.float64)
-    flat = X.reshape(-1)
-    for src, entry in zip(sources, entries):
-        _cells(_put, entry.shape[0], src.reshape(-1), entry, flat)
-    return X
-
-
-def planned_gradient(post: np.ndarray, entry: np.ndarray, shape, dtype) -> np.ndarray:
-    """A source's gradient ``shape`` in NumPy ``dtype`` from the engine's
-    posteriors: ``post.flat[entry[i]]`` at element ``i``, 0 where
-    ``entry[i] < 0`` (see :func:`planned_scores`)."""
-    out = np.empty(shape, dtype=dtype)
-    _cells(_take, entry.shape[0], np.ascontiguousarray(post, dtype=np.float64).reshape(-1), entry,
-           out.reshape(-1))
-    return out
-
-
-def grid_scores(px: np.ndarray, py: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool,
-                shape) -> np.ndarray:
-    """The engine's scores ``X`` of ``shape`` for the grid lattice of
-    ``(px [B, S, T + 1] or [B, S, T], py [B, S + 1, T])`` (C-contiguous NumPy,
-    one float dtype), ``boundary`` int64 ``[B, 4]`` and the step graphs'
-    ``colidx [B, >= S + 1, 2]`` (:class:`~chainfb.transducer.grid.GridCriterion`):
-    ``-inf`` off the cells, float32 when the sources are."""
-    X = np.full(shape, -np.inf, dtype=py.dtype)
-    B, S1, _ = py.shape
-    _cells(_grid_put, B * S1, px, py, boundary, colidx, bool(modified), X)
-    return X
-
-
-def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool, px_shape,
-                   py_shape, dtype) -> tuple:
-    """``(px_grad, py_grad)`` in NumPy ``dtype`` from the engine's
-    posteriors ``[rows, C]``: the reverse of :func:`grid_scores`, 0 off the
-    cells."""
-    gx, gy = np.empty(px_shape, dtype=dtype), np.empty(py_shape, dtype=dtype)
-    B, S1, _ = py_shape
-    _cells(_grid_take, B * S1, np.ascontiguousarray(post, dtype=np.float64), boundary, colidx, bool(modified),
-           gx, gy)
-    return gx, gy
-
-
-def additive_logprobs(log_r: np.ndarray, am: np.ndarray, lm: np.ndarray, am_scale: np.ndarray,
-                      lm_scale: np.ndarray, symbols: np.ndarray, blank: int, t_end: np.ndarray | None) -> tuple:
-    """``(px, py)`` of the additive joiner ``am[t] + lm[s]`` from the log of
-    its normalisers' scaled sums of exponentials ``log_r [B, S + 1, T]``
-    (C-contiguous NumPy, one float dtype with the rest): ``norm = log_r +
-    lm_scale + am_scale``, ``py = -norm + am[t, blank] + lm[s, blank]``,
-    ``px = am[t, y_s] + (lm[s, y_s] - norm)``; ``am [B, T, C]``, ``lm [B, S
-    + 1, C]``, the rows' log-scales ``am_scale [B, T, 1]`` and ``lm_scale
-    [B, S + 1, 1]``, ``symbols`` int64 ``[B, S]``.  With ``t_end`` (int64
-    ``[B]``, the regular topology) ``px`` is ``[B, S, T + 1]``, ``-inf`` at
-    ``t = T`` and at ``t = t_end``; without, ``[B, S, T]``."""
-    B, S1, T = log_r.shape
-    pad = t_end is not None
-    px = np.empty((B, S1 - 1, T + 1 if pad else T), dtype=log_r.dtype)
-    py = np.empty((B, S1, T), dtype=log_r.dtype)
-    te = np.ascontiguousarray(t_end if pad else np.full(B, T), dtype=np.int64)
-    _cells(_additive, _blocks(B, T), log_r, am, lm, am_scale, lm_scale,
-           np.ascontiguousarray(symbols, dtype=np.int64), int(blank), te, px, py)
-    return px, py
+_GRAIN = {move_blocks: 2, tdt_gather_blocks: 2, tdt_grad_blocks: 2, additive_blocks: 2, put_scores: 1 << 17,
+          take_scores: 1 << 17, grid_put_rows: 64, grid_take_rows: 64}
