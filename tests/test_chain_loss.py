@@ -17,6 +17,7 @@ from chainfb.chain import (
     Topology, den_graph, estimate_phone_lm, initial_probs, numerator_graph, read_lexicon,
 )
 from chainfb.api import PdfCriterion
+from chainfb import engines
 from chainfb.engines import scipy_shared, threads
 from chainfb.testing import random_fst
 
@@ -24,7 +25,8 @@ from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.chain import chain_objective
 from oracles.fst import brute_force
 
-ENGINES = ["numpy", "shared"]
+#: the CPU engines with the leaky HMM (the denominator), from the engines' capability table
+ENGINES = list(engines.engines_with(device="cpu", leaky=True))
 
 
 def leaky_reference(fst, scores, L, c):

@@ -24,7 +24,9 @@ from oracles.fst import brute_force, brute_force_best, frame_arcs, reference_for
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
 
-ENGINES = {"cuda": lattice_forward_backward, "cuda_shared": shared_forward_backward}
+#: the kernel engines that run spans, from the engines' capability table
+ENGINES = {name: {"cuda": lattice_forward_backward, "cuda_shared": shared_forward_backward}[name]
+           for name in engines.engines_with(device="gpu", spans=True)}
 
 
 @pytest.fixture
@@ -262,8 +264,8 @@ def test_leaky_hmm_is_refused_with_spans(be):
 
 def test_dispatch_runs_spans_on_both_kernel_engines(be):
     """engines.forward_backward runs spanning arcs on the kernel engines
-    (cuda and cuda_shared are in SPAN_ENGINES)."""
-    assert {"cuda", "cuda_shared"} <= set(engines.SPAN_ENGINES)
+    (cuda and cuda_shared run spans by the capability table)."""
+    assert set(ENGINES) == {"cuda", "cuda_shared"}
     lat, fsts, sg, X, lengths = shared_case(60, N=3, T=6)
     ll, post = oracle(lat, fsts, sg, X, lengths, brute_force, 3)
     with run_on(be):
@@ -286,7 +288,7 @@ def test_best_path_of_kernel_scores(be):
     spanning arc); elsewhere it is refused."""
     lat, fsts, sg, X, lengths = per_sequence_case(70, N=4, T=6)
     with run_on(be):
-        if "numpy" not in engines.SPAN_ENGINES:
+        if not engines.CAPABILITIES["numpy"].spans:
             with pytest.raises(ValueError, match="span"):
                 engines.best_path(lat, X.copy(), lengths, engine="cuda")
             return

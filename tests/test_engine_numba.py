@@ -284,8 +284,8 @@ def test_float32_scores_on_every_cpu_engine():
     lat = Lattice.of(FstBatch([fst], seq_to_graph=np.zeros(4, dtype=np.int64)))  # one shared graph
     X = _scores(lat, rng, 10).astype(np.float32)
     lengths = np.array([10, 7, 0, 9])
-    got = {e: engines.forward_backward(lat, X, lengths, engine=e) for e in ("numba", "numpy", "shared")}
-    for e in ("numpy", "shared"):
+    got = {e: engines.forward_backward(lat, X, lengths, engine=e) for e in engines.engines_with(device="cpu")}
+    for e in set(got) - {"numba"}:
         np.testing.assert_allclose(got["numba"][0], got[e][0], rtol=1e-10)
         np.testing.assert_allclose(got["numba"][1], got[e][1], atol=1e-10)
     torch.manual_seed(0)
@@ -425,14 +425,16 @@ def _span_fst(rng, states=4, arcs=11, pdfs=3, max_span=4, dead_arc=True):
 
 
 def _span_run(engine, lat, X, lengths, need=True):
-    if engine == "numba":
-        return numba_log.forward_backward(lat, X.copy(), lengths, need_posteriors=need)
-    return scipy_shared.forward_backward(lat, X.copy(), lengths, need_posteriors=need)
+    return engines.forward_backward(lat, X.copy(), lengths, need_posteriors=need, engine=engine)
+
+
+#: the engines that run spans on the CPU (the one-graph lattices below suit every one), from the table
+CPU_SPAN_ENGINES = engines.engines_with(device="cpu", spans=True)
 
 
 
 
-@pytest.mark.parametrize("engine", ["numba", "shared"])
+@pytest.mark.parametrize("engine", CPU_SPAN_ENGINES)
 @pytest.mark.parametrize("seed", range(8))
 def test_spans_match_enumeration(engine, seed):
     rng = np.random.default_rng(100 + seed)
@@ -471,7 +473,7 @@ def test_spans_match_numpy_engine_on_several_graphs(seed):
     _assert_same(*_both(lat, X, lengths), ll_atol=1e-12)
 
 
-@pytest.mark.parametrize("engine", ["numba", "shared"])
+@pytest.mark.parametrize("engine", CPU_SPAN_ENGINES)
 def test_spans_nan_stays_in_its_sequence(engine):
     rng = np.random.default_rng(7)
     fst = _span_fst(rng, dead_arc=False)
@@ -536,7 +538,7 @@ def test_span_graphs_select_numba_and_shared_runs_by_name():
     X = _scores(lat, rng, 6)
     assert select(lat, X) == "numba"
     assert not scipy_shared.is_exact(lat, X)  # the automatic choice keeps spans on the exact engines
-    assert {"numba", "shared"} <= set(engines.SPAN_ENGINES)
+    assert {"numba", "shared"} <= set(engines.engines_with(spans=True))
     ll, post = engines.forward_backward(lat, X, np.array([6, 5, 4]), engine="shared")
     ll2, post2 = engines.forward_backward(lat, X, np.array([6, 5, 4]))
     np.testing.assert_allclose(ll, ll2, rtol=1e-12)

@@ -24,10 +24,12 @@ from chainfb.score_map import PdfScoreMap
 from chainfb.testing import random_fst
 from oracles.fst import brute_force, brute_force_best, expanded_span_one, frame_arcs, reference_forward_backward
 
-#: the engines run by the engine-level forward-backward tests (an engine that runs spans adds its name here)
-ENGINES_WITH_SPANS = ["numpy", "numba"]
+#: the engines run by the engine-level forward-backward tests (per-sequence graphs, on the CPU), from the
+#: engines' capability table
+ENGINES_WITH_SPANS = list(engines.engines_with(device="cpu", spans=True, shared_graph_only=False))
 #: ... and by the best-path tests (the engines with a max-semiring pass)
-VITERBI_ENGINES_WITH_SPANS = ["numpy"]
+VITERBI_ENGINES_WITH_SPANS = list(engines.engines_with(device="cpu", spans=True, shared_graph_only=False,
+                                                       viterbi=True))
 
 FUZZ = settings(max_examples=40, derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -280,18 +282,28 @@ def test_auto_picks_an_engine_that_runs_spans():
     assert "numpy" in engines.SPAN_ENGINES
 
 
-def test_engines_without_spans_are_refused():
+@pytest.mark.parametrize("name", engines.engines_with(device="cpu"))
+def test_an_engine_without_spans_in_the_table_is_refused_and_never_picked(name, monkeypatch):
+    """The capability table drives the choice: an engine whose row says it
+    runs no spans is refused by name on a lattice with spans, and
+    ``engine="auto"`` picks another one."""
+    import dataclasses
+
     from chainfb.engines import numba_log
 
+    if name == "numba" and not numba_log.available():
+        pytest.skip("the compiled engine is not available")
     fsts, x, lengths = _case(0)
     lat = Lattice.of(FstBatch([fsts[0]], seq_to_graph=[0] * len(fsts)))  # one graph: 'shared' may run it
     X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, x)
-    others = [e for e in ("shared", "numba") if e not in engines.SPAN_ENGINES]
-    if not numba_log.available() and "numba" in others:
-        others.remove("numba")
-    for name in others:
-        with pytest.raises(ValueError, match="span"):
-            engines.forward_backward(lat, X.copy(), lengths, engine=name)
+    assert lat.max_span > 1
+    engines.forward_backward(lat, X.copy(), lengths, engine=name)  # runs while its row says spans=True
+    monkeypatch.setitem(engines.CAPABILITIES, name, dataclasses.replace(engines.CAPABILITIES[name], spans=False))
+    with pytest.raises(ValueError, match=f"engine: '{name}' does not run arcs that span several frames"):
+        engines.forward_backward(lat, X.copy(), lengths, engine=name)
+    if name != "numpy":  # the last resort stays numpy; with spans taken from it, it is refused there too
+        for op in ("forward_backward", "best_path"):
+            assert engines.select(lat, X, op) != name
 
 
 def test_leaky_hmm_with_spans_is_refused():

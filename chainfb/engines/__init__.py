@@ -21,9 +21,15 @@ Every engine is a module with two functions over a
 Arcs may span several frames (``Fst.span``, ``Lattice.max_span > 1``): an
 arc read at frame ``t`` scores ``w + X[t, col]`` and lands at frame
 ``t + span``; a path ends exactly at frame ``lengths[n]``.  Posteriors count
-an arc at the frame it is read.  The engines named in :data:`SPAN_ENGINES`
-run such lattices (no leaky HMM); :func:`select` picks one of them for
-``engine="auto"``, and an explicit other engine is refused.
+an arc at the frame it is read.  Every engine runs such lattices (no leaky
+HMM with them).
+
+What each engine can do -- where it runs, Viterbi, the leaky HMM, spans,
+graphs shared by every sequence only, float32 scores as they are, threads,
+an optional dependency -- is one row of :data:`CAPABILITIES`; :func:`select`
+filters that table (``engine="auto"``) or checks a name against it, and
+:func:`engines_with` lists the engines that can do something (the tests are
+parametrised from it).
 
 The CUDA engines take the kernel backend to run on as their first argument,
 ``forward_backward(backend, lat, X, lengths, leaky=None,
@@ -57,19 +63,74 @@ public functions call :func:`forward_backward` / :func:`best_path` here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import numpy as np
 
 from ..cuda import kernels
 from .threads import get_num_threads, set_num_threads
 
-__all__ = ["ENGINES", "select", "forward_backward", "best_path", "set_num_threads", "get_num_threads"]
+__all__ = ["ENGINES", "CAPABILITIES", "Capabilities", "engines_with", "select", "forward_backward", "best_path",
+           "set_num_threads", "get_num_threads"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one engine can do (a row of :data:`CAPABILITIES`)."""
+
+    #: ``"cpu"`` (NumPy scores) or ``"gpu"`` (CuPy scores, on a kernel backend)
+    device: str
+    #: ``best_path``: the recursion in the max semiring (the GPU engines decode on the host)
+    viterbi: bool
+    #: Kaldi's leaky HMM (never together with arcs that span several frames)
+    leaky: bool
+    #: arcs that span several frames (``Lattice.max_span > 1``)
+    spans: bool
+    #: runs only lattices whose sequences all use one graph
+    shared_graph_only: bool
+    #: reads float32 scores as they are (the others get them as float64)
+    float32: bool
+    #: splits a call over :func:`get_num_threads` threads
+    threads: bool
+    #: an optional dependency it needs at run time ("" for none)
+    needs: str = ""
+
+
+#: every engine and what it can do; :func:`select` reads nothing else about them
+CAPABILITIES = {
+    "numpy": Capabilities("cpu", viterbi=True, leaky=True, spans=True, shared_graph_only=False, float32=False,
+                          threads=True),
+    "numba": Capabilities("cpu", viterbi=False, leaky=False, spans=True, shared_graph_only=False, float32=True,
+                          threads=True, needs="numba"),
+    "shared": Capabilities("cpu", viterbi=True, leaky=True, spans=True, shared_graph_only=True, float32=False,
+                           threads=True),
+    "cuda": Capabilities("gpu", viterbi=True, leaky=True, spans=True, shared_graph_only=False, float32=True,
+                         threads=False),
+    "cuda_shared": Capabilities("gpu", viterbi=True, leaky=True, spans=True, shared_graph_only=True, float32=True,
+                                threads=False),
+}
 
 #: engine names accepted by ``engine=``
-ENGINES = ("auto", "numpy", "numba", "shared", "cuda", "cuda_shared")
-_GPU_ENGINES = ("cuda", "cuda_shared")
+ENGINES = ("auto",) + tuple(CAPABILITIES)
 
 # the shared-graph engine pays off from about this many arcs of the shared graph
 _SHARED_MIN_ARCS = 2000
+
+
+def engines_with(**wants) -> tuple:
+    """The names of the engines whose :class:`Capabilities` have every field
+    given equal to its value, in the table's order, e.g.
+    ``engines_with(device="cpu", spans=True)``."""
+    known = {f.name for f in fields(Capabilities)}
+    unknown = sorted(set(wants) - known)
+    if unknown:
+        raise ValueError(f"wants: unknown capabilities {unknown}; expected some of {sorted(known)}")
+    return tuple(name for name, caps in CAPABILITIES.items()
+                 if all(getattr(caps, k) == v for k, v in wants.items()))
+
+
+#: the engines that run arcs spanning several frames (``Lattice.max_span > 1``), from :data:`CAPABILITIES`
+SPAN_ENGINES: tuple = engines_with(spans=True)
 
 
 def _module(name):
@@ -112,14 +173,28 @@ def _kernel_engine(lat, engine: str) -> str:
     return "cuda"
 
 
-#: the engines that run arcs spanning several frames (``Lattice.max_span > 1``)
-SPAN_ENGINES: tuple = ("numpy", "numba", "shared", "cuda", "cuda_shared")
+def _refusal(name: str, lat, op: str, leaky) -> str:
+    """Why engine ``name`` cannot run ``op`` on ``lat`` (with ``leaky``), by
+    its row of :data:`CAPABILITIES` ("" when it can)."""
+    caps = CAPABILITIES[name]
+    spans = getattr(lat, "max_span", 1) > 1
+    if op == "best_path" and not caps.viterbi:
+        return f"engine: {name!r} has no best_path (Viterbi); engines that do: {', '.join(engines_with(viterbi=True))}"
+    if leaky is not None and not caps.leaky:
+        return (f"engine: {name!r} runs forward-backward without leaky only; engines with the leaky HMM: "
+                f"{', '.join(engines_with(leaky=True))}")
+    if spans and not caps.spans:
+        return (f"engine: {name!r} does not run arcs that span several frames (max span {lat.max_span}); "
+                f"engines that do: {', '.join(engines_with(spans=True)) or 'none'}")
+    return ""
 
 
-def _check_spans(lat, name: str) -> str:
-    if getattr(lat, "max_span", 1) > 1 and name not in SPAN_ENGINES:
-        raise ValueError(f"engine: {name!r} does not run arcs that span several frames (max span "
-                         f"{lat.max_span}); engines that do: {', '.join(SPAN_ENGINES) or 'none yet'}")
+def check(name: str, lat, op: str = "forward_backward", leaky=None) -> str:
+    """``name``, or a ``ValueError`` saying what of ``op`` on ``lat`` its row
+    of :data:`CAPABILITIES` lacks."""
+    why = _refusal(name, lat, op, leaky)
+    if why:
+        raise ValueError(why)
     return name
 
 
@@ -127,53 +202,50 @@ def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=Non
     """The name of the engine that runs ``op`` (``"forward_backward"`` or
     ``"best_path"``) on ``lat`` and ``X``.
 
-    ``engine="auto"``: for CuPy scores ``"cuda_shared"`` when every
-    sequence uses one graph (the denominator), ``"cuda"`` otherwise; on the
-    CPU ``"shared"`` for a forward-backward when every sequence uses one
-    graph of at least 2000 arcs, there are at least two sequences, and the
-    shared-graph engine gives the exact numbers
-    (:func:`chainfb.engines.scipy_shared.is_exact`: finite scores whose
-    per-frame spread plus the arc weights' spread is under
-    :data:`~chainfb.engines.scipy_shared.MAX_SPREAD` nats); ``"numba"`` for
-    any other forward-backward on the CPU without ``leaky`` unless the
-    compiled engine is off (``CHAINFB_NUMBA=0``, or a Numba that cannot be
-    imported); ``"numpy"`` otherwise.  When arcs span several frames
-    (``lat.max_span > 1``) only the CPU engines in :data:`SPAN_ENGINES` are
-    picked (``"numpy"`` runs every lattice).  An explicit name is checked against
-    where ``X`` lives (:func:`chainfb.cuda.kernels.on_device`) and against
-    the lattice.
+    ``engine="auto"``: among the engines of :data:`CAPABILITIES` that run on
+    the device of ``X`` and can do ``op`` on ``lat`` (Viterbi, the leaky HMM,
+    spans): for CuPy scores ``"cuda_shared"`` when every sequence uses one
+    graph (the denominator), ``"cuda"`` otherwise; on the CPU ``"shared"``
+    for a forward-backward when every sequence uses one graph of at least
+    2000 arcs, there are at least two sequences, and the shared-graph engine
+    gives the exact numbers (:func:`chainfb.engines.scipy_shared.is_exact`:
+    finite scores whose per-frame spread plus the arc weights' spread is
+    under :data:`~chainfb.engines.scipy_shared.MAX_SPREAD` nats); ``"numba"``
+    when it can (no leaky HMM, no Viterbi) unless the compiled engine is off
+    (``CHAINFB_NUMBA=0``, or a Numba that cannot be imported); ``"numpy"``
+    otherwise.  An explicit name is checked against where ``X`` lives
+    (:func:`chainfb.cuda.kernels.on_device`), against the lattice and
+    against its row of :data:`CAPABILITIES` (a ``ValueError`` saying what
+    it lacks).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
     on_gpu = kernels.on_device(X)
     if engine == "auto":
         return _auto(lat, X, op, leaky, on_gpu)
-    if on_gpu != (engine in _GPU_ENGINES):
+    caps = CAPABILITIES[engine]
+    if on_gpu != (caps.device == "gpu"):
         where = "CuPy (GPU)" if on_gpu else "NumPy (CPU)"
         raise ValueError(f"engine: {engine!r} cannot run on {where} scores")
     if on_gpu:
-        return _kernel_engine(lat, engine)
-    if engine == "shared" and not _one_graph(lat):
-        raise ValueError("engine: 'shared' needs every sequence to use one graph")
-    if engine == "numba":
+        return check(_kernel_engine(lat, engine), lat, op, leaky)
+    if caps.shared_graph_only and not _one_graph(lat):
+        raise ValueError(f"engine: {engine!r} needs every sequence to use one graph")
+    if caps.needs == "numba":
         from .numba_log import require
 
         require()
-        if op != "forward_backward" or leaky is not None:
-            raise ValueError("engine: 'numba' runs forward-backward without leaky only; use 'numpy'")
-    return engine
+    return check(engine, lat, op, leaky)
 
 
 def _auto(lat, X, op, leaky, on_gpu) -> str:
-    """The engine ``engine="auto"`` picks (see :func:`select`); with arcs
-    spanning several frames, only engines in :data:`SPAN_ENGINES` are
-    candidates on the CPU."""
+    """The engine ``engine="auto"`` picks (see :func:`select`) among those
+    whose row of :data:`CAPABILITIES` fits."""
     if on_gpu:
-        return _kernel_engine(lat, "auto")
-    spans = getattr(lat, "max_span", 1) > 1
+        return check(_kernel_engine(lat, "auto"), lat, op, leaky)
 
     def ok(name):
-        return not spans or name in SPAN_ENGINES
+        return CAPABILITIES[name].device == "cpu" and not _refusal(name, lat, op, leaky)
 
     if op == "forward_backward" and lat.num_sequences >= 2 and ok("shared"):
         from . import scipy_shared
@@ -181,23 +253,24 @@ def _auto(lat, X, op, leaky, on_gpu) -> str:
         g = scipy_shared.shared_graph(lat)
         if g is not None and g.num_arcs >= _SHARED_MIN_ARCS and scipy_shared.is_exact(lat, X):
             return "shared"
-    if op == "forward_backward" and leaky is None and ok("numba"):
+    if ok("numba"):
         from .numba_log import available
 
         if available():
             return "numba"
-    return "numpy"
+    return check("numpy", lat, op, leaky)
 
 
 def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, engine: str = "auto"):
     """Run the engine :func:`select` picks (protocol in the module docstring);
     a CUDA engine runs on the kernel backend of ``X``
     (:func:`chainfb.cuda.kernels.backend_for`)."""
-    name = _check_spans(lat, select(lat, X, "forward_backward", engine, leaky))
+    name = select(lat, X, "forward_backward", engine, leaky)
     module = _module(name)
-    if name not in ("numba",) + _GPU_ENGINES:  # the compiled engine and the kernels read float32 as it is
+    caps = CAPABILITIES[name]
+    if not caps.float32:  # the compiled engine and the kernels read float32 as it is
         X = _float64(X)
-    if name in _GPU_ENGINES:
+    if caps.device == "gpu":
         return module.forward_backward(kernels.backend_for(X), lat, X, lengths, leaky, need_posteriors)
     return module.forward_backward(lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors)
 
@@ -207,7 +280,7 @@ def best_path(lat, X, lengths, engine: str = "auto"):
     decoded on the host: there is no max-semiring kernel); ``arcs[n, t]`` is
     the arc read at frame ``t`` (``-1`` inside a spanning arc, past a length
     or without a path)."""
-    return _module(_check_spans(lat, select(lat, X, "best_path", engine))).best_path(lat, _float64(X), lengths)
+    return _module(select(lat, X, "best_path", engine)).best_path(lat, _float64(X), lengths)
 
 
 def _float64(X):

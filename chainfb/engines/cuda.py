@@ -399,9 +399,9 @@ def best_path(lat: Lattice, X, lengths):
     copied to the host and :func:`chainfb.engines.numpy_log.best_path` runs
     (same return values, NumPy arrays; arcs spanning several frames as
     there)."""
-    from . import _check_spans, numpy_log
+    from . import check, numpy_log
 
-    _check_spans(lat, "numpy")
+    check("numpy", lat, "best_path")
 
     def host(a):
         return a.get() if hasattr(a, "get") else a
