@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from . import checks
+from ._cache import Memo
 from .fst import Fst
 
 __all__ = ["FstBatch"]
@@ -53,9 +54,10 @@ class FstBatch:
 
     Per-graph data derived from these arrays (each graph's distinct pdfs, the
     one-sequence lattice of a graph, the shared-graph engines' sparse
-    matrices and device arrays) is cached in ``graph_cache``, a dict shared
-    by every batch :meth:`with_sequences` derives from this one: a new
-    sequence-to-graph map (another batch size) costs nothing per graph.
+    matrices) is kept by :meth:`cache`, in a memo shared by every batch
+    :meth:`with_sequences` derives from this one: a new sequence-to-graph
+    map (another batch size) costs nothing per graph.  Data of this batch's
+    sequences (its lattice) is kept there too, per batch (``per_batch``).
     """
 
     def __init__(self, fsts: Fst | Sequence[Fst], seq_to_graph=None):
@@ -68,7 +70,8 @@ class FstBatch:
             if not isinstance(f, Fst):
                 raise TypeError(f"fsts[{i}]: expected chainfb.Fst, got {type(f).__name__}")
         self.fsts = fsts
-        self.graph_cache: dict = {}
+        self._graph_memo = Memo()  # shared with the batches with_sequences derives
+        self._memo = Memo()
         G = len(fsts)
         self.seq_to_graph = _check_seq_to_graph(seq_to_graph, G)
         ns = np.array([f.num_states for f in fsts], dtype=np.int64)
@@ -90,11 +93,27 @@ class FstBatch:
 
     def with_sequences(self, seq_to_graph) -> "FstBatch":
         """A batch over the same graphs with another sequence-to-graph map
-        ``[N]``: the packed arrays and ``graph_cache`` are shared, not copied."""
+        ``[N]``: the packed arrays and the per-graph memo of :meth:`cache` are
+        shared, not copied."""
         out = object.__new__(FstBatch)
-        out.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_lattice"})
+        out.__dict__.update(self.__dict__)
+        out._memo = Memo()
         out.seq_to_graph = _check_seq_to_graph(seq_to_graph, self.num_graphs)
         return out
+
+    def cache(self, key: tuple, build, per_batch: bool = False):
+        """``build()``, computed once per ``key`` (a tuple whose first element
+        names its user, e.g. ``("scipy_shared", g)``) and kept: in the memo of
+        the graphs, shared by every batch :meth:`with_sequences` derives, or
+        with ``per_batch`` in this batch's own (data that depends on the
+        sequence-to-graph map).  Thread-safe (:class:`chainfb._cache.Memo`)."""
+        return (self._memo if per_batch else self._graph_memo).get(key, build)
+
+    def clear_cache(self) -> None:
+        """Drop what :meth:`cache` keeps: this batch's own and the graphs'
+        (which the batches :meth:`with_sequences` derives share)."""
+        self._memo.clear()
+        self._graph_memo.clear()
 
     def graph_columns(self, g: int):
         """``(pdfs [K_g], local_col [A_g])`` of graph ``g``: its distinct pdfs,
@@ -107,21 +126,22 @@ class FstBatch:
         """Every graph's distinct pdfs at once: ``(ptr [G+1], pdfs [K],
         local_col [A])`` -- graph ``g``'s sorted distinct pdfs are
         ``pdfs[ptr[g]:ptr[g+1]]`` and each arc's index among its graph's is
-        ``local_col`` (one sort for the batch, cached in ``graph_cache``)."""
-        got = self.graph_cache.get("columns")
-        if got is None:
-            graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
-            order = np.lexsort((self.pdf, graph))  # by graph, then pdf
-            g, p = graph[order], self.pdf[order]
-            first = np.ones(len(order), dtype=bool)  # the first arc of each distinct (graph, pdf)
-            first[1:] = (g[1:] != g[:-1]) | (p[1:] != p[:-1])
-            pdfs = p[first].astype(np.int64)
-            ptr = np.searchsorted(g[first], np.arange(self.num_graphs + 1))
-            local = np.empty(len(order), dtype=np.int64)
-            local[order] = np.cumsum(first) - 1
-            local -= ptr[graph]
-            got = self.graph_cache["columns"] = (ptr, pdfs, local)
-        return got
+        ``local_col`` (one sort for the batch's graphs, kept by :meth:`cache`)."""
+        return self.cache(("batch", "columns"), self._columns)
+
+    def _columns(self):
+        """The arrays :meth:`columns` keeps."""
+        graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
+        order = np.lexsort((self.pdf, graph))  # by graph, then pdf
+        g, p = graph[order], self.pdf[order]
+        first = np.ones(len(order), dtype=bool)  # the first arc of each distinct (graph, pdf)
+        first[1:] = (g[1:] != g[:-1]) | (p[1:] != p[:-1])
+        pdfs = p[first].astype(np.int64)
+        ptr = np.searchsorted(g[first], np.arange(self.num_graphs + 1))
+        local = np.empty(len(order), dtype=np.int64)
+        local[order] = np.cumsum(first) - 1
+        local -= ptr[graph]
+        return ptr, pdfs, local
 
     @property
     def num_graphs(self) -> int:

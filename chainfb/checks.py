@@ -7,23 +7,24 @@ of thing) / ``ValueError`` (right kind, wrong value) whose message starts
 with ``name``.  Public functions call these once, at the top; the layers
 below take the checked values and do not check again.
 
-Also here: :func:`reduce`, the one reduction of per-sequence values, and
-:class:`LRU`, the one thread-safe cache of compiled layouts.
+Also here: :func:`reduce`, the one reduction of per-sequence values
+(:class:`LRU`, the cache, lives in :mod:`chainfb._cache` and is served from
+here under its old name).
 """
 
 from __future__ import annotations
 
 import numbers
-import threading
-from collections import OrderedDict
-from typing import Callable, Hashable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
+from ._cache import LRU  # noqa: F401 -- its old import path
+
 __all__ = [
     "FLOATS", "INTS", "tensor", "flag", "number", "integer", "choice", "reduction", "reduce", "lengths",
-    "int_array", "blank", "durations", "LRU",
+    "int_array", "blank", "durations",
 ]
 
 #: float dtypes the losses take (half types are computed in float32)
@@ -214,37 +215,3 @@ def durations(value, name: str, lo: int, hi: int | None = None) -> list:
         rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise ValueError(f"{name}: every duration must be {rng}, got {bad[0]}")
     return out
-
-
-class LRU:
-    """A small thread-safe least-recently-used cache.
-
-    ``get(key, build)`` returns the cached value of ``key`` or stores and
-    returns ``build()``; at most ``size`` entries are kept.  The build runs
-    outside the lock (two threads may build the same key once each; both
-    get a correct value)."""
-
-    def __init__(self, size: int):
-        self.size = int(size)
-        self._items: "OrderedDict[Hashable, object]" = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, build: Callable[[], object]):
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = build()
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
-    def __len__(self) -> int:
-        return len(self._items)

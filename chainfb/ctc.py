@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ._cache import LRU
 from . import checks
 from ._arrays import Ints
 from .api import PdfCriterion
@@ -160,7 +161,7 @@ def _compile(rows, blank):
 
 
 #: compiled CTC lattices and their score maps, per label set and blank
-_compiled = checks.LRU(8)
+_compiled = LRU(8)
 
 
 class CtcCriterion(PdfCriterion):

@@ -11,10 +11,14 @@ Building a lattice costs O(sequences + columns): the per-instance arcs
 (``fwd``, ``bwd``), ``final`` and ``seq_of_state`` -- O(sequences x arcs)
 -- are built on first use, by the engines that run one graph instance per
 sequence.  The shared-graph engines never ask for them: they read
-:meth:`Lattice.graph_lattice` and data cached per graph in the batch's
-``graph_cache``, so a lattice whose sequences all share one graph (the LF-MMI
+:meth:`Lattice.graph_lattice` and data cached per graph by the batch
+(:meth:`~chainfb.batch.FstBatch.cache`), so a lattice whose sequences all share one graph (the LF-MMI
 denominator) costs O(arcs) once per graph and O(sequences x pdfs) per batch
 size.
+
+What the engines and score maps derive from a lattice (their arrays, device
+copies, sub-lattices) is kept by :meth:`Lattice.cache`, one memo per lattice
+(:mod:`chainfb._cache`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import numpy as np
 
 from functools import cached_property
 
+from ._cache import Memo
 from .batch import FstBatch
 
-__all__ = ["Lattice", "concat_ranges", "balanced_ranges"]
+__all__ = ["Lattice", "concat_ranges"]
 
 
 def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -37,16 +42,6 @@ def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     starts = np.zeros(len(lens), dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
     return np.arange(total, dtype=np.int64) + np.repeat(lo.astype(np.int64) - starts, lens)
-
-
-def balanced_ranges(work: np.ndarray, parts: int) -> list:
-    """At most ``parts`` contiguous ``(start, stop)`` ranges of the items of
-    ``work [N]`` (each item's cost), with about equal total cost each."""
-    N = len(work)
-    cum = np.concatenate([[0.0], np.cumsum(work, dtype=np.float64)])
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
-    bounds = np.unique(np.clip(np.concatenate([[0], cuts, [N]]), 0, N))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 class _Side:
@@ -84,12 +79,13 @@ class Lattice:
     every sequence uses, or None.  max_span: the most frames one arc covers
     (1 when every arc reads one frame).
     Built on first use: seq_of_state ``[S]``, final ``[S]``, and fwd, bwd:
-    arcs sorted by destination / by source (see ``_Side``).
+    arcs sorted by destination / by source (see ``_Side``).  memo: what
+    :meth:`cache` keeps.
     """
 
     def __init__(self, batch: FstBatch):
         self.batch = batch
-        self._parts = {}
+        self.memo = Memo()
         g = batch.seq_to_graph
         N = len(g)
         self.num_sequences = N
@@ -153,14 +149,23 @@ class Lattice:
     def graph_lattice(self) -> "Lattice":
         """The one-sequence lattice of the graph every sequence uses
         (graph-local states and columns), cached per graph in the batch's
-        ``graph_cache``; ValueError when the sequences use several graphs."""
+        memo (:meth:`~chainfb.batch.FstBatch.cache`); ValueError when the
+        sequences use several graphs."""
         if self.graph is None:
             raise ValueError("lat: every sequence must use one graph")
-        key = ("lattice", self.graph)
-        lat = self.batch.graph_cache.get(key)
-        if lat is None:
-            lat = self.batch.graph_cache[key] = Lattice(self.batch.with_sequences(np.array([self.graph])))
-        return lat
+        g = self.graph
+        return self.batch.cache(("lattice", "graph", g), lambda: Lattice(self.batch.with_sequences(np.array([g]))))
+
+    def cache(self, key: tuple, build):
+        """``build()``, computed once per ``key`` and kept with the lattice
+        (thread-safe, :class:`chainfb._cache.Memo`).  Keys are tuples whose
+        first element names the user: ``("numpy", "segments")``, ``("numba",
+        "arrays")``, ``("cuda", "arrays", device_and_stream, dtype)``."""
+        return self.memo.get(key, build)
+
+    def clear_cache(self) -> None:
+        """Drop what :meth:`cache` keeps (it is rebuilt on the next use)."""
+        self.memo.clear()
 
     def state_values(self, v: np.ndarray, name: str = "leaky: log_init") -> np.ndarray:
         """A per-state host vector as the lattice's ``[S]``: ``v`` itself when
@@ -173,30 +178,31 @@ class Lattice:
             return np.tile(v, self.num_sequences)
         raise ValueError(f"{name} must have shape ({self.num_states},), got {v.shape}")
 
-    def split(self, parts: int):
-        """Sub-lattices over contiguous ranges of sequences with about equal
-        numbers of arcs: a list of ``(seq_slice, state_slice, col_slice, Lattice)``.
-        Their columns, states and sequences are exactly those slices of this
-        lattice's (cached per ``parts``)."""
-        if parts not in self._parts:
-            arcs = np.diff(self.arc_offsets)
+    def parts(self, ranges) -> list:
+        """Sub-lattices over contiguous ranges of sequences ``ranges`` (``(start,
+        stop)`` pairs covering the sequences in order, e.g. from
+        :func:`chainfb.engines.threads.split`): a list of ``(seq_slice,
+        state_slice, col_slice, Lattice)``.  Their columns, states and
+        sequences are exactly those slices of this lattice's (kept per
+        ``ranges``)."""
+        ranges = tuple((int(a), int(b)) for a, b in ranges)
+
+        def build():
             out = []
-            for s0, s1 in balanced_ranges(arcs + 1.0, parts):
+            for s0, s1 in ranges:
                 sub = Lattice(self.batch.with_sequences(self.batch.seq_to_graph[s0:s1]))
                 st = slice(int(self.state_offsets[s0]), int(self.state_offsets[s1]))
                 cs = slice(int(self.col_offsets[s0]), int(self.col_offsets[s1]))
                 out.append((slice(s0, s1), st, cs, sub))
-            self._parts[parts] = out
-        return self._parts[parts]
+            return out
+
+        return self.cache(("lattice", "parts", ranges), build)
 
     @classmethod
     def of(cls, batch: FstBatch) -> "Lattice":
-        """The lattice of ``batch``, built once and cached on it."""
-        lat = getattr(batch, "_lattice", None)
-        if lat is None:
-            lat = cls(batch)
-            batch._lattice = lat
-        return lat
+        """The lattice of ``batch``, built once and kept by it
+        (:meth:`~chainfb.batch.FstBatch.cache`, per batch)."""
+        return batch.cache(("lattice", "of"), lambda: cls(batch), per_batch=True)
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:

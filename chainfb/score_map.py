@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._arrays import Array
-from .checks import LRU
+from ._cache import LRU
 
 __all__ = ["PdfScoreMap"]
 

@@ -139,10 +139,14 @@ def test_device_arrays_are_cached(be, monkeypatch):
     real = cuda_shared.check_log_init
     monkeypatch.setattr(cuda_shared, "check_log_init", lambda *a: uploads.append(a[2]) or real(*a))
     first = shared_forward_backward(be, lat, X.copy(), lengths, leaky=leaky)
-    graph = lat.graph_lattice()._cuda_arrays[(be.cache_key(), "float64")]
+    memo = lat.graph_lattice().memo
+
+    def device_arrays():
+        return [k for k in memo.keys() if k[:2] == ("cuda", "arrays")]
+
+    graph = memo[("cuda", "arrays", be.cache_key(), "float64")]
     same = shared_forward_backward(be, lat, X.copy(), lengths, leaky=(0.1, leaky[1].copy()))
-    assert lat.graph_lattice()._cuda_arrays[(be.cache_key(), "float64")] is graph
-    assert len(lat.graph_lattice()._cuda_arrays) == 1
+    assert memo[("cuda", "arrays", be.cache_key(), "float64")] is graph and len(device_arrays()) == 1
     assert uploads == [den.num_states]  # one upload, of the graph's [Sg]
     np.testing.assert_array_equal(same[1], first[1])
     other = leaky[1] - 1.0  # another log_init, still one for all sequences
@@ -151,7 +155,7 @@ def test_device_arrays_are_cached(be, monkeypatch):
     ref = forward_backward_numpy(lat, X.copy(), lengths, leaky=(0.1, other))
     np.testing.assert_allclose(changed[0], ref[0], rtol=1e-10)
     shared_forward_backward(be, lat, X.astype(np.float32), lengths, leaky=leaky)
-    assert len(lat.graph_lattice()._cuda_arrays) == 2  # one per dtype
+    assert len(device_arrays()) == 2  # one per dtype
 
 
 def test_argument_errors(be):

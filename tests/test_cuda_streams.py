@@ -244,7 +244,7 @@ def test_lattice_arrays_cached_per_stream(fake):
         other = lattice_arrays(backend, lat, np.float64)
     assert other is not first and other["in_ptr"] is not first["in_ptr"]
     np.testing.assert_array_equal(other["in_ptr"], first["in_ptr"])
-    keys = {k[0] for k in lat._cuda_arrays}
+    keys = {k[2] for k in lat.memo.keys() if k[:2] == ("cuda", "arrays")}
     assert keys == {("cuda", 0, 99), ("cuda", 0, 1234)}
     with fake.Stream(99):
         assert lattice_arrays(backend, lat, np.float64) is first

@@ -205,7 +205,7 @@ def test_threads_match_one_thread(monkeypatch, spans):
     engines.set_num_threads(1)
     try:
         one = numba_log.forward_backward(lat, X.copy(), lengths)
-        monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
+        monkeypatch.setitem(engines.threads.MIN_PARALLEL_WORK, "numba", 0)
         engines.set_num_threads(3)
         calls = []
         run = passes.run
@@ -224,17 +224,17 @@ def test_split_cuts_nearest_each_share():
     # contiguous ranges covering every sequence, at most one per thread; with
     # a few long sequences the cut nearest half the work, not the first past it
     work = np.array([39.0, 46.0, 32.0, 46.0, 25.0, 34.0, 4.0, 16.0])
-    assert numba_log._split(work, 2) == [(0, 3), (3, 8)]
+    assert engines.threads.split(work, 2, 0, parts_per_thread=1) == [(0, 3), (3, 8)]
     rng = np.random.default_rng(3)
     for parts in (1, 2, 3, 7, 40):
         work = rng.integers(1, 100, size=25).astype(float)
-        ranges = numba_log._split(work, parts)
+        ranges = engines.threads.split(work, parts, 0, parts_per_thread=1)
         assert 1 <= len(ranges) <= parts and ranges[0][0] == 0 and ranges[-1][1] == 25
         assert all(a < b for a, b in ranges) and all(r[1] == s[0] for r, s in zip(ranges, ranges[1:]))
         if parts == 2:
             best = min(max(work[:c].sum(), work[c:].sum()) for c in range(26))
             assert max(work[a:b].sum() for a, b in ranges) == best
-    assert numba_log._split(np.zeros(0), 4) == [(0, 0)]
+    assert engines.threads.split(np.zeros(0), 4, 0) == [(0, 0)]
 
 
 @pytest.mark.parametrize("scale", [60.0, 300.0, 900.0])
@@ -309,7 +309,7 @@ def test_threads_work_in_a_forked_child(monkeypatch):
     lat, rng = _lattice(5, n=6)
     X = _scores(lat, rng, 20)
     lengths = rng.integers(1, 21, size=6)
-    monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
+    monkeypatch.setitem(engines.threads.MIN_PARALLEL_WORK, "numba", 0)
     before = engines.get_num_threads()
     engines.set_num_threads(2)
     try:

@@ -324,7 +324,7 @@ def test_numpy_threads_match_serial(monkeypatch):
     X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, rng.normal(size=(7, 9, P)))
     lengths = np.array([9, 3, 0, 9, 5, 1, 8])
     serial = numpy_log._forward_backward_serial(lat, X.copy(), lengths, True, None)
-    monkeypatch.setattr(numpy_log, "_MIN_PARALLEL_WORK", 0)
+    monkeypatch.setitem(threads.MIN_PARALLEL_WORK, "numpy", 0)
     monkeypatch.setattr(threads, "_num_threads", 3)
     threaded = numpy_log.forward_backward(lat, X.copy(), lengths)
     np.testing.assert_array_equal(threaded[0], serial[0])

@@ -93,7 +93,7 @@ def test_callers_on_several_threads_get_their_own_numbers(where, monkeypatch):
 
     if not numba_log.available():
         pytest.skip("the compiled engine is not available")
-    monkeypatch.setattr(numba_log, "_MIN_PARALLEL_WORK", 0)
+    monkeypatch.setitem(engine_threads.MIN_PARALLEL_WORK, "numba", 0)
     batches = [_batch(seed) for seed in range(4)]
     before = engines.get_num_threads()
     engines.set_num_threads(1)

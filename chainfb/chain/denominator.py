@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from .._arrays import Array, Ints, as_array
+from .._cache import LRU
 from ..api import PdfCriterion
 from ..batch import FstBatch
 from ..criterion import apply
@@ -114,7 +115,7 @@ class DenominatorGraph:
         with np.errstate(divide="ignore"):
             self.log_init = np.log(self.init_probs)
         self._batch = FstBatch([self.fst])
-        self._lattices: dict = {}
+        self._lattices = LRU(1)
 
     @property
     def num_states(self) -> int:
@@ -137,11 +138,7 @@ class DenominatorGraph:
         """The lattice of ``N`` sequences on the graph (the last size cached:
         another costs O(``N`` x pdfs), and per-sequence arcs a per-sequence
         engine built for one size are not kept beside another's)."""
-        lat = self._lattices.get(N)
-        if lat is None:
-            lat = Lattice(self._batch.with_sequences(np.zeros(N, dtype=np.int64)))
-            self._lattices = {N: lat}
-        return lat
+        return self._lattices.get(N, lambda: Lattice(self._batch.with_sequences(np.zeros(N, dtype=np.int64))))
 
     def criterion(self, shape: Sequence[int], lengths: Ints | None = None, leaky_hmm_coefficient: float = 0.1,
                   engine: str = "auto") -> PdfCriterion:

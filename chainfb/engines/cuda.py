@@ -131,8 +131,9 @@ def upload(backend, host: dict, dtype) -> dict:
     return out
 
 
-def cached(owner, attr: str, backend, dtype, build):
-    """``build()``, cached in ``owner.attr`` per device, stream and dtype.
+def cached(owner, name: str, backend, dtype, build):
+    """``build()``, kept by ``owner.cache`` (a :class:`~chainfb.lattice.Lattice`)
+    under ``("cuda", name, device_and_stream, dtype)``: per device, stream and dtype.
 
     The key includes the stream the arrays were made on (``backend.cache_key()``):
     device arrays are allocated, uploaded and freed in the stream-ordered pools
@@ -140,26 +141,18 @@ def cached(owner, attr: str, backend, dtype, build):
     no cross-stream synchronisation -- neither before the first kernel reads
     them nor when the cache is dropped and the pool hands their memory out
     again.  A second stream gets its own copy."""
-    cache = owner.__dict__.setdefault(attr, {})
-    key = (backend.cache_key(), np.dtype(dtype).name)
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = build()
-    return got
+    return owner.cache(("cuda", name, backend.cache_key(), np.dtype(dtype).name), build)
 
 
 def lattice_host_arrays(lat: Lattice) -> dict:
-    """:func:`_host_arrays` of ``lat``, built once and cached on it."""
-    host = lat.__dict__.get("_cuda_host_arrays")
-    if host is None:
-        host = lat._cuda_host_arrays = _host_arrays(lat)
-    return host
+    """:func:`_host_arrays` of ``lat``, built once and kept by it (:meth:`~chainfb.lattice.Lattice.cache`)."""
+    return lat.cache(("cuda", "host_arrays"), lambda: _host_arrays(lat))
 
 
 def lattice_arrays(backend, lat: Lattice, dtype) -> dict:
     """The lattice's arrays on ``backend``'s device, weights in ``dtype``
-    (built once, cached on ``lat``, see :func:`cached`)."""
-    return cached(lat, "_cuda_arrays", backend, dtype, lambda: upload(backend, lattice_host_arrays(lat), dtype))
+    (built once, kept by ``lat``, see :func:`cached`)."""
+    return cached(lat, "arrays", backend, dtype, lambda: upload(backend, lattice_host_arrays(lat), dtype))
 
 
 def default_block_size(max_width: int) -> int:

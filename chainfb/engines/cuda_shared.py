@@ -61,7 +61,7 @@ def _log_init(backend, lat: Lattice, log_init, Sg: int, dtype):
         h = rows[0]
     elif h.shape != (Sg,):
         raise ValueError(f"leaky: log_init must have shape ({Sg},) or ({N * Sg},), got {h.shape}")
-    cache = cached(lat.graph_lattice(), "_cuda_log_init", backend, dtype, dict)
+    cache = cached(lat.graph_lattice(), "log_init", backend, dtype, dict)
     got = cache.get("pair")  # (host, device), replaced as one (threads may share the graph)
     if got is None or not np.array_equal(got[0], h):
         got = cache["pair"] = (h.copy(), check_log_init(xp, h, Sg, dtype))

@@ -54,7 +54,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..lattice import Lattice
-from .threads import get_num_threads, parallel
+from .log_segments import DENSE_MAX_DEGREE, Segments, logsumexp_segments  # noqa: F401 -- also served from here
+from .log_segments import LatticeSegments as _LatticeSegments
+from .log_segments import arc_scores as _arc_scores
+from .log_segments import chunk_frames as _chunk_frames
+from .log_segments import dense_scores as _dense_scores
+from .log_segments import first_of_segments as _first_of_segments
+from .log_segments import lattice_segments as _segments
+from .log_segments import logsumexp_slots as _logsumexp_slots
+from .log_segments import mask_past_lengths as _mask_past_lengths
+from .log_segments import max_step as _max_step
+from .log_segments import normalise as _normalise
+from .log_segments import zero_impossible as _zero_impossible
+from .numpy_spans import forward_backward_spans as _forward_backward_spans
+from .numpy_spans import forward_spans as _forward_spans
+from .threads import MIN_PARALLEL_WORK, get_num_threads, parallel, split
 
 try:  # y += A @ x for a CSR matrix, without scipy.sparse's per-call overhead
     from scipy.sparse._sparsetools import csr_matvec as _csr_matvec
@@ -65,170 +79,6 @@ except ImportError:  # pragma: no cover - other SciPy layouts
         y += csr_matrix((data, indices, indptr), shape=(n_row, n_col)) @ x
 
 __all__ = ["forward_backward", "best_path", "logsumexp_segments", "Segments"]
-
-# below this many arcs per frame the array operations are too short for
-# threads to overlap (the Python overhead holds the GIL): one thread
-_MIN_PARALLEL_WORK = 100_000
-
-
-class Segments:
-    """Consecutive segments of a 1-D array: ``starts [K]`` and the segment of
-    each element, ``seg_of [n]``.  Short segments (a mean under 8) take their
-    maxima with ``np.maximum.at``, long ones with ``np.maximum.reduceat``
-    (each is several times faster than the other in its own regime)."""
-
-    __slots__ = ("starts", "seg_of", "short")
-
-    def __init__(self, starts: np.ndarray, size: int):
-        self.starts = np.asarray(starts, dtype=np.int64)
-        lens = np.diff(np.append(self.starts, size))
-        self.seg_of = np.repeat(np.arange(len(self.starts)), lens)
-        self.short = bool(len(lens)) and size < 8 * len(lens)
-
-    def max(self, v: np.ndarray) -> np.ndarray:
-        if self.short:
-            m = np.full(len(self.starts), -np.inf)
-            np.maximum.at(m, self.seg_of, v)
-            return m
-        return np.maximum.reduceat(v, self.starts)
-
-
-def logsumexp_segments(v: np.ndarray, segs: Segments) -> np.ndarray:
-    """Log-sum-exp of each segment of ``v`` (``v`` is overwritten).
-    Segments of all ``-inf`` give ``-inf``."""
-    if v.size == 0:
-        return np.full(len(segs.starts), -np.inf)
-    m = segs.max(v)
-    m[np.isneginf(m)] = 0.0
-    v -= m.take(segs.seg_of)
-    np.exp(v, out=v)
-    s = np.bincount(segs.seg_of, weights=v, minlength=len(segs.starts))
-    np.log(s, out=s)
-    s += m
-    return s
-
-
-def _logsumexp_slots(v: np.ndarray):
-    """Log-sum-exp over the first axis of ``v`` ``[K, R]`` (``v`` is
-    overwritten by ``exp(v - max)``); columns of all ``-inf`` give
-    ``-inf``.  Returns ``(lse [R], sums [R])``."""
-    m = v[0].copy()
-    for k in range(1, len(v)):
-        np.maximum(m, v[k], out=m)
-    np.maximum(m, -1e300, out=m)  # all -inf: exp(-inf - m) = 0, log(0) + m = -inf
-    v -= m
-    np.exp(v, out=v)
-    ssum = v[0].copy()
-    for k in range(1, len(v)):
-        ssum += v[k]
-    lse = np.log(ssum)
-    lse += m
-    return lse, ssum
-
-
-def _dense_scores(X, t0, t1, d: _Dense):
-    """``w(arc) + X[t, col(arc)]`` in the dense layout: ``[t1 - t0, K, R]``."""
-    wx = X[t0:t1].take(d.col, axis=1)
-    wx += d.log_prob
-    return wx
-
-
-def _arc_scores(X, t0, t1, side):
-    """``w(arc) + X[t, col(arc)]`` for frames ``t0 <= t < t1``: ``[t1 - t0, A]``."""
-    wx = X[t0:t1].take(side.col, axis=1)
-    wx += side.log_prob
-    return wx
-
-
-def _mask_past_lengths(lat: Lattice, X: np.ndarray, lengths: np.ndarray) -> int:
-    """Set ``X[t, c] = -inf`` for frames past the length of column ``c``'s
-    sequence (they never contribute); returns the longest length."""
-    Tmax = int(lengths.max()) if lengths.size else 0
-    if X.shape[1] and Tmax:
-        col_len = lengths[lat.col_seq]
-        X[:Tmax][np.arange(Tmax)[:, None] >= col_len[None, :]] = -np.inf
-    return Tmax
-
-
-def _chunk_frames(lat: Lattice, Tmax: int, arcs: int | None = None) -> int:
-    """Frames whose arc scores are gathered at once (about 32 MB; ``arcs``
-    per frame, default the lattice's)."""
-    arcs = lat.num_arcs if arcs is None else arcs
-    return max(1, min(max(Tmax, 1), 4_000_000 // max(1, arcs)))
-
-
-#: the largest in/out-degree for which a side's arcs are laid out densely
-DENSE_MAX_DEGREE = 16
-# ... and the most padding allowed (padded slots / arcs)
-_DENSE_MAX_PAD = 2.0
-
-
-class _Dense:
-    """One side's arcs (``lat.fwd``: by destination, ``lat.bwd``: by source)
-    as ``[K, R]`` (slot-major, so that reductions over slots run over
-    contiguous rows): column ``r`` holds the arcs of state ``rows[r]`` (the
-    side's key states), padded with arcs of weight ``-inf``.  ``other`` is each
-    arc's other end and ``col`` its column (padding: those of the row's first arc),
-    ``log_prob`` its weight; ``all_rows``: every state is a row, in order."""
-
-    def __init__(self, side, other, num_states: int, num_columns: int):
-        starts = side.seg_starts
-        n = len(side.src)
-        lens = np.diff(np.append(starts, n))
-        R, K = len(starts), int(lens.max())
-        slot = np.arange(K)
-        valid = slot[:, None] < lens[None, :]
-        # padding repeats the row's first arc (weight -inf), so it only ever reads its own
-        # sequence's states and columns: a NaN or +inf there never reaches another sequence
-        pos = np.where(valid, starts[None, :] + slot[:, None], starts[None, :])
-        self.rows, self.K = side.key_states, K
-        self.all_rows = R == num_states and bool((self.rows == np.arange(num_states)).all())
-        self.other = other[pos]
-        self.col = side.col[pos]
-        self.log_prob = np.where(valid, side.log_prob[pos], -np.inf)
-        self._valid, self._num_columns = valid, num_columns
-        self._to_columns = None
-
-    @staticmethod
-    def fits(side) -> bool:
-        n = len(side.src)
-        if n == 0:
-            return False
-        lens = np.diff(np.append(side.seg_starts, n))
-        K = int(lens.max())
-        return K <= DENSE_MAX_DEGREE and len(lens) * K <= _DENSE_MAX_PAD * n + 64
-
-    def to_columns(self):
-        """Sparse ``[C, K*R]``: sums arc slots into their columns."""
-        if self._to_columns is None:
-            from scipy.sparse import csr_matrix
-
-            slots = np.flatnonzero(self._valid.ravel())
-            cols = self.col.ravel()[slots]
-            self._to_columns = csr_matrix((np.ones(len(slots)), (cols, slots)),
-                                          shape=(self._num_columns, self._valid.size))
-        return self._to_columns
-
-
-class _LatticeSegments:
-    """Per-lattice segment structures (and dense layouts, where they fit)
-    the frame loop reuses."""
-
-    def __init__(self, lat: Lattice):
-        self.fwd = Segments(lat.fwd.seg_starts, len(lat.fwd.src))  # arcs by destination
-        self.bwd = Segments(lat.bwd.seg_starts, len(lat.bwd.src))  # arcs by source
-        self.seqs = Segments(lat.state_offsets[:-1], lat.num_states)  # states by sequence
-        S, C = lat.num_states, lat.num_columns
-        self.dense_fwd = _Dense(lat.fwd, lat.fwd.src, S, C) if _Dense.fits(lat.fwd) else None
-        self.dense_bwd = _Dense(lat.bwd, lat.bwd.dst, S, C) if _Dense.fits(lat.bwd) else None
-
-
-def _segments(lat: Lattice) -> _LatticeSegments:
-    p = getattr(lat, "_np_segments", None)
-    if p is None:
-        p = _LatticeSegments(lat)
-        lat._np_segments = p
-    return p
 
 
 def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
@@ -261,9 +111,10 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
                              f"(max span {lat.max_span})")
         leaky = (leaky[0], lat.state_values(leaky[1]))
     threads = min(get_num_threads(), lat.num_sequences)
-    if threads < 2 or lat.num_arcs < _MIN_PARALLEL_WORK or not lengths.size or lengths.max() == 0:
+    ranges = split(np.diff(lat.arc_offsets) + 1.0, threads, MIN_PARALLEL_WORK["numpy"], parts_per_thread=1)
+    if len(ranges) == 1 or not lengths.size or lengths.max() == 0:
         return _forward_backward_serial(lat, X, lengths, need_posteriors, leaky)
-    parts = lat.split(threads)
+    parts = lat.parts(ranges)
 
     def run(part):
         seqs, states, cols, sub = part
@@ -296,36 +147,6 @@ class _Leak:
     def beta(self, b):
         tot = logsumexp_segments(b + self.log_init, self.seqs)
         return np.logaddexp(b, self.log_c + tot[self.sos])
-
-
-def _normalise(plan: _LatticeSegments, sos: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Subtract each sequence's maximum (kept finite) from ``a``; return the maxima."""
-    m = plan.seqs.max(a)
-    m[~np.isfinite(m)] = 0.0
-    a -= m[sos]
-    return m
-
-
-def _first_of_segments(seg: np.ndarray) -> np.ndarray:
-    """For a sorted segment id per element: True on the first element of each segment."""
-    first = np.ones(len(seg), dtype=bool)
-    first[1:] = seg[1:] != seg[:-1]
-    return first
-
-
-def _max_step(plan, f, v, back_row, S: int) -> np.ndarray:
-    """One frame of the max semiring: each destination state's best in-arc
-    score ``[S]`` from the arc scores ``v`` (arcs in ``f``, sorted by
-    destination), its winning arc written into ``back_row`` (the first one
-    on ties)."""
-    a = np.full(S, -np.inf)
-    m = plan.fwd.max(v)
-    win = np.flatnonzero((v == m.take(plan.fwd.seg_of)) & (v > -np.inf))
-    seg = plan.fwd.seg_of[win]
-    first = _first_of_segments(seg)  # arcs are sorted by destination: one winner each
-    a[f.key_states] = m
-    back_row[f.key_states[seg[first]]] = win[first]
-    return a
 
 
 def _forward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str, leak: _Leak | None = None):
@@ -460,18 +281,6 @@ def _forward_backward_serial(lat, X, lengths, need_posteriors, leaky):
     return loglike, _zero_impossible(lat, loglike, lengths, post)
 
 
-def _zero_impossible(lat, loglike, lengths, post):
-    """Zero posteriors for sequences without a complete path (``-inf``) and
-    past each sequence's length, whatever NaN its scores held."""
-    dead = loglike == -np.inf
-    if dead.any():
-        post[:, dead[lat.col_seq]] = 0.0
-    col_len = lengths[lat.col_seq]
-    if post.size and (col_len < len(post)).any():
-        post[np.arange(len(post))[:, None] >= col_len[None, :]] = 0.0
-    return post
-
-
 def _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post):
     """The backward pass in the dense layout, filling ``post`` (see
     :func:`_forward_backward_serial` for the definitions).  For each frame
@@ -578,143 +387,3 @@ def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
 
 
 # -- arcs that span several frames ------------------------------------------
-#
-# An arc read at frame t lands at frame t + span.  The span-1 passes above are
-# kept as they are; lattices with ``max_span > 1`` take the passes below,
-# which gather each arc's term from the frame it is read at (forward) or lands
-# at (backward), over the segment layout.
-
-
-def _logsumexp_by(v: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
-    """``[n]``: the log-sum-exp of the entries of ``v`` with each id
-    (``-inf`` for ids without entries; NaN stays with its id)."""
-    m = np.full(n, -np.inf)
-    np.maximum.at(m, ids, v)
-    m[~np.isfinite(m)] = 0.0
-    s = np.bincount(ids, weights=np.exp(v - m.take(ids)), minlength=n)
-    return np.log(s) + m
-
-
-def _forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str):
-    """:func:`_forward` (same arguments and returns) for lattices whose arcs
-    may span several frames: an arc of span ``k`` landing at frame ``u`` is
-    read at frame ``u - k``, so ``alpha_u(j) = logsum`` over arcs ``i -> j``
-    of ``alpha_{u-k}(i) + w + X[u-k, col]`` (``u - k >= 0``).
-
-    ``alpha[u - k]`` is stored relative to ``offset[u - k]`` and frame ``u``'s
-    sum is formed relative to ``offset[u - 1]`` (then normalised, as for
-    span 1), so each arc's term carries ``offset[u - k] - offset[u - 1]``
-    (zero for span 1): exact in the log domain however far back the arc
-    reads.  ``back[u - 1, s]`` is the arc landing in ``s`` at frame ``u``."""
-    viterbi = semiring == "max"
-    N, S = lat.num_sequences, lat.num_states
-    Tmax = _mask_past_lengths(lat, X, lengths)
-    plan = _segments(lat)
-    f = lat.fwd
-    sos = lat.seq_of_state
-    alpha = np.full((Tmax + 1, S), -np.inf)
-    offset = np.zeros((Tmax + 1, N))
-    back = np.full((Tmax, S), -1, dtype=np.int64) if viterbi else None
-    alpha[0, lat.start] = 0.0
-    for u in range(1, Tmax + 1):
-        read = u - f.span
-        early = read < 0  # would be read before frame 0
-        read[early] = 0
-        v = alpha[read, f.src]
-        v += X[read, f.col]
-        v += f.log_prob
-        if not viterbi:
-            v += offset[read, f.seq] - offset[u - 1].take(f.seq)
-        v[early] = -np.inf
-        if viterbi:
-            alpha[u] = _max_step(plan, f, v, back[u - 1], S)
-            continue
-        a = np.full(S, -np.inf)
-        a[f.key_states] = logsumexp_segments(v, plan.fwd)
-        offset[u] = offset[u - 1] + _normalise(plan, sos, a)
-        alpha[u] = a
-    if not N:
-        return alpha, offset, np.zeros(0), np.zeros(0), back
-    end = alpha[lengths[sos], np.arange(S)] + lat.final
-    total = plan.seqs.max(end.copy()) if viterbi else logsumexp_segments(end.copy(), plan.seqs)
-    return alpha, offset, end, total + offset[lengths, np.arange(N)], back
-
-
-def _forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, need_posteriors: bool):
-    """:func:`_forward_backward_serial` for lattices whose arcs may span
-    several frames.
-
-    Betas: ``beta_t(i) = logsum`` over arcs ``i -> j`` of ``w + X[t, col] +
-    beta_{t+k}(j)`` (``t + k <= L``), stored normalised per sequence and
-    frame with offsets ``boff[t]`` (each arc's term carries ``boff[t + k] -
-    boff[t + 1]``, as in the forward pass).
-
-    Posteriors: every path of sequence ``n`` crosses the cut between frames
-    ``t`` and ``t + 1`` (``t < L``) on exactly one arc -- the arc read at
-    some ``t' <= t`` with ``t' + k > t`` --, so the log-sum over those arcs of
-    ``alpha_{t'} + w + X[t', col] + beta_{t'+k}`` is ``loglike`` in exact
-    arithmetic.  Arc posteriors at frame ``t`` are normalised by that cut's
-    total, formed relative to ``offset[t] + boff[t + 1]`` (short offset
-    differences only), as the span-1 passes normalise by each frame's own
-    total."""
-    T, C = X.shape
-    N, S = lat.num_sequences, lat.num_states
-    plan = _segments(lat)
-    sos = lat.seq_of_state
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        alpha, offset, _, loglike, _ = _forward_spans(lat, X, lengths, "log")
-        if not need_posteriors:
-            return loglike, None
-        Tmax = alpha.shape[0] - 1
-        b = lat.bwd
-        beta = np.full((Tmax + 1, S), -np.inf)
-        boff = np.zeros((Tmax + 1, N))
-        post = np.zeros((T, C))
-        state_len = lengths[sos]
-        # arcs read before frame t that cross the cut after t: those of span > j, read at t - j; an arc longer
-        # than every sequence is on no path and left out, so the work follows the spans that can occur
-        cand = np.flatnonzero((b.span > 1) & (b.span <= Tmax))
-        K = int(b.span[cand].max()) if cand.size else 1
-        for t in range(Tmax, -1, -1):
-            bt = np.full(S, -np.inf)
-            if t < Tmax:
-                land = t + b.span
-                late = land > Tmax
-                land[late] = Tmax
-                w = beta[land, b.dst]
-                w += X[t].take(b.col)
-                w += b.log_prob
-                w += boff[land, b.seq] - boff[t + 1].take(b.seq)
-                w[late] = -np.inf
-                bt[b.key_states] = logsumexp_segments(w.copy(), plan.bwd)
-                base = boff[t + 1].copy()
-            else:
-                base = np.zeros(N)
-            ends = np.flatnonzero(state_len == t)
-            if ends.size:
-                bt[ends] = lat.final[ends]
-                base[lengths == t] = 0.0
-            boff[t] = base + _normalise(plan, sos, bt)
-            beta[t] = bt
-            if t == Tmax:
-                continue
-            g = w + alpha[t].take(b.src)  # relative to offset[t] + boff[t + 1]
-            terms, ids = [g], [b.seq]
-            for j in range(1, min(K, t + 1)):
-                r = t - j
-                sel = cand[b.span[cand] > j]
-                sel = sel[t - j + b.span[sel] <= Tmax]
-                seq = b.seq[sel]
-                land = r + b.span[sel]
-                v = alpha[r].take(b.src[sel]) + X[r].take(b.col[sel]) + b.log_prob[sel]
-                v += beta[land, b.dst[sel]]
-                v += offset[r].take(seq) - offset[t].take(seq)
-                v += boff[land, seq] - boff[t + 1].take(seq)
-                terms.append(v)
-                ids.append(seq)
-            z = _logsumexp_by(np.concatenate(terms), np.concatenate(ids), N)
-            z[np.isneginf(z)] = np.inf  # no path across this cut: posteriors exp(-inf) = 0
-            g -= z.take(b.seq)
-            np.exp(g, out=g)
-            post[t] = np.bincount(b.col, weights=g, minlength=C)
-    return loglike, _zero_impossible(lat, loglike, lengths, post)

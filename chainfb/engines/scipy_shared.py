@@ -40,7 +40,7 @@ on the exact engines; ``engine="shared"`` runs them here.
 The lattice's columns of sequence ``n`` are the graph's distinct pdfs in
 sorted order (see :class:`~chainfb.lattice.Lattice`), so ``X [T, C]`` is
 ``[T, N, K]`` in memory.  The sparse matrices are built once per graph and
-cached in the batch's ``graph_cache`` (shared by every batch size, see
+kept by the batch's :meth:`~chainfb.batch.FstBatch.cache` (shared by every batch size, see
 :meth:`chainfb.FstBatch.with_sequences`); the lattice's per-sequence arcs
 are never read.  Sequences run in groups whose stored alphas ``[T+1, S,
 n]`` take at most :data:`ALPHA_BYTES` per thread, so a call's memory does
@@ -54,7 +54,7 @@ import scipy.sparse as sp
 
 from ..fst import Fst
 from ..lattice import Lattice
-from .threads import get_num_threads, parallel
+from .threads import MIN_PARALLEL_WORK, get_num_threads, parallel, split
 
 __all__ = ["forward_backward", "best_path", "shared_graph", "is_exact", "MAX_SPREAD", "ALPHA_BYTES"]
 
@@ -93,12 +93,8 @@ def is_exact(lat: Lattice, X) -> bool:
 
 def _matrices(lat: Lattice) -> "_SharedGraph":
     """The shared graph's sparse matrices (built once per graph, cached in
-    the batch's ``graph_cache``)."""
-    key = ("scipy_shared", lat.graph)
-    m = lat.batch.graph_cache.get(key)
-    if m is None:
-        m = lat.batch.graph_cache[key] = _SharedGraph(lat.shared_fst)
-    return m
+    the batch's memo, :meth:`~chainfb.batch.FstBatch.cache`)."""
+    return lat.batch.cache(("scipy_shared", "matrices", lat.graph), lambda: _SharedGraph(lat.shared_fst))
 
 
 def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
@@ -158,8 +154,6 @@ class _SharedGraph:
     sequences over it.  Its distinct pdfs (sorted, arcs of any weight) are
     the columns: ``self.pdfs`` ``[K]``.
     """
-
-    min_parallel_work = 2e7  # sequences x arcs x frames below which one thread is used
 
     def __init__(self, fst: Fst):
         if not isinstance(fst, Fst):
@@ -224,20 +218,19 @@ class _SharedGraph:
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.shape != (N,):
             raise ValueError(f"lengths: expected [{N}] ints in [0, {T}]")
-        threads = min(get_num_threads(), N // 8)
-        if threads < 2 or N * self.fst.num_arcs * T < self.min_parallel_work:
-            threads = 1
+        # one part per thread, of at least 8 sequences each, all of one cost (arcs x frames)
+        ranges = split(np.full(N, float(self.fst.num_arcs * T)), min(get_num_threads(), N // 8),
+                       MIN_PARALLEL_WORK["shared"], parts_per_thread=1)
         group = max(1, ALPHA_BYTES // (8 * (T + 1) * max(self.num_states, 1)))
-        bounds = np.linspace(0, N, threads + 1).astype(int)
 
         def run(a, b):  # sequences a..b-1, a group at a time
             return [self._run(X[s:min(s + group, b)], lengths[s:min(s + group, b)], need_posteriors, leaky)
                     for s in range(a, b, group)]
 
-        if threads == 1:
+        if len(ranges) == 1:
             res = run(0, N)
         else:
-            res = [r for part in parallel(lambda ab: run(*ab), zip(bounds[:-1], bounds[1:])) for r in part]
+            res = [r for part in parallel(lambda ab: run(*ab), ranges) for r in part]
         if len(res) == 1:
             return res[0]
         if not res:

@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .._cache import LRU
 from .. import checks
 from ..batch import FstBatch
 from ..fst import Fst
@@ -153,7 +154,7 @@ def _builder(family: str, durations: tuple, sigma: float, logit_lengths) -> Call
                                           lambda: step_graph(u, durations, sigma, possible=ok, max_duration=cap))
 
 
-_STEP_GRAPHS = checks.LRU(1024)
+_STEP_GRAPHS = LRU(1024)
 
 
 def _batch_graphs(target_lengths, logit_lengths, build) -> FstBatch:
@@ -171,7 +172,7 @@ def _batch_graphs(target_lengths, logit_lengths, build) -> FstBatch:
 #: label counts below which a family's step graphs are packed once for every count
 _PACKED_MAX = 256
 
-_PACKED = checks.LRU(8)
+_PACKED = LRU(8)
 
 
 def _packed_graphs(family: str, durations: tuple, sigma: float, target_lengths, logit_lengths) -> FstBatch:
@@ -310,16 +311,17 @@ class TransducerLayout:
         self.colidx = np.full((len(U), umax + 1, width), -1, dtype=np.int64)
         r = self.real
         self.colidx[b[r], self.col_u[r], self.col_j[r]] = r
-        self._memo = checks.LRU(16)
+        self._memo = LRU(16)
 
-    def memo(self, key, build):
+    def cache(self, key: tuple, build):
         """``build()``, computed once per ``key`` and kept with the layout
-        (thread-safe; at most 16 keys: frame counts, devices, streams)."""
+        (thread-safe, :class:`chainfb._cache.LRU`; at most 16 keys: frame
+        counts, devices, streams)."""
         return self._memo.get(key, build)
 
     def entries(self, T: int) -> ScoreEntries:
         """The :class:`ScoreEntries` for logits with ``T`` frames (cached)."""
-        return self.memo(("entries", int(T)), lambda: ScoreEntries(self, T))
+        return self.cache(("entries", int(T)), lambda: ScoreEntries(self, T))
 
     def slot_counts(self) -> np.ndarray:
         """int64 ``[B, umax + 1, width]``: how many frames ``t = 0, 1, ..``
@@ -339,10 +341,10 @@ class TransducerLayout:
             out[b, u, j] = count
             return out
 
-        return self.memo(("slot_counts",), build)
+        return self.cache(("slot_counts",), build)
 
 
-_LAYOUTS = checks.LRU(16)
+_LAYOUTS = LRU(16)
 
 
 def compile_layout(target_lengths, logit_lengths, durations=(), sigma: float = 0.0, umax: int | None = None,

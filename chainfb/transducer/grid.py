@@ -43,6 +43,7 @@ import functools
 import numpy as np
 import torch
 
+from .._cache import LRU, Memo
 from .. import checks
 from .._arrays import wrap_like
 from ..criterion import Criterion, apply
@@ -92,7 +93,7 @@ class _ScorePlan:
     full_grid = False
 
     def __init__(self):
-        self._on = {}
+        self._on = Memo()
 
     @functools.cached_property
     def gather(self):
@@ -104,11 +105,8 @@ class _ScorePlan:
         return g
 
     def on(self, dev):
-        """``(gather, px, py)`` as torch index tensors on ``dev``."""
-        got = self._on.get(dev)
-        if got is None:
-            got = self._on[dev] = tuple(torch.from_numpy(a).to(dev) for a in (self.gather, self.px, self.py))
-        return got
+        """``(gather, px, py)`` as torch index tensors on ``dev`` (kept per device)."""
+        return self._on.get(dev, lambda: tuple(torch.from_numpy(a).to(dev) for a in (self.gather, self.px, self.py)))
 
 
 class _GridGatherPlan(_ScorePlan):
@@ -163,7 +161,7 @@ class _GridGatherPlan(_ScorePlan):
 
 
 #: the gather plans of the most recent batches (thread-safe)
-_PLANS = checks.LRU(16)
+_PLANS = LRU(16)
 
 
 def _value(loglike, like):
@@ -313,7 +311,7 @@ def _band_graph(R: int, final: int):
     return Fst(R, 0, src, dst, pdf, np.zeros(len(src)), fin)
 
 
-_BAND_LATTICES = checks.LRU(16)
+_BAND_LATTICES = LRU(16)
 
 
 def _band_lattice(R: int, finals: tuple):

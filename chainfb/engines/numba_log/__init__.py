@@ -203,7 +203,7 @@ import os
 import numpy as np
 
 from ...lattice import Lattice
-from ..threads import PARTS_PER_THREAD, get_num_threads, parallel
+from ..threads import MIN_PARALLEL_WORK, get_num_threads, parallel, split
 from . import one_frame, spanning
 from .arrays import block_arrays, distance_arrays, lattice_arrays, span_arrays, span_bound
 
@@ -216,8 +216,6 @@ except ImportError:  # a broken install: the NumPy engine everywhere
 if os.environ.get("CHAINFB_NUMBA", "1") == "0":  # opt out: the NumPy engine everywhere
     numba = None
 
-# sequences' total arcs * frames below which one thread does the whole batch
-_MIN_PARALLEL_WORK = 200_000
 # the one-frame pass keeps a log reference per block of 2**_BLOCK_SHIFT states
 _BLOCK_SHIFT = 5
 # ... unless its blocks' arcs reach more blocks than this on average (then one block per sequence)
@@ -243,22 +241,6 @@ def require() -> None:
                "Numba (a dependency of chainfb) cannot be imported")
         raise ValueError(f'engine: "numba" cannot run: {why}; reinstall it with pip install numba '
                          '(or pip install "chainfb[jit]"), or use engine="numpy"')
-
-
-def _split(work: np.ndarray, parts: int) -> list:
-    """At most ``parts`` contiguous ``(start, stop)`` ranges of the
-    sequences, ``work [N]`` each one's cost: each cut is the one whose
-    cumulative cost is nearest to its share (not the first past it: with
-    few long sequences that would leave one thread most of the work)."""
-    N = len(work)
-    if N == 0 or parts <= 1:
-        return [(0, N)]
-    cum = np.concatenate([[0.0], np.cumsum(work, dtype=np.float64)])
-    goal = cum[-1] * np.arange(1, parts) / parts
-    hi = np.clip(np.searchsorted(cum, goal), 1, N)
-    cuts = np.where(goal - cum[hi - 1] < cum[hi] - goal, hi - 1, hi)
-    bounds = np.unique(np.concatenate([[0], cuts, [N]]))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
@@ -300,9 +282,10 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
         run = spanning.run
         args = (la, span_arrays(lat), span_bound(lat, lengths), X, lengths)
     threads = max(1, get_num_threads())
-    if threads < 2 or N < 2 or work.sum() < _MIN_PARALLEL_WORK:
+    ranges = split(work, threads, MIN_PARALLEL_WORK["numba"])
+    if len(ranges) == 1:
         run(0, N, *args, need_posteriors, loglike, post)
     else:  # a few parts per thread, the largest first
-        ranges = sorted(_split(work, PARTS_PER_THREAD * threads), key=lambda r: -work[r[0]:r[1]].sum())
+        ranges = sorted(ranges, key=lambda r: -work[r[0]:r[1]].sum())
         parallel(lambda r: run(r[0], r[1], *args, need_posteriors, loglike, post), ranges, threads)
     return loglike, (post if need_posteriors else None)

@@ -108,47 +108,48 @@ def instance_side(seq_to_graph, batch_so, lat_so, lat_co, num_arcs, ptr, order, 
 
 def lattice_arrays(lat: Lattice) -> LatticeArrays:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source),
-    cached on it: the arrays of ``lat.fwd`` and ``lat.bwd``, built by
-    :func:`instance_side` without them (a new batch's lattice costs one
+    kept by :meth:`~chainfb.lattice.Lattice.cache`: the arrays of ``lat.fwd``
+    and ``lat.bwd``, built by :func:`instance_side` without them (a new batch's lattice costs one
     compiled pass per side, not a dozen array operations)."""
-    arrs = lat.__dict__.get("_numba_arrays")
-    if arrs is None:
-        batch = lat.batch
-        so, co = np.asarray(lat.state_offsets, dtype=np.int64), np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
-        g = np.asarray(batch.seq_to_graph, dtype=np.int64)
-        lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
-        f_ptr, f_src, lp_in, f_col = instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.in_ptr,
-                                                   batch.fwd_order, batch.src, lp, local)
-        b_ptr, b_dst, lp_out, b_col = instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.out_ptr,
-                                                    batch.bwd_order, batch.dst, lp, local)
-        finite = lp_in[np.isfinite(lp_in)]
-        # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
-        wshift = float(finite.max()) if finite.size else 0.0
-        arrs = lat._numba_arrays = LatticeArrays(
-            so, np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64), co,
-            Side(f_ptr, f_src, lp_in, np.exp(lp_in - wshift), f_col),
-            Side(b_ptr, b_dst, lp_out, np.exp(lp_out - wshift), b_col), wshift)
-    return arrs
+    return lat.cache(("numba", "arrays"), lambda: _lattice_arrays(lat))
+
+
+def _lattice_arrays(lat: Lattice) -> LatticeArrays:
+    batch = lat.batch
+    so, co = np.asarray(lat.state_offsets, dtype=np.int64), np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
+    g = np.asarray(batch.seq_to_graph, dtype=np.int64)
+    lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
+    f_ptr, f_src, lp_in, f_col = instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.in_ptr,
+                                               batch.fwd_order, batch.src, lp, local)
+    b_ptr, b_dst, lp_out, b_col = instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.out_ptr,
+                                                batch.bwd_order, batch.dst, lp, local)
+    finite = lp_in[np.isfinite(lp_in)]
+    # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
+    wshift = float(finite.max()) if finite.size else 0.0
+    return LatticeArrays(
+        so, np.asarray(lat.start, dtype=np.int64), np.asarray(lat.final, dtype=np.float64), co,
+        Side(f_ptr, f_src, lp_in, np.exp(lp_in - wshift), f_col),
+        Side(b_ptr, b_dst, lp_out, np.exp(lp_out - wshift), b_col), wshift)
 
 
 def distance_arrays(lat: Lattice) -> Distances:
-    """The lattice's :class:`Distances`, cached on it."""
-    d = lat.__dict__.get("_numba_distances")
-    if d is None:
+    """The lattice's :class:`Distances`, kept by :meth:`~chainfb.lattice.Lattice.cache`."""
+
+    def build():
         a = lattice_arrays(lat)
-        d = lat._numba_distances = Distances(*distances(a.start, a.final, a.fwd.ptr, a.fwd.other, a.bwd.ptr,
-                                                        a.bwd.other))
-    return d
+        return Distances(*distances(a.start, a.final, a.fwd.ptr, a.fwd.other, a.bwd.ptr, a.bwd.other))
+
+    return lat.cache(("numba", "distances"), build)
 
 
 def block_arrays(lat: Lattice, sh: int, max_spread: float, min_states: int) -> Blocks:
-    """The lattice's :class:`Blocks` of ``2**sh`` states, cached on it.
+    """The lattice's :class:`Blocks` of ``2**sh`` states, kept by
+    :meth:`~chainfb.lattice.Lattice.cache`.
     Where the arcs are not local in the state numbering (a block reads more
     than ``max_spread`` blocks on average), or where no sequence has more
     than ``min_states`` states, each sequence is one block."""
-    cache = lat.__dict__.setdefault("_numba_blocks", {})
-    b = cache.get((sh, max_spread, min_states))
-    if b is None:
+
+    def build():
         a = lattice_arrays(lat)
         so = a.state_off
         s = sh if np.diff(so).max(initial=0) > min_states else 62
@@ -163,14 +164,15 @@ def block_arrays(lat: Lattice, sh: int, max_spread: float, min_states: int) -> B
             if spread <= max_spread:
                 break
             s = 62
-        b = cache[sh, max_spread, min_states] = Blocks(s, off, imin, imax, omin, omax)
-    return b
+        return Blocks(s, off, imin, imax, omin, omax)
+
+    return lat.cache(("numba", "blocks", sh, max_spread, min_states), build)
 
 
 def span_arrays(lat: Lattice) -> SpanArrays:
-    """The lattice's :class:`SpanArrays`, cached on it."""
-    arrs = lat.__dict__.get("_numba_span_arrays")
-    if arrs is None:
+    """The lattice's :class:`SpanArrays`, kept by :meth:`~chainfb.lattice.Lattice.cache`."""
+
+    def build():
         f, b = lat.fwd, lat.bwd
         in_span = np.asarray(f.span, dtype=np.int64)
         out_span = np.asarray(b.span, dtype=np.int64)
@@ -179,12 +181,13 @@ def span_arrays(lat: Lattice) -> SpanArrays:
         np.cumsum(np.bincount(b.src[long], minlength=lat.num_states), out=sp_ptr[1:])
         lp = np.asarray(b.log_prob, dtype=np.float64)[long]
         wshift = lattice_arrays(lat).wshift
-        arrs = lat._numba_span_arrays = SpanArrays(
+        return SpanArrays(
             in_span, out_span,
             Side(sp_ptr, np.asarray(b.dst, dtype=np.int64)[long], lp, np.exp(lp - wshift),
                  np.asarray(b.col, dtype=np.int64)[long]),
             out_span[long], np.unique(in_span))
-    return arrs
+
+    return lat.cache(("numba", "span_arrays"), build)
 
 
 def span_bound(lat: Lattice, lengths: np.ndarray) -> np.ndarray:

@@ -153,4 +153,4 @@ def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dic
                        arcs=e.arcs)
         return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
 
-    return layout.memo(("torch", T) + _place(device), build)
+    return layout.cache(("torch", T) + _place(device), build)

@@ -39,11 +39,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...engines.numba_cache import njit
-from ...engines.threads import PARTS_PER_THREAD, get_num_threads, parallel
+from ...engines.threads import MIN_PARALLEL_WORK, get_num_threads, parallel, split
 from ...engines.vector_math import exp_scaled_sum, has_nan, row_exp_sum, row_max
-
-# cells per thread below which one thread does the whole batch
-_MIN_PARALLEL_CELLS = 256
 
 
 @njit(nogil=True)
@@ -435,19 +432,19 @@ def blocks(B: int, T: int) -> int:
 
 def run(fn, ncells: int, *args) -> None:
     """``fn(*args, c0, c1)`` over ``[0, ncells)`` split into contiguous
-    ranges run on :func:`~chainfb.engines.get_num_threads` threads (the
-    compiled kernels release the GIL)."""
+    ranges (:func:`chainfb.engines.threads.split`, with the threshold of the
+    kind of unit ``fn`` works on, :data:`_UNITS`) run on
+    :func:`~chainfb.engines.get_num_threads` threads (the compiled kernels
+    release the GIL)."""
     n = max(1, get_num_threads())
-    grain = _GRAIN.get(fn, _MIN_PARALLEL_CELLS)
-    if n == 1 or ncells < n * grain:
+    ranges = split(ncells, n, n * MIN_PARALLEL_WORK[_UNITS.get(fn, "cells")])
+    if len(ranges) == 1:
         fn(*args, 0, ncells)
         return
-    parts = PARTS_PER_THREAD * n
-    edges = [ncells * k // parts for k in range(parts + 1)]
-    parallel(lambda r: fn(*args, r[0], r[1]), zip(edges[:-1], edges[1:]), n)
+    parallel(lambda r: fn(*args, r[0], r[1]), ranges, n)
 
 
-# units per thread below which one thread does it all, for the kernels not over cells:
+# the unit each kernel not over grid cells works on (its threshold in MIN_PARALLEL_WORK):
 # blocks of cells, single scores (the score plans' moves) and rows of a grid
-_GRAIN = {move_blocks: 2, tdt_gather_blocks: 2, tdt_grad_blocks: 2, additive_blocks: 2, put_scores: 1 << 17,
-          take_scores: 1 << 17, grid_put_rows: 64, grid_take_rows: 64}
+_UNITS = {move_blocks: "blocks", tdt_gather_blocks: "blocks", tdt_grad_blocks: "blocks", additive_blocks: "blocks",
+          put_scores: "scores", take_scores: "scores", grid_put_rows: "rows", grid_take_rows: "rows"}

@@ -49,14 +49,14 @@ def kernel_tables(layout: TransducerLayout, backend) -> dict:
             out.update(counts=up(layout.slot_counts()), kind_duration=up(np.tile(np.arange(D), 2)))
         return out
 
-    return layout.memo(("kernels", backend.cache_key()), build)
+    return layout.cache(("kernels", backend.cache_key()), build)
 
 
 def _kernel_weights(layout: TransducerLayout, backend, kind_weight: np.ndarray, dtype):
     """``kind_weight [J]`` on ``backend``'s device in ``dtype``, built once per
     device, stream, dtype and value and kept with the layout."""
     key = ("kind_weight", backend.cache_key(), np.dtype(dtype).name, tuple(np.asarray(kind_weight).tolist()))
-    return layout.memo(key, lambda: backend.xp.asarray(np.asarray(kind_weight).astype(dtype)))
+    return layout.cache(key, lambda: backend.xp.asarray(np.asarray(kind_weight).astype(dtype)))
 
 
 def _kernel_args(layout: TransducerLayout, backend, sym) -> tuple:

@@ -1,0 +1,128 @@
+"""The package's one cache mechanism (chainfb._cache.Memo / LRU), the memos of
+Lattice and FstBatch that every engine and score map keeps its data in, and
+the one splitter of work over threads (chainfb.engines.threads.split)."""
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+from chainfb import FstBatch, engines
+from chainfb._cache import LRU, Memo
+from chainfb.engines import threads
+from chainfb.lattice import Lattice
+from chainfb.testing import random_fst
+
+
+def test_memo_builds_once_per_key_and_clears():
+    memo, calls = Memo(), []
+
+    def build(v):
+        return lambda: calls.append(v) or v
+
+    assert memo.get(("a",), build(1)) == 1 and memo.get(("a",), build(2)) == 1
+    assert memo.get(("b",), build(3)) == 3 and calls == [1, 3]
+    assert ("a",) in memo and len(memo) == 2 and sorted(memo.keys()) == [("a",), ("b",)] and memo[("b",)] == 3
+    memo.clear()
+    assert len(memo) == 0 and memo.get(("a",), build(4)) == 4
+
+
+def test_lru_keeps_the_most_recently_used():
+    lru = LRU(2)
+    lru.get(1, lambda: "one")
+    lru.get(2, lambda: "two")
+    lru.get(1, lambda: "again")  # used: 2 is now the oldest
+    lru.get(3, lambda: "three")
+    assert sorted(lru.keys()) == [1, 3] and lru.size == 2
+
+
+def test_two_threads_building_one_key_get_the_value_kept_first():
+    """The build runs outside the lock; the thread that finishes second gets
+    the first thread's value, so every user of a key shares one object."""
+    memo = Memo()
+    started, release = threading.Event(), threading.Event()
+    got = {}
+
+    def slow():
+        started.set()
+        release.wait(30)
+        return "slow"
+
+    t = threading.Thread(target=lambda: got.update(slow=memo.get(("k",), slow)))
+    t.start()
+    assert started.wait(30)
+    got["fast"] = memo.get(("k",), lambda: "fast")  # builds while the other thread is still building
+    release.set()
+    t.join(30)
+    assert got == {"fast": "fast", "slow": "fast"}
+
+
+def test_a_pickled_memo_travels_empty():
+    memo = LRU(3)
+    memo.get(1, lambda: np.zeros(4))
+    back = pickle.loads(pickle.dumps(memo))
+    assert len(back) == 0 and back.size == 3 and back.get(1, lambda: "new") == "new"
+
+
+def _lattice(seed=3, n=4):
+    rng = np.random.default_rng(seed)
+    fsts = [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4) for _ in range(2)]
+    return Lattice(FstBatch(fsts, seq_to_graph=rng.integers(0, 2, size=n))), rng
+
+
+def test_the_engines_keep_their_data_in_the_lattice_memo_and_rebuild_it_after_clear_cache():
+    """Nothing is poked into the lattice's attributes: every engine's data
+    is a namespaced key of Lattice.cache; clear_cache drops it, and the next
+    call rebuilds it with the same numbers."""
+    from chainfb.engines import numba_log
+
+    lat, rng = _lattice()
+    X = rng.normal(size=(6, lat.num_columns))
+    lengths = np.array([6, 4, 0, 5])
+    names = ["numpy"] + (["numba"] if numba_log.available() else [])
+    before = set(vars(lat))
+    first = {e: engines.forward_backward(lat, X.copy(), lengths, engine=e) for e in names}
+    assert set(vars(lat)) - before <= {"fwd", "bwd", "final", "seq_of_state", "_graph_states"}  # its properties
+    users = {k[0] for k in lat.memo.keys()}
+    assert set(names) <= users
+    lat.clear_cache()
+    assert len(lat.memo) == 0
+    for e in names:
+        again = engines.forward_backward(lat, X.copy(), lengths, engine=e)
+        np.testing.assert_array_equal(again[0], first[e][0])
+        np.testing.assert_array_equal(again[1], first[e][1])
+    assert {k[0] for k in lat.memo.keys()} == users
+
+
+def test_batch_memo_shares_the_graphs_and_keeps_each_batch_lattice_apart():
+    lat, _ = _lattice()
+    batch = lat.batch
+    other = batch.with_sequences([0, 1])
+    assert Lattice.of(batch) is Lattice.of(batch) and Lattice.of(other) is not Lattice.of(batch)
+    assert other.cache(("batch", "columns"), list) is batch.columns()  # one per set of graphs
+    g = Lattice.of(other).graph_lattice() if Lattice.of(other).graph is not None else None
+    assert g is None or g is Lattice.of(batch.with_sequences([1, 1])).graph_lattice()
+    first = Lattice.of(batch)
+    assert other.cache(("test", "marker"), lambda: 1) == 1 and batch.cache(("test", "marker"), lambda: 2) == 1
+    batch.clear_cache()  # this batch's lattice, and the graphs' memo it shares
+    assert other.cache(("test", "marker"), lambda: 3) == 3
+    assert Lattice.of(batch) is not first
+
+
+@pytest.mark.parametrize("threads_", [1, 2, 3])
+def test_split_covers_the_items_in_order(threads_):
+    rng = np.random.default_rng(threads_)
+    for work in (rng.integers(1, 50, size=17).astype(float), 17, np.zeros(0), 1):
+        N = work if isinstance(work, int) else len(work)
+        for min_work in (0, 1e9):
+            ranges = threads.split(work, threads_, min_work)
+            assert ranges[0][0] == 0 and ranges[-1][1] == N
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            if threads_ < 2 or N < 2 or min_work:
+                assert ranges == [(0, N)]
+            else:
+                assert 2 <= len(ranges) <= threads_ * threads.PARTS_PER_THREAD and all(a < b for a, b in ranges)
+    # items of equal cost: range k starts at N * k // parts
+    assert threads.split(10, 2, 0) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert threads.split(10, 2, 11) == [(0, 10)]
