@@ -56,6 +56,16 @@ def _log_norm(row, lo, n, buf, ib, fast):
 
 
 @njit(nogil=True, inline="always")
+def _clamp(row, n, clamp):
+    """``row[:n]`` clamped to ``[-clamp, clamp]`` in place."""
+    for k in range(n):
+        if row[k] > clamp:
+            row[k] = clamp
+        elif row[k] < -clamp:
+            row[k] = -clamp
+
+
+@njit(nogil=True, inline="always")
 def _cell_used(counts, b, u, t):
     """Whether some arc kind of main state ``u`` is read at frame ``t``."""
     for j in range(counts.shape[2]):
@@ -140,11 +150,7 @@ def rnnt_grad_cells(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fuse
                 k = sym[b, u, j]
                 grow[k] = grow[k] - w[j]
         if clamp > 0.0:
-            for k in range(V):
-                if grow[k] > clamp:
-                    grow[k] = clamp
-                elif grow[k] < -clamp:
-                    grow[k] = -clamp
+            _clamp(grow, V, clamp)
 
 
 # frames per block of the moves between the engine's matrix and the cell order
@@ -293,11 +299,7 @@ def tdt_grad_blocks(V, blank, labels, counts, colidx, inv, post, zero, label_wei
                 k = labels[b, u]
                 grow[k] = grow[k] - label_weight * pl
                 if clamp > 0.0:
-                    for k in range(V):
-                        if grow[k] > clamp:
-                            grow[k] = clamp
-                        elif grow[k] < -clamp:
-                            grow[k] = -clamp
+                    _clamp(grow, V, clamp)
                 for i in range(D):  # the duration softmax from the gather (0 where not finite)
                     grow[V + i] = grow[V + i] * occ - (A[i] + A[D + i])
 
