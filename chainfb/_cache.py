@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 __all__ = ["Memo", "LRU"]
 
@@ -43,10 +43,10 @@ class Memo:
 
     def __init__(self, size: int | None = None):
         self.size = None if size is None else int(size)
-        self._items: "OrderedDict[Hashable, object]" = OrderedDict()
+        self._items: OrderedDict[Hashable, object] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, build: Callable[[], object]):
+    def get(self, key: Hashable, build: Callable[[], object]) -> object:
         with self._lock:
             if key in self._items:
                 if self.size is not None:

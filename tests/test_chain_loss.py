@@ -371,7 +371,6 @@ def test_shared_engine_threads_match_single_thread(monkeypatch):
     X = rng.normal(scale=3, size=(T, lat.num_columns))
     lengths = rng.integers(0, T + 1, N)
     leaky = (0.1, log_init)
-    eng = scipy_shared._matrices(lat)
     monkeypatch.setitem(threads.MIN_PARALLEL_WORK, "shared", 1e30)
     single = scipy_shared.forward_backward(lat, X.copy(), lengths, leaky)
     monkeypatch.setitem(threads.MIN_PARALLEL_WORK, "shared", 0)

@@ -9,7 +9,8 @@ the pair ``(px, py)`` of a grid)::
 
     rnnt_gather(crit, x, need_grad) -> (X, state)       rnnt_gradient(crit, x, loglike, post, state) -> grad
     tdt_gather(crit, x, need_grad)  -> (X, state)       tdt_gradient(crit, x, loglike, post, state)  -> grad
-    grid_gather(crit, x, need_grad) -> (X, state)       grid_gradient(crit, x, loglike, post, state) -> (px_grad, py_grad)
+    grid_gather(crit, x, need_grad) -> (X, state)       grid_gradient(crit, x, loglike, post, state)
+                                                        -> (px_grad, py_grad)
 
 ``state`` is whatever the gather leaves for the gradient (row normalisers,
 the gradient-to-be); it travels in the :class:`Context` that :func:`gather`

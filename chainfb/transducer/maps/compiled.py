@@ -203,8 +203,9 @@ def tdt_grad(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero, fa
     B, T = out.shape[:2]
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     post = np.ascontiguousarray(post, dtype=np.float64)
-    cells.run(cells.tdt_grad_blocks, cells.blocks(B, T), int(V), int(blank), labels, layout.slot_counts(), layout.colidx, inv, post,
-           np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda), float(clamp), out)
+    cells.run(cells.tdt_grad_blocks, cells.blocks(B, T), int(V), int(blank), labels, layout.slot_counts(),
+              layout.colidx, inv, post, np.ascontiguousarray(zero, dtype=np.bool_), 1.0 + float(fastemit_lambda),
+              float(clamp), out)
     return out
 
 
@@ -253,8 +254,8 @@ def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, m
     cells."""
     gx, gy = np.empty(px_shape, dtype=dtype), np.empty(py_shape, dtype=dtype)
     B, S1, _ = py_shape
-    cells.run(cells.grid_take_rows, B * S1, np.ascontiguousarray(post, dtype=np.float64), boundary, colidx, bool(modified),
-           gx, gy)
+    cells.run(cells.grid_take_rows, B * S1, np.ascontiguousarray(post, dtype=np.float64), boundary, colidx,
+              bool(modified), gx, gy)
     return gx, gy
 
 

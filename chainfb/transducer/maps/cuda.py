@@ -99,8 +99,8 @@ def kernel_gradient(backend, layout: TransducerLayout, sym, state, loglike, post
     xc, lse = state
     scale = backend.xp.isfinite(loglike).astype(lse.dtype)
     args, kw = _kernel_args(layout, backend, sym)
-    return transducer_grad(backend, xc, *args, post, lse, scale, _kernel_weights(layout, backend, kind_weight, lse.dtype),
-                           clamp=clamp, fused_log_softmax=fused, **kw)
+    weights = _kernel_weights(layout, backend, kind_weight, lse.dtype)
+    return transducer_grad(backend, xc, *args, post, lse, scale, weights, clamp=clamp, fused_log_softmax=fused, **kw)
 
 
 def rnnt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
