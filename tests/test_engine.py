@@ -128,7 +128,7 @@ class EngineTests:
         assert torch.all(s.grad == 0)
 
     def test_long_numerator_graph_posterior_sums(self):
-        """The bound the README states: on a 50-phone numerator graph, T = 20,000
+        """The bound docs/usage.md states: on a 50-phone numerator graph, T = 20,000
         frames of scores in [-1e4, 1e4], every frame's posteriors sum to 1 within
         1e-8 (the error is about 2**-52 times the log-score gap between the
         states alive at a frame; measured worst 9.3e-10)."""
