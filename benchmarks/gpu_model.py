@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Predicted GPU time of chainfb's losses, from the work of every kernel
 launch counted on the CPU, against the GPU peers' measured times.
 
@@ -24,7 +23,7 @@ not depend on V.
 
     PYTHONPATH=tests python benchmarks/gpu_model.py [--cases ctc,rnnt,tdt,multiblank,den] [--device h200|h100]
 
-These are predictions of a model, not measurements; ``tools/gpu_check.py``
+These are predictions of a model, not measurements; ``benchmarks/gpu_check.py``
 measures on a GPU.
 """
 

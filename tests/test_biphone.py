@@ -242,19 +242,19 @@ def test_graph_tools_take_the_context_options(tmp_path):
     den = str(tmp_path / "den.fst")
 
     def run(tool, *args):
-        return subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool), *args], capture_output=True,
+        return subprocess.run([sys.executable, "-m", f"chainfb.cli.{tool}", *args], capture_output=True,
                               text=True, env=dict(os.environ, PYTHONPATH=ROOT))
 
-    r = run("make_den_graph.py", *common, "--context", "biphone", "--min-biphone-count", "2", "--out", den)
+    r = run("make_den_graph", *common, "--context", "biphone", "--min-biphone-count", "2", "--out", den)
     assert r.returncode == 0, r.stderr
     assert "biphone" in r.stderr and "units" in r.stderr
-    r = run("make_numerator_graphs.py", *common, "--context", "biphone", "--min-biphone-count", "2",
+    r = run("make_numerator_graphs", *common, "--context", "biphone", "--min-biphone-count", "2",
             "--den-graph", den, "--out", str(tmp_path / "num.txt"))
     assert r.returncode == 0, r.stderr
-    r = run("make_den_graph.py", *common, "--context", "triphone", "--out", den)
+    r = run("make_den_graph", *common, "--context", "triphone", "--out", den)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--context" in r.stderr
-    r = run("make_numerator_graphs.py", *common, "--min-biphone-count", "-1", "--out", den)
+    r = run("make_numerator_graphs", *common, "--min-biphone-count", "-1", "--out", den)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--min-biphone-count" in r.stderr
     # numerators against a den graph of other units: one line naming the options
-    r = run("make_numerator_graphs.py", *common, "--den-graph", den, "--out", str(tmp_path / "num2.txt"))
+    r = run("make_numerator_graphs", *common, "--den-graph", den, "--out", str(tmp_path / "num2.txt"))
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "--context mono" in r.stderr

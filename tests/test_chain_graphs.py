@@ -422,15 +422,14 @@ def test_tools_end_to_end(tmp_path):
     (tmp_path / "text").write_text("u1 a b\nu2 c a\nu3 a oov\nu4 c a b\n")
     (tmp_path / "utt2num_frames").write_text("u1 30\nu2 30\nu3 30\nu4 9\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    tools = os.path.join(ROOT, "tools")
-    r = subprocess.run([sys.executable, os.path.join(tools, "make_den_graph.py"),
+    r = subprocess.run([sys.executable, "-m", "chainfb.cli.make_den_graph",
                         "--phones", str(tmp_path / "phones.txt"),
                         "--text", str(tmp_path / "text"), "--lexicon", str(tmp_path / "lexicon.txt"),
                         "--order", "3", "--out", str(tmp_path / "den.fst")], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     den = DenominatorGraph.read(tmp_path / "den.fst")
     assert den.num_pdfs <= 10
-    r = subprocess.run([sys.executable, os.path.join(tools, "make_numerator_graphs.py"),
+    r = subprocess.run([sys.executable, "-m", "chainfb.cli.make_numerator_graphs",
                         "--lexicon", str(tmp_path / "lexicon.txt"), "--phones", str(tmp_path / "phones.txt"),
                         "--text", str(tmp_path / "text"), "--utt2num-frames", str(tmp_path / "utt2num_frames"),
                         "--frame-subsampling-factor", "3", "--den-graph", str(tmp_path / "den.fst"),

@@ -1,21 +1,15 @@
-"""torch <-> NumPy crossings per CPU call (tools/count_crossings.py): the
+"""torch <-> NumPy crossings per CPU call (benchmarks/count_crossings.py): the
 scores cross once each way, the gradient once, the labels and lengths of
 ctc_loss once together."""
 
-import importlib.util
-import os
+import importlib
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("count_crossings", os.path.join(ROOT, "tools", "count_crossings.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.count_crossings")
 
 
 # input 1 + value 1 + gradient 1 + the incoming gradient's check in backward 1, plus the integer inputs:

@@ -283,12 +283,8 @@ def sanitizer_cases(be):
 def test_annotated_bytes_match_the_count(tmp_path):
     """The score-map kernels' byte annotations (CHAINFB_WORK), counted under
     the emulation for one loss call of each family, equal the bytes
-    tools/count_map_work.py's map_bytes counts from the layout."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-    import count_map_work as cmw
+    benchmarks/count_map_work.py's map_bytes counts from the layout."""
+    from benchmarks import count_map_work as cmw
 
     be, take = cmw.counting_backend()
     T, U, V = np.array([7, 5, 2]), np.array([2, 0, 1]), 21

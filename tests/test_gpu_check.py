@@ -1,4 +1,4 @@
-"""tools/gpu_check.py and the scripts it runs (gpu_driver.py, gpu_compare.py, gpu_bench.py), without a GPU: the
+"""benchmarks/gpu_check.py and the scripts it runs (gpu_driver.py, gpu_compare.py, gpu_bench.py), without a GPU: the
 whole run in its --emulate mode (the kernels' CPU emulation, tiny shapes, a stand-in compute-sanitizer), and the
 parts that need CUDA or CuPy with fakes."""
 
@@ -13,13 +13,9 @@ import torch
 
 from emulation import find_compiler
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOLS = os.path.join(ROOT, "tools")
-sys.path.insert(0, TOOLS)
+from benchmarks import _gpu_place, _gpu_report, gpu_check
 
-import _gpu_place  # noqa: E402
-import _gpu_report  # noqa: E402
-import gpu_check  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 needs_compiler = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler for the kernel emulation")
 
@@ -51,9 +47,11 @@ def emulated_run(tmp_path_factory, emulated_backend):
     fake.write_text(FAKE_SANITIZER)
     fake.chmod(0o755)
     out = tmp / "out"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # as documented: the tree's benchmarks and chainfb, and the test suite's emulation (PYTHONPATH=tests)
+    path = [ROOT, os.path.join(ROOT, "tests"), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     env[_gpu_place.EMULATION_LIBRARY] = emulated_backend.lib._name
-    r = subprocess.run([sys.executable, os.path.join(TOOLS, "gpu_check.py"), "--emulate", "--out", str(out),
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--emulate", "--out", str(out),
                         "--budget-s", "600", "--tests", "tests/test_cuda_device.py", "--sanitizer", str(fake),
                         "--sanitizer-tools", "racecheck"], cwd=tmp, env=env, capture_output=True, text=True,
                        timeout=900)
@@ -95,7 +93,7 @@ def test_emulated_run_reaches_every_kernel(emulated_run):
 
 
 def test_emulated_run_compares_every_criterion(emulated_run):
-    from _gpu_cases import CASES
+    from benchmarks._gpu_cases import CASES
 
     _, res, _ = emulated_run
     data = res["steps"]["compare"]["data"]
@@ -108,7 +106,7 @@ def test_emulated_run_compares_every_criterion(emulated_run):
 
 
 def test_emulated_run_benchmarks_and_kernel_times(emulated_run):
-    import gpu_bench
+    from benchmarks import gpu_bench
 
     out, res, _ = emulated_run
     data = res["steps"]["bench"]["data"]
@@ -164,8 +162,8 @@ def test_recorder_passes_keywords_through_and_traces():
 @needs_compiler
 def test_driver_names_a_listed_kernel_it_did_not_reach(monkeypatch, emulated_backend, capsys):
     import chainfb.cuda.kernels as kernels
-    import _gpu_cases
-    import gpu_driver
+    from benchmarks import _gpu_cases
+    from benchmarks import gpu_driver
 
     monkeypatch.setenv(_gpu_place.EMULATION_LIBRARY, emulated_backend.lib._name)
     monkeypatch.setitem(kernels.KERNELS, "chainfb::a_new_kernel<float>", "engine.cu")
@@ -321,7 +319,7 @@ def fake_cuda(monkeypatch, emulated_kernels):
 def test_bench_engine_cuda_paths(fake_cuda, monkeypatch, capsys):
     import functools
 
-    import bench_engine
+    from benchmarks import bench_engine
 
     monkeypatch.setattr(bench_engine, "cases", functools.partial(bench_engine.cases, P=20, T=8, sizes=(3, 2, 4),
                                                                  num_phones=3))
@@ -339,7 +337,7 @@ def test_bench_engine_cuda_paths(fake_cuda, monkeypatch, capsys):
 def test_bench_transducer_cuda_step(fake_cuda):
     import numpy as np
 
-    import bench_transducer
+    from benchmarks import bench_transducer
 
     T, U = np.array([5, 3]), np.array([2, 1])
     inputs = bench_transducer.make_inputs(np.random.default_rng(0), T, U, 7, "cpu")
@@ -351,7 +349,7 @@ def test_bench_transducer_cuda_step(fake_cuda):
 def test_bench_transducer_maps_cuda_path(fake_cuda, monkeypatch, capsys):
     import numpy as np
 
-    import bench_transducer_maps
+    from benchmarks import bench_transducer_maps
     import chainfb.cuda.kernels as kernels
 
     monkeypatch.setattr(kernels, "cupy_backend", lambda: fake_cuda)

@@ -61,6 +61,8 @@ LAYERS = [
     ("compat", [["chainfb.compat", "chainfb.kaldi"]]),
     # the package's own namespace, and the graph generators of tests and benchmarks
     ("top", [["chainfb", "chainfb.testing"]]),
+    # the console scripts (setup.cfg's entry points): graph building and drawing from the command line
+    ("cli", [["chainfb.cli"]]),
 ]
 
 #: old import paths served by a package ``__getattr__`` from a layer above: (package, module it reads from)

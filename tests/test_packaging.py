@@ -16,15 +16,17 @@ import pytest
 pytestmark = pytest.mark.slow  # about 30 s on 2 idle cores: two builds and a pytest run in a subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what the sdist must carry besides the library: the tests with their helpers, graphs, tools, docs, recipes
-PROJECT_DIRS = ("chainfb", "tests", "graphs", "tools", "docs", "recipes", ".ci")
+# what the sdist must carry besides the library: the tests with their helpers, graphs, benchmarks, examples, docs,
+# recipes
+PROJECT_DIRS = ("chainfb", "tests", "graphs", "benchmarks", "examples", "docs", "recipes", ".ci")
 SKIP_PARTS = {"__pycache__", ".pytest_cache", "build", "dist", ".git", ".venv", "exp"}
 QUICK_TEST_FILE = "test_fst.py"
 # caches that a checkout holds once its code has run (bytecode, Numba's compiled functions), planted in the
 # copy that is built
 CACHE_FILES = ("chainfb/engines/numba_log/__pycache__/one_frame.run-120.py311.nbi",
                "chainfb/engines/numba_log/__pycache__/one_frame.run-120.py311.1.nbc",
-               "chainfb/transducer/maps/__pycache__/cells.cpython-311.pyc", "tools/__pycache__/_cli.cpython-311.pyc")
+               "chainfb/transducer/maps/__pycache__/cells.cpython-311.pyc",
+               "benchmarks/__pycache__/_memory.cpython-311.pyc")
 
 
 def _source_files():
@@ -121,12 +123,32 @@ def test_wheel_holds_the_library_only(dists):
     assert "Requires-Dist: numba" in metadata
 
 
+CONSOLE_SCRIPTS = {"chainfb-make-den-graph": "chainfb.cli.make_den_graph:main",
+                   "chainfb-make-numerator-graphs": "chainfb.cli.make_numerator_graphs:main",
+                   "chainfb-draw-transducer": "chainfb.cli.draw_transducer:main"}
+
+
+def test_wheel_installs_the_console_scripts(dists):
+    """The wheel's entry points are the package's command-line tools, each naming a ``main`` of chainfb.cli."""
+    import configparser
+    import importlib
+
+    with zipfile.ZipFile(dists[1]) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        cfg = configparser.ConfigParser()
+        cfg.read_string(zf.read(name).decode())
+    assert dict(cfg["console_scripts"]) == CONSOLE_SCRIPTS
+    for target in CONSOLE_SCRIPTS.values():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), target
+
+
 def test_sdist_is_the_whole_project(dists):
     names = set(_sdist_names(dists[0]))
     for required in ("LICENSE", "README.md", "setup.cfg", "pyproject.toml", "MANIFEST.in", "PKG-INFO",
                      "tests/conftest.py", "tests/devices.py", "tests/oracles/__init__.py"):
         assert required in names, required
-    for top in ("graphs", "tools", "docs"):
+    for top in ("graphs", "benchmarks", "examples", "docs"):
         assert _under(names, top), f"no {top}/ in the sdist"
     # every source file of the project's directories, tests/emulation and recipes/ included where they exist
     wanted = {n for n in SOURCE if n.split("/", 1)[0] in PROJECT_DIRS}

@@ -2,10 +2,10 @@
 
 - Every ```python block of README.md runs as pasted, each in a fresh interpreter, from an empty directory.
 - Every ```python block of docs/*.md runs as pasted, each in a fresh interpreter, from a directory that holds
-  copies of the repository's ``graphs/`` and ``tools/`` (the docs' examples run from the repository root and
-  read the shipped example files).
+  copies of the repository's ``graphs/``, ``benchmarks/``, ``examples/`` and ``recipes/`` (the docs' examples run
+  from the repository root and read the shipped example files).
 - Every ```bash block of docs/*.md that installs nothing (no ``pip install``) runs the same way under
-  ``bash -e``.
+  ``bash -e``, with the package's console scripts (setup.cfg's entry points) on ``PATH`` as pip installs them.
 - The package's long description (setup.cfg) links to nothing by a relative path: a package index renders it
   outside the repository.
 """
@@ -22,7 +22,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
-SHIPPED = ("graphs", "tools")  # what a docs example may read, as from the repository root
+SHIPPED = ("graphs", "benchmarks", "examples", "recipes")  # what a docs example may use, as from the repository root
 
 
 def fenced_blocks(text, lang="python"):
@@ -86,9 +86,11 @@ def test_python_blocks_parser():
     assert fenced_blocks(text, "bash") == ["ls\n"]
 
 
-def _run(argv, code, cwd, what, timeout):
+def _run(argv, code, cwd, what, timeout, bin_dir=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    if bin_dir:
+        env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
     env["MPLBACKEND"] = "Agg"
     try:
         r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -105,10 +107,26 @@ def test_readme_block_runs(number, tmp_path):
     _run([sys.executable, "-c", code], code, tmp_path, f"README.md python block {number}", 60)
 
 
+@pytest.fixture(scope="module")
+def console_scripts(tmp_path_factory):
+    """A directory holding the console scripts of setup.cfg's entry points, each what pip writes for one (this
+    interpreter imports ``module`` and exits with ``function()``), running this tree's chainfb."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    bin_dir = tmp_path_factory.mktemp("bin")
+    for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines():
+        name, target = (part.strip() for part in line.split("="))
+        module, function = target.split(":")
+        path = bin_dir / name
+        path.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
 @pytest.mark.parametrize("doc, number, lang, code", DOC_BLOCKS, ids=[f"{d}-{lang}{n}" for d, n, lang, _ in DOC_BLOCKS])
-def test_docs_block_runs(doc, number, lang, code, tmp_path):
+def test_docs_block_runs(doc, number, lang, code, tmp_path, console_scripts):
     for name in SHIPPED:
         shutil.copytree(os.path.join(ROOT, name), tmp_path / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
-    _run(argv, code, tmp_path, f"docs/{doc} {lang} block {number}", 120)
+    _run(argv, code, tmp_path, f"docs/{doc} {lang} block {number}", 120, console_scripts)

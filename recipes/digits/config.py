@@ -11,7 +11,7 @@ CRITERIA = ("chain", "ctc", "rnnt", "pruned-rnnt", "tdt")
 
 @dataclass
 class TrainConfig:
-    """Training hyper-parameters (see ``tools/train_digits.py --help``)."""
+    """Training hyper-parameters (see ``python -m recipes.digits --help``)."""
 
     epochs: int = 4
     batch_size: int = 16

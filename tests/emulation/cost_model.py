@@ -221,8 +221,8 @@ CALIBRATION = {
 
 def calibration_cases():
     """The lattices and lengths of :data:`CALIBRATION` (the benchmarks'
-    shapes and seeds: tools/bench_ctc.py's long CTC case, tools/
-    bench_transducer.py's batch, tools/bench_engine.py --den)."""
+    shapes and seeds: benchmarks/bench_ctc.py's long CTC case,
+    benchmarks/bench_transducer.py's batch, benchmarks/bench_engine.py --den)."""
     from . import shapes
 
     return {

@@ -1,6 +1,6 @@
 """The shapes of the GPU measurements the cost model is calibrated on and
-judged by (tools/bench_ctc.py, tools/bench_transducer.py,
-tools/bench_durations.py, tools/bench_engine.py --den), as inputs of the
+judged by (benchmarks/bench_ctc.py, benchmarks/bench_transducer.py,
+benchmarks/bench_durations.py, benchmarks/bench_engine.py --den), as inputs of the
 public losses and as the lattices those build."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def ctc_lattice(T: int, N: int, C: int, S: int, seed: int = 0):
 
 def librispeech_batch(batch: int = 8, seed: int = 0):
     """``(T [B], U [B])``: utterance lengths like LibriSpeech after 4x
-    subsampling (tools/bench_transducer.py's draw)."""
+    subsampling (benchmarks/bench_transducer.py's draw)."""
     rng = np.random.default_rng(seed)
     T = np.clip(rng.gamma(6.0, 318 / 6.0, batch), 40, 680).astype(int)
     U = np.clip(np.round(T * rng.normal(68 / 318, 0.03, batch)), 1, 151).astype(int)
@@ -72,7 +72,7 @@ def _den(seed):
 
 
 def den_inputs(N: int = 128, T: int = 150, seed: int = 0):
-    """``(DenominatorGraph, scores [N, T, P] float32, lengths)``: tools/bench_engine.py --den."""
+    """``(DenominatorGraph, scores [N, T, P] float32, lengths)``: benchmarks/bench_engine.py --den."""
     den, state = _den(seed)
     rng = np.random.default_rng()
     rng.bit_generator.state = state

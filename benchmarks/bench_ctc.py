@@ -1,0 +1,198 @@
+"""Forward+backward time of ``chainfb.ctc_loss`` against torch's CPU
+``torch.nn.functional.ctc_loss``, measured in one run.
+
+T=500, N=16, C=500, S=100 (every sequence full length), float32
+log-softmax outputs, reduction "mean"; one step = loss + ``backward()``,
+the methods interleaved, median of ``--repeat`` steps each after a
+warm-up, and the ratio of the medians to torch's.  chainfb's compiled
+graph is cached per targets, so the steps after the warm-up reuse it; the
+"uncached" row compiles it every step (new targets each step in
+training).  chainfb runs on the engine ``auto`` picks: the compiled one
+(Numba is a default dependency); the "NumPy engine" row hides Numba for
+comparison.
+
+    python -m benchmarks.bench_ctc [--repeat 7] [--seed 0]
+
+``--long``: long sequences on one thread (``torch.set_num_threads(1)``,
+``chainfb.engines.set_num_threads(1)``): N=1, C=1000, (T=2000, S=1000)
+and (T=4000, S=3000), float32 log-softmax outputs (``--dtype float64``
+for doubles).  Each method runs in a fresh process: after a warm-up on a
+small input (imports, compiled code), ``--repeat`` steps (loss +
+``backward()``, new graph every step for chainfb: its compile is
+counted), each with the peak resident size reset (``/proc/self/clear_refs``)
+first; printed: the median wall time, the median CPU time
+(``time.process_time``) and the largest peak RSS growth (``VmHWM`` above
+the resident size before the step), with their ratios to torch's.
+
+    python -m benchmarks.bench_ctc --long [--repeat 3] [--dtype float32|float64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+import chainfb
+
+warnings.filterwarnings("ignore")
+
+
+def run(args, T=500, N=16, C=500, S=100):
+    import torch.nn.functional as F
+
+    from chainfb import ctc as ctc_module
+
+    torch.manual_seed(args.seed)
+    log_probs = torch.randn(T, N, C).log_softmax(-1)
+    targets = torch.randint(1, C, (N, S))
+    il, tl = torch.full((N,), T), torch.full((N,), S)
+
+    def uncached(*a):
+        ctc_module._compiled.clear()
+        return chainfb.ctc_loss(*a)
+
+    from chainfb.engines import numba_log
+
+    def numpy_engine(*a):
+        saved, numba_log.numba = numba_log.numba, None  # what `auto` picks with CHAINFB_NUMBA=0
+        try:
+            return chainfb.ctc_loss(*a)
+        finally:
+            numba_log.numba = saved
+
+    fns = {"torch.nn.functional.ctc_loss": F.ctc_loss, "chainfb.ctc_loss": chainfb.ctc_loss,
+           "chainfb.ctc_loss (uncached)": uncached}
+    if numba_log.available():
+        fns["chainfb.ctc_loss (NumPy engine)"] = numpy_engine
+
+    def one(fn):
+        x = log_probs.clone().requires_grad_()
+        t0 = time.perf_counter()
+        loss = fn(x, targets, il, tl)
+        loss.backward()
+        return time.perf_counter() - t0, float(loss)
+
+    print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, T={T} N={N} C={C} S={S} float32, "
+          f"loss + backward, median of {args.repeat}; chainfb's CPU engine: "
+          f"{'compiled (Numba ' + numba_log.numba.__version__ + ')' if numba_log.available() else 'NumPy'}")
+    times = {k: [] for k in fns}
+    vals = {}
+    for fn in fns.values():
+        one(fn)  # warm-up
+    for _ in range(args.repeat):
+        for k, fn in fns.items():
+            dt, vals[k] = one(fn)
+            times[k].append(dt)
+    ref = statistics.median(times["torch.nn.functional.ctc_loss"])
+    print(f"{'method':30s} {'time s':>8s} {'loss':>12s}  vs torch")
+    for k in fns:
+        t = statistics.median(times[k])
+        print(f"{k:30s} {t:8.4f} {vals[k]:12.6f}  {t / ref:6.2f}x")
+
+
+LONG_SHAPES = ((2000, 1000), (4000, 3000))  # (T, S); N=1
+LONG_C = 1000
+LONG_METHODS = ("torch.nn.functional.ctc_loss", "chainfb.ctc_loss")
+
+
+def long_worker(args):
+    """In this (fresh) process: one method on one long shape (see the docstring); prints one line of numbers."""
+    import torch.nn.functional as F
+
+    from chainfb import ctc as ctc_module
+    from chainfb.engines import set_num_threads
+    from ._memory import reset_peak, status_bytes
+
+    torch.set_num_threads(1)
+    set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    T, S = args.shape
+    torch.manual_seed(args.seed)
+
+    def chainfb_fresh(*a):  # a new graph each step, as in training
+        ctc_module._compiled.clear()
+        return chainfb.ctc_loss(*a)
+
+    fn = F.ctc_loss if args.method == LONG_METHODS[0] else chainfb_fresh
+
+    def inputs(T, S):
+        lp = torch.randn(T, 1, LONG_C, dtype=dtype).log_softmax(-1)
+        return lp, torch.randint(1, LONG_C, (1, S)), torch.full((1,), T), torch.full((1,), S)
+
+    def step(lp, tg, il, tl):
+        x = lp.clone().requires_grad_()
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = fn(x, tg, il, tl)
+        loss.backward()
+        return time.perf_counter() - t0, time.process_time() - c0, float(loss)
+
+    step(*inputs(50, 20))  # warm-up: imports, compiled code
+    data = inputs(T, S)
+    walls, cpus, grows = [], [], []
+    for _ in range(args.repeat):
+        gc.collect()
+        base = status_bytes("VmRSS")
+        if not reset_peak():
+            raise SystemExit("--long needs /proc/self/clear_refs to reset the peak resident size")
+        wall, cpu, loss = step(*data)
+        grows.append(status_bytes("VmHWM") - base)
+        walls.append(wall)
+        cpus.append(cpu)
+    print(statistics.median(walls), statistics.median(cpus), max(grows), loss)
+
+
+def run_long(args):
+    from chainfb.engines import numba_log
+
+    env = dict(os.environ)  # the children import the chainfb this process imported
+    root = os.path.dirname(os.path.dirname(os.path.abspath(chainfb.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    engine = f"compiled (Numba {numba_log.numba.__version__})" if numba_log.available() else "NumPy"
+    print(f"# torch {torch.__version__}, one thread, N=1 C={LONG_C} {args.dtype}, loss + backward, "
+          f"median of {args.repeat} per fresh process; chainfb from {root}, CPU engine: {engine}")
+    print(f"{'T':>5s} {'S':>5s} {'method':30s} {'wall s':>8s} {'CPU s':>8s} {'peak MiB':>9s} {'loss':>12s}  "
+          f"{'time vs torch':>13s} {'memory vs torch':>15s}", flush=True)
+    for T, S in LONG_SHAPES:
+        ref = None
+        for method in LONG_METHODS:
+            cmd = [sys.executable, "-m", __spec__.name, "--long-worker", method, "--shape", str(T), str(S),
+                   "--repeat", str(args.repeat), "--seed", str(args.seed), "--dtype", args.dtype]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if r.returncode:
+                sys.stderr.write(r.stdout + r.stderr)
+                return r.returncode
+            wall, cpu, grow, loss = map(float, r.stdout.split()[-4:])
+            ref = ref or (wall, grow)
+            print(f"{T:5d} {S:5d} {method:30s} {wall:8.3f} {cpu:8.3f} {grow / 2**20:9.1f} {loss:12.4f}  "
+                  f"{wall / ref[0]:12.2f}x {grow / ref[1]:14.2f}x", flush=True)
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=None, help="steps per method (default 7, with --long 3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--long", action="store_true", help="long sequences, one thread, time and peak memory")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --long")
+    ap.add_argument("--long-worker", dest="method", choices=LONG_METHODS, help=argparse.SUPPRESS)
+    ap.add_argument("--shape", type=int, nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 3 if args.long or args.method else 7
+    if args.method:
+        return long_worker(args)
+    if args.long:
+        return run_long(args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main() or 0)

@@ -1,0 +1,1 @@
+"""Recipes: applications of chainfb with their own commands (``python -m recipes.<name>``)."""
