@@ -62,6 +62,7 @@ import numpy as np
 import chainfb
 from chainfb.testing import denominator_like_fst, kaldi_sized_denominator, numerator_like_fst
 from ._memory import reset_peak, status_bytes
+from ._timing import call_times
 
 
 def cases(rng, which, P=2000, T=150, sizes=(64, 32, 128), num_phones=50):
@@ -78,18 +79,10 @@ def cases(rng, which, P=2000, T=150, sizes=(64, 32, 128), num_phones=50):
         yield f"(c) N={sizes[2]} numerator graphs", chainfb.FstBatch(graphs), T, P
 
 
-def run(batch, scores, lengths, device):
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        chainfb.forward_backward(batch, scores, lengths)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
-    t0 = time.perf_counter()
-    chainfb.forward_backward(batch, scores, lengths)
-    return time.perf_counter() - t0
+def run(batch, scores, lengths, repeat):
+    """The least wall time of ``repeat`` public calls (after a warm-up call; the device synchronized)."""
+    chainfb.forward_backward(batch, scores, lengths)  # warm-up (builds the lattice, compiles the kernels)
+    return min(call_times(lambda: chainfb.forward_backward(batch, scores, lengths), repeat))
 
 
 KALDI_NUM_MAF_PER_CPU_S = 21.0  # Kaldi's numerator loop, M arc-frames per CPU-second (published figure)
@@ -97,27 +90,21 @@ KALDI_NUM_MAF_PER_CPU_S = 21.0  # Kaldi's numerator loop, M arc-frames per CPU-s
 
 def cpu_throughput(batch, scores, lengths, arcs, T, repeat):
     """M arc-frames per CPU-second of ``repeat`` public calls: (min, median, max)."""
-    rates = []
-    for _ in range(repeat):
-        c = time.process_time()
-        chainfb.forward_backward(batch, scores, lengths)
-        rates.append(arcs * T / (time.process_time() - c) / 1e6)
-    rates.sort()
+    rates = sorted(arcs * T / c / 1e6 for c in call_times(lambda: chainfb.forward_backward(batch, scores, lengths),
+                                                          repeat, timer=time.process_time))
     return rates[0], rates[len(rates) // 2], rates[-1]
 
 
-def run_engine(batch, scores, lengths):
-    """Time of the engine ``auto`` picks alone (CPU): forward+backward on the compact scores,
-    without the gather from and the scatter into the ``[N, T, P]`` arrays."""
+def run_engine(batch, scores, lengths, repeat):
+    """The least time of ``repeat`` calls of the engine ``auto`` picks alone (CPU): forward+backward on the compact
+    scores, without the gather from and the scatter into the ``[N, T, P]`` arrays."""
     from chainfb.engines import forward_backward
     from chainfb.lattice import Lattice
     from chainfb.score_map import PdfScoreMap
 
     lat = Lattice.of(batch)
     X = PdfScoreMap(lat.col_seq, lat.col_pdf).gather(np, scores)
-    t0 = time.perf_counter()
-    forward_backward(lat, X, lengths)
-    return time.perf_counter() - t0
+    return min(call_times(lambda: forward_backward(lat, X, lengths), repeat))
 
 
 def bytes_moved(arcs, T, real=8):
@@ -178,12 +165,10 @@ def run_den(args):
         y = torch.from_numpy(scores).requires_grad_()
 
         def step():
-            t = time.perf_counter()
             loss_fn(y, nums, lengths).backward()
-            return time.perf_counter() - t
 
         step()
-        best = min(step() for _ in range(args.repeat))
+        best = min(call_times(step, args.repeat))
         print(f"ChainLoss forward+backward ({N} numerator graphs of ~{nums.num_arcs // N} arcs + den): {best:.3f} s")
 
 
@@ -311,12 +296,11 @@ def main(argv=None):
             import torch
 
             scores = torch.from_numpy(scores_np).cuda()
-        run(batch, scores, lengths, args.device)  # warm-up (builds the lattice, compiles the kernels)
-        best = min(run(batch, scores, lengths, args.device) for _ in range(args.repeat))
+        best = run(batch, scores, lengths, args.repeat)
         arcs = sum(batch.fsts[g].num_arcs for g in batch.seq_to_graph)
         line = f"{name:28s} {arcs:9d} {T:6d} {best:8.3f} {arcs * T / best / 1e6:15.1f}"
         if args.device == "cpu":
-            eng = min(run_engine(batch, scores, lengths) for _ in range(args.repeat))
+            eng = run_engine(batch, scores, lengths, args.repeat)
             line += f" {eng:8.3f} {arcs * T / eng / 1e6:21.1f}"
         if args.device == "cuda":
             gbps = bytes_moved(arcs, T) / best / 1e9
@@ -324,7 +308,7 @@ def main(argv=None):
             if args.peak_gbps:
                 line += f" {gbps / args.peak_gbps:8.1%}"
             if args.numpy_baseline:
-                base = min(run(batch, scores_np, lengths, "cpu") for _ in range(max(1, args.repeat // 2)))
+                base = run(batch, scores_np, lengths, max(1, args.repeat // 2))
                 line += f" {base:8.3f} {base / best:7.1f}x"
         print(line, flush=True)
         if args.device == "cpu" and name[:3] in ("(a)", "(c)"):
