@@ -21,7 +21,7 @@ Transducer score maps are run at two small vocabularies and their work
 extrapolated to the case's vocabulary (it is affine in V); the engine does
 not depend on V.
 
-    PYTHONPATH=tests python benchmarks/gpu_model.py [--cases ctc,rnnt,tdt,multiblank,den] [--device h200|h100]
+    PYTHONPATH=tests python -m benchmarks.gpu_model [--cases ctc,rnnt,tdt,multiblank,den] [--device h200|h100]
 
 These are predictions of a model, not measurements; ``benchmarks/gpu_check.py``
 measures on a GPU.

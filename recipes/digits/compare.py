@@ -1,4 +1,4 @@
-"""The side-by-side comparison of ``train_digits.py --criterion all``:
+"""The side-by-side comparison of ``python -m recipes.digits --criterion all``:
 ``compare.json`` (per criterion: test WER, greedy WER where the decoder has
 one, wall and CPU seconds per epoch, peak resident memory) and
 ``compare.png`` (WER, time per epoch, WER per epoch, the LF-MMI objective
