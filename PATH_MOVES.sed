@@ -7,6 +7,8 @@ s#run by `tools/train_digits.py` |$#run by `python -m recipes.digits` (training,
 s#| progress bars in `tools/` |#| progress bars of the console scripts |#
 s#`graphs/`, `tools/`, `recipes/`,#`graphs/`, `benchmarks/`, `examples/`, `recipes/`,#
 s#the tests, the command-line tools and a spoken-digit#the tests, the benchmarks, the examples and a spoken-digit#
+# -- docs/gpu.md: the GPU check's --emulate takes the test suite's emulation on the path
+s#^`--emulate` runs the same steps on a machine without a GPU: the kernels' CPU emulation of the test suite, tiny$#`--emulate` (`PYTHONPATH=tests python -m benchmarks.gpu_check --emulate --out DIR`, from the repository root) runs the same steps on a machine without a GPU: the kernels' CPU emulation of the test suite, tiny#
 # -- docs/layout.md: the layer of the console scripts (tests/test_layers.py's LAYERS)
 /^| top | `chainfb`, `chainfb.testing` |/a\| cli | `chainfb.cli` | the console scripts (setup.cfg's entry points): graph building and drawing from the command line |
 # -- the recipe: python -m recipes.digits (training), python -m recipes.digits.align
