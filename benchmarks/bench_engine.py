@@ -61,6 +61,7 @@ import numpy as np
 
 import chainfb
 from chainfb.testing import denominator_like_fst, kaldi_sized_denominator, numerator_like_fst
+
 from ._memory import reset_peak, status_bytes
 from ._timing import call_times
 

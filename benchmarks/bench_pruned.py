@@ -45,6 +45,7 @@ import warnings
 import torch
 
 from chainfb.engines import set_num_threads as set_engine_threads
+
 from .bench_transducer import case_boundary, pruned_case
 
 warnings.filterwarnings("ignore")

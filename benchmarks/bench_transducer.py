@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 import chainfb
+
 from ._memory import reset_peak, status_bytes
 
 warnings.filterwarnings("ignore")

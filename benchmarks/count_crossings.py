@@ -26,7 +26,6 @@ import traceback
 import numpy as np
 import torch
 
-
 import chainfb
 import chainfb.testing
 from chainfb.chain import (

@@ -37,11 +37,11 @@ import statistics
 import time
 import traceback
 
-
 import numpy as np
 import torch
 
 import chainfb
+
 from ._gpu_place import HostEvent, kernel_totals, make_place, until, write_json
 
 #: (T, N, C, S) of the CTC cases, on the GPU and under the emulation

@@ -16,7 +16,6 @@ import json
 import statistics
 import sys
 
-
 import numpy as np
 
 from .gpu_bench import CTC_SHAPES

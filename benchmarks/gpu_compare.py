@@ -24,7 +24,6 @@ import sys
 import time
 import traceback
 
-
 import torch
 
 from ._gpu_place import json_number, make_place, until, write_json

@@ -31,7 +31,6 @@ import time
 import traceback
 
 
-
 def _engine_calls(place):
     """``{name: call}``: the engines on each real type, lattice kind and leak (direct calls, the engine protocol
     with the kernel backend first)."""

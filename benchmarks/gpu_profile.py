@@ -18,10 +18,10 @@ import statistics
 import sys
 import time
 
-
 import torch
 
 import chainfb
+
 from .gpu_bench import CTC_SHAPES, loss_step
 
 

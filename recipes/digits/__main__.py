@@ -38,6 +38,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 DEFAULT_OUT = os.path.join("exp", "digits")
 
 
