@@ -2,6 +2,7 @@
 the host compiler under tests/emulation/emulate.h (see tests/emulation),
 compared with the NumPy engine, path enumeration and the NumPy twins."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import numpy as np
 import pytest
 import torch
@@ -606,7 +607,7 @@ def test_emulation_under_asan(tmp_path):
     libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     if not libasan or not os.path.isabs(libasan) or not os.path.exists(libasan):
         pytest.skip("libasan not available")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = paths.TESTS
     script = tmp_path / "asan_child.py"
     script.write_text(f"""
 import sys

@@ -2,6 +2,7 @@
 whole run in its --emulate mode (the kernels' CPU emulation, tiny shapes, a stand-in compute-sanitizer), and the
 parts that need CUDA or CuPy with fakes."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from emulation import find_compiler
 
 from benchmarks import _gpu_place, _gpu_report, gpu_check
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 
 needs_compiler = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler for the kernel emulation")
 

@@ -2,6 +2,7 @@
 numerator / denominator / word-loop graphs over biphone pdfs, Kaldi's initial
 probabilities of the biphone denominator, and the graph tools' options."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import itertools
 import math
 import os
@@ -19,7 +20,7 @@ from chainfb.chain import (
 from oracles import chain_graphs as chain_oracle
 from oracles.chain_graphs import pdf_sequences
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 PHONES = ["SIL", "A", "B", "C"]
 LEX = ["a 1.0 A B", "a 0.5 A C", "b 1.0 B", "c 1.0 C A", "SIL 1.0 SIL"]
 

@@ -3,6 +3,7 @@ files, numerator graphs (alternatives, optional silence, OOV, too-short
 transcripts), word-loop graphs, phone LM and denominator graph,
 normalization FST."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import itertools
 import math
 import os
@@ -22,7 +23,7 @@ from chainfb.testing import random_fst
 from oracles import chain_graphs as chain_oracle
 from oracles.chain_graphs import pdf_sequences
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 LEX = ["a A B", "a A C", "b B", "c C A", "SIL SIL"]
 PHONES = ["SIL", "A", "B", "C"]
 

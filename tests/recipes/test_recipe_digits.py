@@ -1,4 +1,5 @@
 """Tests of the digit recipe on a tiny corpus (skipped without the optional 'recipe' extra)."""
+import paths  # tests/paths.py: the repository's and the tests' folders
 import itertools
 import json
 import os
@@ -21,7 +22,7 @@ from recipes.digits.lexicon import (cmudict_lexicon, phone_inventory, sample_pho
 from recipes.digits.model import TdnnModel, build_model  # noqa: E402
 from recipes.digits.train import Recipe, TrainConfig, train  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 RECIPE = ["-m", "recipes.digits"]  # the recipe's command, run with recipe_env()
 
 

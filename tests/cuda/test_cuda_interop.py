@@ -2,12 +2,13 @@
 when CuPy drops them -- also when that happens while the interpreter shuts down, without an error printed at exit.
 Checked with a fake CuPy and a fake torch allocator (no GPU needed)."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import os
 import subprocess
 import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 
 # A child interpreter: torch's allocator faked, a fake CuPy with the pieces torch_malloc uses; one block is
 # dropped at once, another is kept in a chainfb module's global (as chainfb's caches keep device arrays), so CuPy

@@ -1,5 +1,6 @@
 """The CuPy check at first use of the GPU path (no GPU needed: fakes)."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import types
 
 import pytest
@@ -45,7 +46,7 @@ def test_extras_name_both_cuda_majors():
     import os
 
     cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.cfg"))
+    cfg.read(os.path.join(paths.REPO, "setup.cfg"))
     extras = cfg["options.extras_require"]
     assert "cupy-cuda12x[ctk]" in extras["gpu-cu12"] and "cupy-cuda13x[ctk]" in extras["gpu-cu13"]
     assert extras["gpu"].strip() == extras["gpu-cu13"].strip()

@@ -4,6 +4,7 @@ what the first compiled, counted (compilations and cache hits), never timed.
 A read-only install is a read-only bind mount of a copy of the package (``unshare -rm``: a user and mount
 namespace of the test's own) when the tests run as root, who may write anywhere else; otherwise the copy's
 write permissions are removed.  Skipped where neither can be had."""
+import paths  # tests/paths.py: the repository's and the tests' folders
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 
 MODULE = '''
 from chainfb.engines.numba_cache import njit

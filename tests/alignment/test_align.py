@@ -3,9 +3,9 @@ the documented tie rule, brute force and torchaudio (where installed);
 transducers against path enumeration; chain pdf alignments against brute
 force; phone/word segments; impossible utterances; the CTM tool's writer."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import itertools
 import math
-import os
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ from oracles import transducer as rnnt_oracle
 from oracles.fst import brute_force_best
 from devices import DeviceCase, OnCUDA
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 
 
 # ------------------------------------------------------------------ CTC

@@ -1,6 +1,7 @@
 """Command-line behaviour of the commands: the package's console scripts (chainfb.cli), the recipe's
 (``python -m recipes.digits``) and the examples' (``python -m examples.<name>``) (fast: argument errors and small
 outputs only)."""
+import paths  # tests/paths.py: the repository's and the tests' folders
 import importlib
 import os
 import re
@@ -10,7 +11,7 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.REPO
 
 
 #: each command as ``python -m <module>`` (the console scripts run the same ``main``)

@@ -2,6 +2,7 @@
 alignment enumeration, a plain-loop grid reference, gradcheck and the
 published fixed vectors."""
 
+import paths  # tests/paths.py: the repository's and the tests' folders
 import math
 
 import numpy as np
@@ -464,7 +465,7 @@ def test_draw_tool_writes_dot(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(paths.REPO)
     env = dict(__import__("os").environ, PYTHONPATH=str(root))
     subprocess.run([sys.executable, "-m", "chainfb.cli.draw_transducer", "--out", str(tmp_path)], check=True,
                    env=env, capture_output=True)
