@@ -1,5 +1,5 @@
 """GPU-vs-CPU checks: every criterion of chainfb on the same inputs on the device and on the CPU, values and
-gradients compared, and the two 20,000-frame posterior-sum checks of ``tests/test_engine.py`` on the device.
+gradients compared, and the two 20,000-frame posterior-sum checks of ``tests/engines/test_engine.py`` on the device.
 
 Criteria (the cases of ``benchmarks/_gpu_cases.py``): ``ctc_loss``, ``rnnt_loss`` (float32, float64, float16, bfloat16
 logits), ``multiblank_rnnt_loss``, ``tdt_loss``, ``DenominatorGraph`` (shared-graph and per-sequence kernels),
@@ -62,7 +62,7 @@ def compare_case(place, name, case, tol) -> list:
 
 def long_cases(frames: int) -> dict:
     """``{name: (fst, scores [1, T, P] float64, bound on |frame posterior sum - 1|, bound on the posteriors'
-    difference from the CPU path's)}``: the two long checks of tests/test_engine.py."""
+    difference from the CPU path's)}``: the two long checks of tests/engines/test_engine.py."""
     import numpy as np
 
     from chainfb import Fst

@@ -53,7 +53,7 @@ def emulated_run(tmp_path_factory, emulated_backend):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     env[_gpu_place.EMULATION_LIBRARY] = emulated_backend.lib._name
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--emulate", "--out", str(out),
-                        "--budget-s", "600", "--tests", "tests/test_cuda_device.py", "--sanitizer", str(fake),
+                        "--budget-s", "600", "--tests", "tests/cuda/test_cuda_device.py", "--sanitizer", str(fake),
                         "--sanitizer-tools", "racecheck"], cwd=tmp, env=env, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -2,7 +2,7 @@
 // known, built into the emulation library only with
 // -DCHAINFB_EMULATE_SELFTEST: the tests check that the emulation reports
 // them and reproduces CUDA's semantics (see
-// tests/test_cuda_emulation_checks.py).
+// tests/cuda/test_cuda_emulation_checks.py).
 #ifndef CHAINFB_EMULATE_SELFTEST_H
 #define CHAINFB_EMULATE_SELFTEST_H
 
