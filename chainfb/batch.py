@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -91,7 +91,7 @@ class FstBatch:
         self.fwd_order, self.in_ptr = _csr(self.dst, S)
         self.bwd_order, self.out_ptr = _csr(self.src, S)
 
-    def with_sequences(self, seq_to_graph) -> "FstBatch":
+    def with_sequences(self, seq_to_graph) -> FstBatch:
         """A batch over the same graphs with another sequence-to-graph map
         ``[N]``: the packed arrays and the per-graph memo of :meth:`cache` are
         shared, not copied."""
@@ -174,7 +174,7 @@ class FstBatch:
         )
 
     @classmethod
-    def coerce(cls, fsts, num_sequences: int | None = None) -> "FstBatch":
+    def coerce(cls, fsts, num_sequences: int | None = None) -> FstBatch:
         """An FstBatch from an Fst (shared by all sequences), a list, or a batch."""
         if isinstance(fsts, FstBatch):
             batch = fsts

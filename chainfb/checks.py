@@ -15,7 +15,7 @@ here under its old name).
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

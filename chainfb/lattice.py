@@ -146,7 +146,7 @@ class Lattice:
         """Arcs of all instances sorted by source (the backward pass)."""
         return self._side(self.batch.bwd_order, self.batch.out_ptr)
 
-    def graph_lattice(self) -> "Lattice":
+    def graph_lattice(self) -> Lattice:
         """The one-sequence lattice of the graph every sequence uses
         (graph-local states and columns), cached per graph in the batch's
         memo (:meth:`~chainfb.batch.FstBatch.cache`); ValueError when the
@@ -199,7 +199,7 @@ class Lattice:
         return self.cache(("lattice", "parts", ranges), build)
 
     @classmethod
-    def of(cls, batch: FstBatch) -> "Lattice":
+    def of(cls, batch: FstBatch) -> Lattice:
         """The lattice of ``batch``, built once and kept by it
         (:meth:`~chainfb.batch.FstBatch.cache`, per batch)."""
         return batch.cache(("lattice", "of"), lambda: cls(batch), per_batch=True)

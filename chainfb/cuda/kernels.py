@@ -55,7 +55,9 @@ __all__ = [
 #: Kernel files (compiled separately) and the instantiations each provides.
 SOURCES = {
     "engine.cu": [f"chainfb::fb_{k}<{r}>" for k in ("recursion", "posteriors") for r in ("float", "double")],
-    "shared_graph.cu": [f"chainfb::fb_shared_{k}<{r}>" for k in ("recursion", "posteriors") for r in ("float", "double")],
+    "shared_graph.cu": [
+        f"chainfb::fb_shared_{k}<{r}>" for k in ("recursion", "posteriors") for r in ("float", "double")
+    ],
     "transducer.cu": [
         f"chainfb::transducer_gather<{i}, {r}>"
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))

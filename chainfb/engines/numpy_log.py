@@ -126,7 +126,7 @@ def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=Non
     if not need_posteriors:
         return loglike, None
     post = np.empty(X.shape)
-    for (seqs, states, cols, sub), (_, p) in zip(parts, results):
+    for (_, _, cols, _), (_, p) in zip(parts, results):
         post[:, cols] = p
     return loglike, post
 

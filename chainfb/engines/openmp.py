@@ -73,7 +73,7 @@ def _candidates():
     return sorted(seen, key=lambda p: not p.startswith(roots)), roots
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _find():
     """The runtime's ``GOMP_parallel`` (looked for once), or None."""
     if not sys.platform.startswith("linux") or os.environ.get("CHAINFB_OPENMP", "1") == "0":

@@ -91,7 +91,7 @@ def is_exact(lat: Lattice, X) -> bool:
     return spread + g.weight_spread < MAX_SPREAD and g.final_spread < MAX_SPREAD
 
 
-def _matrices(lat: Lattice) -> "_SharedGraph":
+def _matrices(lat: Lattice) -> _SharedGraph:
     """The shared graph's sparse matrices (built once per graph, cached in
     the batch's memo, :meth:`~chainfb.batch.FstBatch.cache`)."""
     return lat.batch.cache(("scipy_shared", "matrices", lat.graph), lambda: _SharedGraph(lat.shared_fst))

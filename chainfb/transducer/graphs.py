@@ -43,7 +43,7 @@ tables derived from it (score-map entries, device copies), cached.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -244,7 +244,7 @@ class ScoreEntries:
     allowed, ``t + d <= T_b - 1``, or ``t + d == T_b`` for a blank on the
     last row ``u == U_b`` (NeMo's rules)."""
 
-    def __init__(self, layout: "TransducerLayout", T: int):
+    def __init__(self, layout: TransducerLayout, T: int):
         r = layout.real
         b, u, j = layout.col_b[r], layout.col_u[r], layout.col_j[r]
         Tb = layout.logit_lengths[b]
