@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import checks
+from ._arrays import Ints
 from ._cache import Memo
 from .fst import Fst
 
@@ -60,7 +62,7 @@ class FstBatch:
     sequences (its lattice) is kept there too, per batch (``per_batch``).
     """
 
-    def __init__(self, fsts: Fst | Sequence[Fst], seq_to_graph=None):
+    def __init__(self, fsts: Fst | Sequence[Fst], seq_to_graph: Ints | None = None):
         if isinstance(fsts, Fst):
             fsts = [fsts]
         fsts = list(fsts)
@@ -91,7 +93,7 @@ class FstBatch:
         self.fwd_order, self.in_ptr = _csr(self.dst, S)
         self.bwd_order, self.out_ptr = _csr(self.src, S)
 
-    def with_sequences(self, seq_to_graph) -> FstBatch:
+    def with_sequences(self, seq_to_graph: Ints) -> FstBatch:
         """A batch over the same graphs with another sequence-to-graph map
         ``[N]``: the packed arrays and the per-graph memo of :meth:`cache` are
         shared, not copied."""
@@ -101,7 +103,7 @@ class FstBatch:
         out.seq_to_graph = _check_seq_to_graph(seq_to_graph, self.num_graphs)
         return out
 
-    def cache(self, key: tuple, build, per_batch: bool = False):
+    def cache(self, key: tuple, build: Callable[[], Any], per_batch: bool = False) -> Any:
         """``build()``, computed once per ``key`` (a tuple whose first element
         names its user, e.g. ``("scipy_shared", g)``) and kept: in the memo of
         the graphs, shared by every batch :meth:`with_sequences` derives, or
@@ -115,14 +117,14 @@ class FstBatch:
         self._memo.clear()
         self._graph_memo.clear()
 
-    def graph_columns(self, g: int):
+    def graph_columns(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """``(pdfs [K_g], local_col [A_g])`` of graph ``g``: its distinct pdfs,
         sorted, and each of its arcs' index into them (:meth:`columns`)."""
         ptr, pdfs, local = self.columns()
         a0, a1 = self.arc_offsets[g], self.arc_offsets[g + 1]
         return pdfs[ptr[g]:ptr[g + 1]], local[a0:a1]
 
-    def columns(self):
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every graph's distinct pdfs at once: ``(ptr [G+1], pdfs [K],
         local_col [A])`` -- graph ``g``'s sorted distinct pdfs are
         ``pdfs[ptr[g]:ptr[g+1]]`` and each arc's index among its graph's is
@@ -174,7 +176,7 @@ class FstBatch:
         )
 
     @classmethod
-    def coerce(cls, fsts, num_sequences: int | None = None) -> FstBatch:
+    def coerce(cls, fsts: Fst | Sequence[Fst] | FstBatch, num_sequences: int | None = None) -> FstBatch:
         """An FstBatch from an Fst (shared by all sequences), a list, or a batch."""
         if isinstance(fsts, FstBatch):
             batch = fsts

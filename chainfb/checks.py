@@ -15,12 +15,16 @@ here under its old name).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ._cache import LRU  # noqa: F401 -- its old import path
+
+if TYPE_CHECKING:  # chainfb._arrays imports this module
+    from ._arrays import Ints
 
 __all__ = [
     "FLOATS", "INTS", "tensor", "flag", "number", "integer", "choice", "reduction", "reduce", "lengths",
@@ -38,7 +42,8 @@ def _listed(items) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
-def tensor(x, name: str, dtypes=None, ndim=None, layout: str = ""):
+def tensor(x: Any, name: str, dtypes: Collection[torch.dtype] | None = None, ndim: int | None = None,
+           layout: str = "") -> torch.Tensor:
     """``x`` itself, checked: a torch tensor (else ``TypeError``), of one of
     ``dtypes`` (else ``TypeError``), with ``ndim`` dimensions (else
     ``ValueError``; ``layout`` such as ``"[B, T, U, V]"`` is named)."""
@@ -53,7 +58,7 @@ def tensor(x, name: str, dtypes=None, ndim=None, layout: str = ""):
     return x
 
 
-def flag(value, name: str) -> bool:
+def flag(value: Any, name: str) -> bool:
     """A boolean flag: ``True``/``False`` (or a NumPy bool) only -- a string
     such as ``"False"`` or a number is a ``TypeError``, not silently truthy."""
     if isinstance(value, (bool, np.bool_)):
@@ -61,7 +66,7 @@ def flag(value, name: str) -> bool:
     raise TypeError(f"{name}: expected True or False, got {value!r} ({type(value).__name__})")
 
 
-def number(value, name: str, lo: float | None = None, hi: float | None = None, *, finite: bool = True,
+def number(value: Any, name: str, lo: float | None = None, hi: float | None = None, *, finite: bool = True,
            lo_open: bool = False, hi_open: bool = False) -> float:
     """A real number (Python or NumPy scalar; not a bool, a string or a
     tensor) as a float, checked against ``[lo, hi]`` (``lo_open`` /
@@ -81,7 +86,7 @@ def number(value, name: str, lo: float | None = None, hi: float | None = None, *
     return v
 
 
-def integer(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
+def integer(value: Any, name: str, lo: int | None = None, hi: int | None = None) -> int:
     """An integer (Python or NumPy; not a bool, a float or a string) as an
     ``int`` in ``[lo, hi]``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
@@ -94,7 +99,7 @@ def integer(value, name: str, lo: int | None = None, hi: int | None = None) -> i
     return v
 
 
-def choice(value, name: str, allowed: Sequence[str]) -> str:
+def choice(value: Any, name: str, allowed: Sequence[str]) -> str:
     """``value`` if it is one of ``allowed`` (strings), else ``ValueError``."""
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name}: expected {_listed(allowed)}, got {value!r}")
@@ -112,12 +117,12 @@ REDUCTIONS = {
 }
 
 
-def reduction(value, allowed: Sequence[str] = ("none", "mean", "sum"), name: str = "reduction") -> str:
+def reduction(value: Any, allowed: Sequence[str] = ("none", "mean", "sum"), name: str = "reduction") -> str:
     """A reduction name among ``allowed`` (a subset of :data:`REDUCTIONS`)."""
     return choice(value, name, allowed)
 
 
-def reduce(values: torch.Tensor, how: str, total=None) -> torch.Tensor:
+def reduce(values: torch.Tensor, how: str, total: Ints | float | None = None) -> torch.Tensor:
     """``values [N]`` reduced: ``"none"``, ``"sum"``, ``"mean"`` /
     ``"mean_batch"`` (batch mean), or ``"mean_volume"`` / ``"frame"`` (the
     sum divided by ``total``: target lengths or frame counts ``[N]``, or
@@ -136,7 +141,7 @@ def reduce(values: torch.Tensor, how: str, total=None) -> torch.Tensor:
     raise ValueError(f"reduction: expected one of {_listed(REDUCTIONS)}, got {how!r}")
 
 
-def int_array(x, name: str, ndim: int | None = None) -> np.ndarray:
+def int_array(x: Any, name: str, ndim: int | None = None) -> np.ndarray:
     """Integers (a torch integer tensor, a NumPy integer array or a sequence
     of Python ints) as an int64 NumPy array; floats and bools are a
     ``TypeError`` (never truncated)."""
@@ -159,7 +164,7 @@ def int_array(x, name: str, ndim: int | None = None) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def lengths(x, name: str, N: int, T: int | None = None, bound: str = "T") -> np.ndarray:
+def lengths(x: Any, name: str, N: int, T: int | None = None, bound: str = "T") -> np.ndarray:
     """Lengths ``[N]`` as int64 NumPy in ``[0, T]`` (``T=None``: no upper
     bound); ``None`` means all ``T``.  ``bound`` names what ``T`` is in the
     message (e.g. ``"targets.shape[1]"`` for label counts)."""
@@ -179,7 +184,7 @@ def lengths(x, name: str, N: int, T: int | None = None, bound: str = "T") -> np.
     return arr
 
 
-def blank(value, V: int | None = None, name: str = "blank", negative: bool = False, reserved: int = 0) -> int:
+def blank(value: Any, V: int | None = None, name: str = "blank", negative: bool = False, reserved: int = 0) -> int:
     """A blank index as an ``int`` in ``[0, V)``; ``negative=True`` lets
     ``-V <= blank < 0`` mean ``V + blank`` (torchaudio).  ``reserved``
     indices below the blank must also fit (multi-blank: the big blanks)."""
@@ -195,7 +200,7 @@ def blank(value, V: int | None = None, name: str = "blank", negative: bool = Fal
     return r
 
 
-def durations(value, name: str, lo: int, hi: int | None = None) -> list:
+def durations(value: Any, name: str, lo: int, hi: int | None = None) -> list:
     """A non-empty sequence (list, tuple, 1-D integer tensor or array) of
     integer durations in ``[lo, hi]`` as a list of ``int``."""
     if isinstance(value, (str, bytes)) or value is None:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from collections.abc import Callable, Sequence
 from functools import cached_property
+from typing import Any
 
 from ._cache import Memo
 from .batch import FstBatch
@@ -156,7 +158,7 @@ class Lattice:
         g = self.graph
         return self.batch.cache(("lattice", "graph", g), lambda: Lattice(self.batch.with_sequences(np.array([g]))))
 
-    def cache(self, key: tuple, build):
+    def cache(self, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per ``key`` and kept with the lattice
         (thread-safe, :class:`chainfb._cache.Memo`).  Keys are tuples whose
         first element names the user: ``("numpy", "segments")``, ``("numba",
@@ -178,7 +180,7 @@ class Lattice:
             return np.tile(v, self.num_sequences)
         raise ValueError(f"{name} must have shape ({self.num_states},), got {v.shape}")
 
-    def parts(self, ranges) -> list:
+    def parts(self, ranges: Sequence[tuple[int, int]]) -> list:
         """Sub-lattices over contiguous ranges of sequences ``ranges`` (``(start,
         stop)`` pairs covering the sequences in order, e.g. from
         :func:`chainfb.engines.threads.split`): a list of ``(seq_slice,

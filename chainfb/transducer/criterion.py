@@ -40,9 +40,13 @@ cached on it per device and stream, so a call uploads no metadata.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 
+from .._arrays import Array
 from ..criterion import Criterion
 from . import maps
 from .graphs import compile_layout
@@ -53,7 +57,8 @@ __all__ = ["TransducerCriterion", "symbol_table", "host_symbols", "torch_compute
            "kernel_tables", "kernel_gather", "kernel_gradient"]
 
 
-def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big_blanks=()) -> torch.Tensor:
+def symbol_table(targets: torch.Tensor, target_lengths: Array, U1: int, blank: int,
+                 big_blanks: Sequence[int] = ()) -> torch.Tensor:
     """``sym [B, U1, 2 + M]`` int32 on ``targets``' device: the vocabulary
     index arc kind ``j`` of main state ``u`` reads (``-1`` for the label
     kind at ``u >= U_b``).
@@ -82,7 +87,8 @@ def symbol_table(targets: torch.Tensor, target_lengths, U1: int, blank: int, big
     return sym
 
 
-def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int, big_blanks=()) -> np.ndarray:
+def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank: int,
+                 big_blanks: Sequence[int] = ()) -> np.ndarray:
     """:func:`symbol_table` from host
     (NumPy) targets ``[B, >= max(U_b)]`` and ``U_b`` ``[B]``: int64 ``[B, U1, 2 + M]``."""
     B = targets.shape[0]
@@ -120,8 +126,10 @@ class TransducerCriterion(Criterion):
     context :meth:`start` returns, so the object keeps no per-call state.
     """
 
-    def __init__(self, shape, targets, logit_lengths, target_lengths, blank, durations=(), sigma=0.0,
-                 fused_log_softmax=True, fastemit_lambda=0.0, clamp=-1.0, host_targets=None):
+    def __init__(self, shape: tuple[int, int, int, int], targets: Array, logit_lengths: np.ndarray,
+                 target_lengths: np.ndarray, blank: int, durations: Sequence[int] = (), sigma: float = 0.0,
+                 fused_log_softmax: bool = True, fastemit_lambda: float = 0.0, clamp: float = -1.0,
+                 host_targets: Array | None = None):
         B, T, U1, V = shape
         self.layout = lay = compile_layout(target_lengths, logit_lengths, durations, sigma, umax=U1 - 1)
         self.lattice, self.lengths = lay.lat, lay.steps
@@ -138,19 +146,20 @@ class TransducerCriterion(Criterion):
         self.kind_weight[1] += fastemit_lambda
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)
 
-    def start(self, x, need_grad=True):
+    def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
         return maps.gather("rnnt", self, x, need_grad)
 
-    def gather(self, x, need_grad=True):
+    def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
         """The engine's scores ``X [num_steps, C]`` of ``x`` (the gather half alone)."""
         return self.start(x, need_grad)[0]
 
-    def complete(self, x, loglike, post, ctx):
+    def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
+                 ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
         if post is None:
             return value, None
         return value, maps.gradient("rnnt", self, x, loglike, post, ctx)
 
-    def finish(self, x, loglike, post):
+    def finish(self, x: torch.Tensor, loglike: Any, post: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""
         return self.complete(x, loglike, post, self.start(x, post is not None)[1])

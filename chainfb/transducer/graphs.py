@@ -44,9 +44,11 @@ tables derived from it (score-map entries, device copies), cached.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from .._arrays import Ints
 from .._cache import LRU
 from .. import checks
 from ..batch import FstBatch
@@ -201,7 +203,7 @@ def _durations(value, name: str, lo: int) -> tuple:
     return tuple(checks.durations(value, name, lo, MAX_DURATION))
 
 
-def rnnt_graphs(target_lengths, logit_lengths=None) -> FstBatch:
+def rnnt_graphs(target_lengths: Ints, logit_lengths: Ints | None = None) -> FstBatch:
     """The RNN-T step graphs of a batch: one :class:`FstBatch` whose sequence
     ``b`` runs the chain of ``target_lengths[b] + 1`` states (utterances with
     the same label count share a graph).  ``logit_lengths`` (optional,
@@ -211,7 +213,8 @@ def rnnt_graphs(target_lengths, logit_lengths=None) -> FstBatch:
     return _batch_graphs(target_lengths, logit_lengths, _builder("rnnt", (), 0.0, logit_lengths))
 
 
-def multiblank_graphs(target_lengths, big_blank_durations, sigma: float = 0.0, logit_lengths=None) -> FstBatch:
+def multiblank_graphs(target_lengths: Ints, big_blank_durations: Sequence[int], sigma: float = 0.0,
+                      logit_lengths: Ints | None = None) -> FstBatch:
     """The multi-blank RNN-T step graphs of a batch (see the module docstring
     for the big blanks' arcs spanning frames); ``sigma`` is subtracted on every arc."""
     durations = _durations(big_blank_durations, "big_blank_durations", 2)
@@ -219,7 +222,7 @@ def multiblank_graphs(target_lengths, big_blank_durations, sigma: float = 0.0, l
     return _batch_graphs(target_lengths, logit_lengths, _builder("rnnt", durations, sigma, logit_lengths))
 
 
-def tdt_graphs(target_lengths, durations: Sequence[int], logit_lengths=None) -> FstBatch:
+def tdt_graphs(target_lengths: Ints, durations: Sequence[int], logit_lengths: Ints | None = None) -> FstBatch:
     """The TDT step graphs of a batch as one :class:`~chainfb.FstBatch`
     (utterances with the same label count share a graph).  With
     ``logit_lengths`` (``[B]``), utterances with no frames are impossible
@@ -292,7 +295,7 @@ class TransducerLayout:
     upload.
     """
 
-    def __init__(self, batch: FstBatch, target_lengths, logit_lengths, width: int, umax: int,
+    def __init__(self, batch: FstBatch, target_lengths: Ints, logit_lengths: Ints, width: int, umax: int,
                  family: str = "rnnt", durations: tuple = ()):
         self.batch = batch
         self.lat = lat = Lattice.of(batch)
@@ -313,7 +316,7 @@ class TransducerLayout:
         self.colidx[b[r], self.col_u[r], self.col_j[r]] = r
         self._memo = LRU(16)
 
-    def cache(self, key: tuple, build):
+    def cache(self, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per ``key`` and kept with the layout
         (thread-safe, :class:`chainfb._cache.LRU`; at most 16 keys: frame
         counts, devices, streams)."""
@@ -347,8 +350,8 @@ class TransducerLayout:
 _LAYOUTS = LRU(16)
 
 
-def compile_layout(target_lengths, logit_lengths, durations=(), sigma: float = 0.0, umax: int | None = None,
-                   family: str = "rnnt") -> TransducerLayout:
+def compile_layout(target_lengths: Ints, logit_lengths: Ints, durations: Sequence[int] = (), sigma: float = 0.0,
+                   umax: int | None = None, family: str = "rnnt") -> TransducerLayout:
     """The :class:`TransducerLayout` of a batch: ``family="rnnt"`` (RNN-T,
     or multi-blank with big-blank ``durations`` and ``sigma`` on real arcs)
     or ``"tdt"`` (TDT ``durations``).  Cached (thread-safe LRU) by the

@@ -45,7 +45,7 @@ import torch
 
 from .._cache import LRU, Memo
 from .. import checks
-from .._arrays import wrap_like
+from .._arrays import Array, wrap_like
 from ..criterion import Criterion, apply
 from . import maps
 from .graphs import compile_layout
@@ -55,7 +55,7 @@ __all__ = ["GridCriterion", "BandGridCriterion", "grid_loglike", "band_loglike",
 _FLOATS = (torch.float32, torch.float64)
 
 
-def check_boundary(boundary, B: int, S: int, T: int) -> np.ndarray:
+def check_boundary(boundary: Array | None, B: int, S: int, T: int) -> np.ndarray:
     """``boundary`` as int64 NumPy ``[B, 4]`` (``[0, 0, S, T]`` rows when None),
     checked: ``0 <= s_begin <= s_end <= S`` and ``0 <= t_begin <= t_end <= T``."""
     if boundary is None:
@@ -205,7 +205,7 @@ class GridCriterion(_PlannedCriterion):
     boundary : ``[B, 4]`` ints or None (``[0, 0, S, T]``).
     """
 
-    def __init__(self, px, py, boundary=None):
+    def __init__(self, px: torch.Tensor, py: torch.Tensor, boundary: Array | None = None):
         checks.tensor(px, "px", _FLOATS, 3)
         checks.tensor(py, "py", _FLOATS, 3)
         B, S1, T = py.shape
@@ -226,7 +226,7 @@ class GridCriterion(_PlannedCriterion):
         self.plan, self.lattice, self.lengths = plan, lay.lat, plan.lengths
 
 
-def band_start(ranges, boundary):
+def band_start(ranges: torch.Tensor, boundary: np.ndarray) -> np.ndarray | None:
     """The band's first symbol position ``start [B, T]`` (int64 NumPy) when
     the regular grid restricted to the band ``ranges`` can run as a
     :class:`BandGridCriterion`, else None.
@@ -354,13 +354,14 @@ class BandGridCriterion(_PlannedCriterion):
 
     name = "px_band"
 
-    def __init__(self, px_band, py_band, start, boundary):
+    def __init__(self, px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray, boundary: np.ndarray):
         B, T, R = px_band.shape
         self.plan = _BandPlan(start, boundary, R)
         self.lattice, self.lengths = self.plan.lattice, self.plan.lengths
 
 
-def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad: bool = False):
+def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary: Array | None = None,
+                 return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Total log-probability of the grid lattice (module docstring), differentiable.
 
     Parameters
@@ -391,7 +392,7 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary=None, return_grad:
 
 
 def band_loglike(px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray, boundary: np.ndarray,
-                 return_grad: bool = False):
+                 return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Total log-probability of the regular grid restricted to a band
     (:class:`BandGridCriterion`), differentiable w.r.t. ``px_band`` and
     ``py_band`` (``[B, T, R]``, float32 or float64).  ``start`` and

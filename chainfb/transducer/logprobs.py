@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._arrays import Array
 from .. import checks
 from ..criterion import first_order_backward
 from .maps import compiled
@@ -85,7 +86,7 @@ def _regular_column(px, bd, T, value=-np.inf):
            torch.as_tensor(bd[rows, 3], device=dev)[:, None]] = value
 
 
-def add_delay_penalty(px, boundary, delay_penalty: float, num_frames: int):
+def add_delay_penalty(px: torch.Tensor, boundary: np.ndarray, delay_penalty: float, num_frames: int) -> torch.Tensor:
     """``px + delay_penalty * ((t_end - 1) / 2 - t)`` on every symbol arc
     (k2's delay penalty; nothing when ``delay_penalty <= 0``); ``t_end``
     from ``boundary`` (default ``num_frames``, the ``T`` of ``py``)."""
@@ -207,8 +208,9 @@ class _AdditiveLogprobs(torch.autograd.Function):
         return g_am, g_lm, None, None, None
 
 
-def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0,
-                  lm_only_scale=0.0, am_only_scale=0.0):
+def rnnt_logprobs(am: torch.Tensor, lm: torch.Tensor, symbols: torch.Tensor, blank: int, boundary: Array | None = None,
+                  rnnt_type: str = "regular", delay_penalty: float = 0.0, lm_only_scale: float = 0.0,
+                  am_only_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` of the grid for the additive joiner ``am[t] + lm[s]``.
 
     Parameters
@@ -266,7 +268,8 @@ def rnnt_logprobs(am, lm, symbols, blank, boundary=None, rnnt_type="regular", de
     return _finish(px, py, bd, rnnt_type, delay_penalty, T)
 
 
-def rnnt_logprobs_joint(logits, symbols, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0):
+def rnnt_logprobs_joint(logits: torch.Tensor, symbols: torch.Tensor, blank: int, boundary: Array | None = None,
+                        rnnt_type: str = "regular", delay_penalty: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` of the grid from full joiner logits ``[B, T, S + 1, C]``
     (log-softmax over ``C``); arguments as :func:`rnnt_logprobs`."""
     _check_type(rnnt_type)

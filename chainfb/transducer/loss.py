@@ -9,9 +9,13 @@ reduction gets the right gradient.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 
+from .._arrays import Array
 from .. import checks
 from ..criterion import apply
 from .criterion import TransducerCriterion
@@ -40,14 +44,14 @@ def _host_ints(named: dict) -> dict:
 
 
 def check_inputs(
-    logits,
-    targets,
-    logit_lengths,
-    target_lengths,
+    logits: Any,
+    targets: Any,
+    logit_lengths: Any,
+    target_lengths: Any,
     blank: int,
     num_big_blanks: int = 0,
     exact_shapes: bool = False,
-):
+) -> tuple[int, np.ndarray, np.ndarray]:
     """Validate a transducer batch; returns ``(blank, T_b int64 [B], U_b int64 [B])``
     with ``blank`` resolved (``blank < 0`` means ``V + blank``).
 
@@ -111,7 +115,7 @@ def _checked(logits, targets, logit_lengths, target_lengths, blank, num_big_blan
     return b, Tb, Ub, tg
 
 
-def check_options(clamp, fastemit_lambda) -> tuple:
+def check_options(clamp: Any, fastemit_lambda: Any) -> tuple:
     """``(clamp, fastemit_lambda)`` as floats: ``clamp`` any number but NaN
     (``<= 0`` disables clamping), ``fastemit_lambda`` finite and ``>= 0``."""
     clamp = checks.number(clamp, "clamp", lo=-np.inf, finite=False)
@@ -174,7 +178,7 @@ def rnnt_loss(
     return checks.reduce(apply(logits, crit), reduction)
 
 
-def check_durations(big_blank_durations, V: int, name: str = "big_blank_durations") -> list:
+def check_durations(big_blank_durations: Any, V: int, name: str = "big_blank_durations") -> list:
     """The big-blank durations as a list of ints: a non-empty sequence of
     integers (no strings, no fractions) in ``[2, MAX_DURATION]`` (a big
     blank longer than every utterance is never taken: the step graphs leave
@@ -192,7 +196,7 @@ def multiblank_rnnt_loss(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     blank: int,
-    big_blank_durations,
+    big_blank_durations: Sequence[int] | Array,
     sigma: float = 0.0,
     fastemit_lambda: float = 0.0,
     clamp: float = -1,

@@ -63,6 +63,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._arrays import Array, Ints
 from .. import checks
 from .grid import band_loglike, band_start, check_boundary, grid_loglike
 from .logprobs import (RNNT_TYPES, _blank, _band_logprobs, _check_frames, _check_type, _finish, _float, _penalty,
@@ -118,7 +119,9 @@ def _band_to_grid(px_band, py_band, rg, S, fill=-np.inf):
     return px, py
 
 
-def rnnt_logprobs_pruned(logits, symbols, ranges, blank, boundary=None, rnnt_type="regular", delay_penalty=0.0):
+def rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor, blank: int,
+                         boundary: Array | None = None, rnnt_type: str = "regular",
+                         delay_penalty: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(px, py)`` of the full grid from joiner logits on a band.
 
     Parameters
@@ -167,7 +170,8 @@ def _pruned_loss(logits, symbols, ranges, blank, boundary, rnnt_type, delay_pena
     return loss, (px_grad, py_grad)
 
 
-def boundary_from_lengths(logit_lengths, target_lengths, T: int | None = None, U: int | None = None) -> torch.Tensor:
+def boundary_from_lengths(logit_lengths: Ints, target_lengths: Ints, T: int | None = None,
+                          U: int | None = None) -> torch.Tensor:
     """``[B, 4]`` int64 ``[0, 0, U_b, T_b]`` (on ``logit_lengths``' device
     when it is a tensor): both ``[B]`` integers (floats and bools are a
     ``TypeError``), ``T_b`` in ``[0, T]`` and ``U_b`` in ``[0, U]`` when the
@@ -191,9 +195,10 @@ def _loss(px, py, boundary, reduction, return_grad, dtype):
     return (loss, grads) if return_grad else loss
 
 
-def simple_rnnt_loss(am, lm, targets, logit_lengths, target_lengths, blank, rnnt_type="regular",
-                     delay_penalty=0.0, lm_only_scale=0.0, am_only_scale=0.0, reduction="mean",
-                     return_grad=False):
+def simple_rnnt_loss(am: torch.Tensor, lm: torch.Tensor, targets: torch.Tensor, logit_lengths: Ints,
+                     target_lengths: Ints, blank: int, rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     lm_only_scale: float = 0.0, am_only_scale: float = 0.0, reduction: str = "mean",
+                     return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """RNN-T loss of the additive joiner ``am[t] + lm[s]`` (k2's simple /
     smoothed loss), without a 4-D tensor.
 
@@ -224,8 +229,10 @@ def _size(x, ndim: int, dim: int, minus: int = 0):
     return x.shape[dim] - minus if isinstance(x, torch.Tensor) and x.dim() == ndim else None
 
 
-def pruned_rnnt_loss(logits, targets, ranges, logit_lengths, target_lengths, blank, rnnt_type="regular",
-                     delay_penalty=0.0, reduction="mean", return_grad=False):
+def pruned_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, ranges: torch.Tensor, logit_lengths: Ints,
+                     target_lengths: Ints, blank: int, rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: str = "mean",
+                     return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """RNN-T loss from joiner logits on the band ``ranges`` (k2's pruned loss).
 
     Parameters
@@ -241,8 +248,9 @@ def pruned_rnnt_loss(logits, targets, ranges, logit_lengths, target_lengths, bla
     return _pruned_loss(logits, targets, ranges, blank, bd, rnnt_type, delay_penalty, reduction, return_grad)
 
 
-def grid_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, rnnt_type="regular", delay_penalty=0.0,
-                   reduction="mean", return_grad=False):
+def grid_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: Ints, target_lengths: Ints, blank: int,
+                   rnnt_type: str = "regular", delay_penalty: float = 0.0, reduction: str = "mean",
+                   return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """RNN-T loss of full joiner logits ``[B, T, U + 1, C]`` through the grid
     lattice, for every ``rnnt_type`` and the delay penalty (for the regular
     type without a penalty :func:`chainfb.rnnt_loss` gives the same numbers

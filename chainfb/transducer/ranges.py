@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import torch
 
+from .._arrays import Array
 from .. import checks
 from .grid import check_boundary
 
@@ -45,7 +46,7 @@ def _s_range_needs(bd: np.ndarray) -> np.ndarray:
     return np.where(live, (S_b - 1) // np.maximum(T_b, 1) + 2, 1)
 
 
-def min_s_range(boundary) -> int:
+def min_s_range(boundary: Array) -> int:
     """The narrowest band with which every sequence of a regular transducer
     can reach its last symbol: ``max_b (S_b - 1) // T_b + 2`` over the rows
     with ``S_b >= 1`` and ``T_b >= 1`` (``S_b``, ``T_b`` are ``boundary[:,
@@ -77,7 +78,8 @@ def _band_scores(pxg, pyg, s_range, how):
     return score - entering
 
 
-def prune_ranges(px_grad, py_grad, boundary, s_range: int, *, band_scores: str = "float64"):
+def prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary: Array | None, s_range: int, *,
+                 band_scores: str = "float64") -> torch.Tensor:
     """k2's ``get_rnnt_prune_ranges``: per frame, the ``s_range`` consecutive
     symbol positions that hold the most occupancy.
 
@@ -130,7 +132,7 @@ def prune_ranges(px_grad, py_grad, boundary, s_range: int, *, band_scores: str =
     return ranges_from_starts(start, bd, s_range, T1 == T)
 
 
-def ranges_from_starts(start, bd: np.ndarray, s_range: int, modified: bool):
+def ranges_from_starts(start: torch.Tensor, bd: np.ndarray, s_range: int, modified: bool) -> torch.Tensor:
     """k2's last steps of the prune ranges: the band start ``start [B, T]``
     (each frame's best) set to ``max(s_end - s_range + 1, 0)`` from frame
     ``t_end - 1`` on, then lowered until it starts at 0, never falls and
@@ -151,7 +153,7 @@ def ranges_from_starts(start, bd: np.ndarray, s_range: int, modified: bool):
     return start[:, :, None] + torch.arange(s_range, device=dev)
 
 
-def prune(am, lm, ranges):
+def prune(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """k2's ``do_rnnt_pruning``: ``(am_pruned, lm_pruned)``, both ``[B, T,
     s_range, D]``: ``am_pruned[b, t, k] = am[b, t]``, ``lm_pruned[b, t, k] =
     lm[b, ranges[b, t, k]]`` (``am [B, T, D]``, ``lm [B, S + 1, D]``)."""

@@ -60,9 +60,13 @@ and :mod:`chainfb.checks`), reductions are :func:`chainfb.checks.reduce`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 
+from .._arrays import Ints
 from .. import checks
 from ..criterion import Criterion, apply
 from . import maps
@@ -91,8 +95,9 @@ class TDTCriterion(Criterion):
     sigma, fastemit_lambda, clamp : see :func:`tdt_loss`.
     """
 
-    def __init__(self, shape, targets, logit_lengths, target_lengths, blank, durations, sigma=0.0,
-                 fastemit_lambda=0.0, clamp=-1.0):
+    def __init__(self, shape: tuple[int, int, int, int], targets: torch.Tensor, logit_lengths: np.ndarray,
+                 target_lengths: np.ndarray, blank: int, durations: Sequence[int], sigma: float = 0.0,
+                 fastemit_lambda: float = 0.0, clamp: float = -1.0):
         B, T, U1, VD = shape
         self.durations = tuple(int(d) for d in durations)
         D = len(self.durations)
@@ -112,25 +117,26 @@ class TDTCriterion(Criterion):
         lab = self.sym[..., 1]
         return torch.where(lab < 0, self.blank, lab).to(torch.int64)
 
-    def start(self, x, need_grad=True):
+    def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
         return maps.gather("tdt", self, x, need_grad)
 
-    def gather(self, x, need_grad=True):
+    def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
         """The engine's scores ``X [num_steps, C]`` of ``x`` (the gather half alone)."""
         return self.start(x, need_grad)[0]
 
-    def complete(self, x, loglike, post, ctx):
+    def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
+                 ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
         if post is None:
             return value, None
         return value, maps.gradient("tdt", self, x, loglike, post, ctx)
 
-    def finish(self, x, loglike, post):
+    def finish(self, x: torch.Tensor, loglike: Any, post: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""
         return self.complete(x, loglike, post, self.start(x, post is not None)[1])
 
 
-def check_tdt_durations(durations, num_outputs: int) -> list:
+def check_tdt_durations(durations: Ints, num_outputs: int) -> list:
     """``durations`` as a list of ints, checked: a non-empty sequence (list,
     tuple, 1-D integer tensor or array) of integers in ``[0, MAX_DURATION]``,
     at least one ``> 0`` (every alignment ends with a blank of positive
@@ -151,7 +157,7 @@ def tdt_loss(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     blank: int,
-    durations,
+    durations: Ints,
     sigma: float = 0.0,
     omega: float = 0.0,
     fastemit_lambda: float = 0.0,
