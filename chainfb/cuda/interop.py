@@ -23,8 +23,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .kernels import require_cupy
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of"]
 
@@ -55,7 +60,7 @@ class _TorchBlock:
             pass
 
 
-def torch_malloc(size: int):
+def torch_malloc(size: int) -> Any:
     """A CuPy allocator (``cupy.cuda.using_allocator``) drawing from torch's
     caching allocator, on CuPy's current device and stream."""
     import cupy
@@ -68,7 +73,7 @@ def torch_malloc(size: int):
     return cupy.cuda.MemoryPointer(mem, 0)
 
 
-def cuda_device_of(*xs) -> int | None:
+def cuda_device_of(*xs: Any) -> int | None:
     """The device index of the first CUDA torch tensor among ``xs`` (tuples
     and lists are looked into, one level), or None when there is none."""
     import torch
@@ -81,7 +86,7 @@ def cuda_device_of(*xs) -> int | None:
 
 
 @contextlib.contextmanager
-def torch_stream(device: int | None):
+def torch_stream(device: int | None) -> Iterator[Any]:
     """Within the block, CuPy's current device is ``device``, its current
     stream is torch's current stream on that device, and its allocator is
     torch's caching allocator (:func:`torch_malloc`; set
@@ -102,7 +107,7 @@ def torch_stream(device: int | None):
             yield stream
 
 
-def on_torch_stream(fn):
+def on_torch_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: run ``fn`` inside :func:`torch_stream` for the device of
     the first CUDA torch tensor among its arguments (none: run it as is)."""
 
@@ -114,7 +119,7 @@ def on_torch_stream(fn):
     return wrapper
 
 
-def cupy_view(tensor):
+def cupy_view(tensor: torch.Tensor) -> Any:
     """A CuPy array sharing memory with a CUDA torch ``tensor`` (DLPack, no
     copy).  Changes no CuPy state: the DLPack hand-over is ordered on CuPy's
     current stream, which is torch's current stream inside

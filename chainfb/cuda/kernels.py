@@ -36,6 +36,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Hashable, Sequence
+from types import ModuleType
+from typing import Any, Protocol
 
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "source_dir",
     "load_source",
     "nvrtc_options",
+    "KernelBackend",
     "CupyBackend",
     "cupy_backend",
     "on_device",
@@ -158,7 +162,7 @@ def _import_cupy():
     return cupy
 
 
-def require_cupy():
+def require_cupy() -> ModuleType:
     """Import CuPy for chainfb's GPU path, checking that its CUDA major
     version matches torch's; a clear error with the install line otherwise."""
     major = _torch_cuda_major()
@@ -186,6 +190,21 @@ def _torch_version_cuda():
 _DEFAULT_DYNAMIC_SHARED = 48 * 1024
 
 
+class KernelBackend(Protocol):
+    """The kernel backend interface (module docstring; ``max_shared_mem`` is
+    optional and read with ``getattr``)."""
+
+    xp: Any
+
+    def launch(self, name: str, grid: int, block: int, args: Sequence[Any], shared_mem: int = 0) -> None:
+        """Run kernel instantiation ``name`` on ``grid`` blocks of ``block`` threads."""
+        ...
+
+    def cache_key(self) -> Hashable:
+        """Where arrays made now live and are ordered (device and stream)."""
+        ...
+
+
 class CupyBackend:
     """Launch chainfb kernels on the current CUDA device through CuPy."""
 
@@ -196,7 +215,7 @@ class CupyBackend:
         self._modules = {}
         self._shared_limits = {}
 
-    def module(self, src: str):
+    def module(self, src: str) -> Any:
         """The compiled ``RawModule`` of source file ``src`` for the current device."""
         dev = self.xp.cuda.Device().id
         key = (src, dev)
@@ -206,7 +225,7 @@ class CupyBackend:
             self._modules[key] = mod
         return mod
 
-    def function(self, name: str):
+    def function(self, name: str) -> Any:
         return self.module(KERNELS[name]).get_function(name)
 
     @property
@@ -219,7 +238,7 @@ class CupyBackend:
             got = self._shared_limits[dev.id] = int(dev.attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
         return got
 
-    def launch(self, name: str, grid: int, block: int, args, shared_mem: int = 0) -> None:
+    def launch(self, name: str, grid: int, block: int, args: Sequence[Any], shared_mem: int = 0) -> None:
         """Run kernel ``name`` on ``grid`` blocks of ``block`` threads with
         ``shared_mem`` bytes of dynamic shared memory per block (above the
         48 KiB a kernel gets by default, its
@@ -234,7 +253,7 @@ class CupyBackend:
             fn.max_dynamic_shared_size_bytes = shared_mem
         fn((int(grid),), (int(block),), tuple(args), shared_mem=shared_mem)
 
-    def cache_key(self):
+    def cache_key(self) -> tuple[str, int, int]:
         """Where arrays made now live and are ordered: the current device and
         CuPy's current stream (see :func:`chainfb.engines.cuda.cached`)."""
         return ("cuda", self.xp.cuda.Device().id, self.xp.cuda.get_current_stream().ptr)
@@ -251,7 +270,7 @@ def cupy_backend() -> CupyBackend:
     return _CUPY_BACKEND
 
 
-def on_device(x) -> bool:
+def on_device(x: object) -> bool:
     """Whether ``x`` lives on a CUDA device -- a CuPy array or a CUDA torch
     tensor -- and so runs through the kernels (on :func:`backend_for`'s
     backend).  Imports neither CuPy nor torch."""
@@ -261,7 +280,7 @@ def on_device(x) -> bool:
     return mod.startswith("torch") and bool(getattr(x, "is_cuda", False))
 
 
-def backend_for(x):
+def backend_for(x: object) -> CupyBackend | None:
     """The kernel backend that runs ``x``: :func:`cupy_backend` when
     :func:`on_device`, else None (the CPU paths)."""
     return cupy_backend() if on_device(x) else None

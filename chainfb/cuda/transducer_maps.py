@@ -56,12 +56,16 @@ FastEmit leaves the duration gradient alone).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from .._arrays import is_torch
+from .._arrays import Array, is_torch
 from .interop import on_torch_stream
+from .kernels import KernelBackend
 
 __all__ = [
     "transducer_gather",
@@ -73,7 +77,7 @@ __all__ = [
 _IN = {"f32": "float, float", "f64": "double, double", "f16": "chainfb::F16, float", "bf16": "chainfb::BF16, float"}
 
 
-def logits_storage(xp, logits):
+def logits_storage(xp: ModuleType, logits: Array) -> tuple[Array, str]:
     """``(array, tag)``: the logits as an ``xp`` array of their storage (an
     int16 bit view for bfloat16) and their type tag f16/bf16/f32/f64."""
     if is_torch(logits):
@@ -113,7 +117,7 @@ def logits_storage(xp, logits):
     return arr, tag
 
 
-def kernel_float_dtype(tag):
+def kernel_float_dtype(tag: str) -> np.dtype:
     """The NumPy dtype the kernels compute in for input tag ``tag`` (float64 for ``"f64"``, else float32)."""
     return np.dtype(np.float64) if tag == "f64" else np.dtype(np.float32)
 
@@ -168,7 +172,8 @@ class RowArgs:
     logit_lengths: object
     target_lengths: object
 
-    def launch(self, backend, kernel, fused_log_softmax, threads_per_row, block_size, extra_args):
+    def launch(self, backend: KernelBackend, kernel: str, fused_log_softmax: bool, threads_per_row: int,
+               block_size: int, extra_args: Sequence[Any]) -> None:
         """Launch row kernel ``kernel`` (``threads_per_row`` threads per
         ``(b, t, u)`` row): the row arguments, then ``extra_args``."""
         i32 = np.int32
@@ -188,8 +193,8 @@ def _null_or(a):
     return np.uint64(0) if a is None else a
 
 
-def check_common(xp, logits, sym, colidx, logit_lengths, target_lengths, num_durations=0, kind_duration=None,
-                 counts=None) -> RowArgs:
+def check_common(xp: ModuleType, logits: Array, sym: Array, colidx: Array, logit_lengths: Array, target_lengths: Array,
+                 num_durations: int = 0, kind_duration: Array | None = None, counts: Array | None = None) -> RowArgs:
     """Validate and normalise the arguments shared by gather and grad."""
     arr, tag = logits_storage(xp, logits)
     B, T, U1, W = (int(s) for s in arr.shape)
@@ -232,7 +237,7 @@ def lse_shape(B: int, T: int, U1: int, D: int) -> tuple:
     return (B, T, U1, 2) if D else (B, T, U1)
 
 
-def check_kind_weight(xp, kind_weight, J, R):
+def check_kind_weight(xp: ModuleType, kind_weight: Array, J: int, R: np.dtype) -> Array:
     """``kind_weight`` as a contiguous ``[J]`` array of the compute dtype."""
     if is_torch(kind_weight):
         kind_weight = kind_weight.detach()
@@ -269,9 +274,11 @@ def _launch_shape(rows, tpr, block):
 
 
 @on_torch_stream
-def transducer_gather(backend, logits, sym, colidx, logit_lengths, target_lengths, num_rows, num_columns,
-                      zero_col=None, fused_log_softmax=True, threads_per_row=32, block_size=128, num_durations=0,
-                      kind_duration=None, counts=None, shift=0.0, every_column=False):
+def transducer_gather(backend: KernelBackend, logits: Array, sym: Array, colidx: Array, logit_lengths: Array,
+                      target_lengths: Array, num_rows: int, num_columns: int, zero_col: Array | None = None,
+                      fused_log_softmax: bool = True, threads_per_row: int = 32, block_size: int = 128,
+                      num_durations: int = 0, kind_duration: Array | None = None, counts: Array | None = None,
+                      shift: float = 0.0, every_column: bool = False) -> tuple[Array, Array]:
     """Fused log-softmax + skewed gather of the engine's scores.
 
     Parameters
@@ -323,9 +330,11 @@ def transducer_gather(backend, logits, sym, colidx, logit_lengths, target_length
 
 
 @on_torch_stream
-def transducer_grad(backend, logits, sym, colidx, logit_lengths, target_lengths, post, lse, scale, kind_weight,
-                    clamp=-1.0, fused_log_softmax=True, threads_per_row=32, block_size=128, num_durations=0,
-                    kind_duration=None, counts=None):
+def transducer_grad(backend: KernelBackend, logits: Array, sym: Array, colidx: Array, logit_lengths: Array,
+                    target_lengths: Array, post: Array, lse: Array, scale: Array | float, kind_weight: Array,
+                    clamp: float = -1.0, fused_log_softmax: bool = True, threads_per_row: int = 32,
+                    block_size: int = 128, num_durations: int = 0, kind_duration: Array | None = None,
+                    counts: Array | None = None) -> Array:
     """Fused transducer gradient w.r.t. the logits.
 
     Parameters as :func:`transducer_gather`, plus ``post [num_rows, C]``
@@ -369,7 +378,7 @@ def transducer_grad(backend, logits, sym, colidx, logit_lengths, target_lengths,
     return out if out is not None else wrap_grad(grad, a.tag, logits)
 
 
-def wrap_grad(grad, tag, like):
+def wrap_grad(grad: Array, tag: str, like: Array) -> Array:
     """The gradient as the same kind of object and dtype as ``like``."""
     if not is_torch(like):
         return grad

@@ -17,8 +17,15 @@ uploaded with the lattice's arrays and the backward kernel keeps
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
+import numpy as np
+from numpy.typing import DTypeLike
+
+from .._arrays import Array
+from ..cuda.kernels import KernelBackend
 from ..lattice import Lattice
 
 __all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "run_engine"]
@@ -27,7 +34,7 @@ _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
 
 
-def host_array(x):
+def host_array(x: object) -> np.ndarray | None:
     """``x`` as a NumPy array when it is already in host memory (checked
     there at no cost), else None (device data: the kernels guard it)."""
     return np.asarray(x) if isinstance(x, (np.ndarray, list, tuple)) else None
@@ -117,7 +124,7 @@ def _host_arrays(lat: Lattice) -> dict:
     }
 
 
-def upload(backend, host: dict, dtype) -> dict:
+def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
     """``host`` (arrays, ints and Nones from :func:`lattice_host_arrays`) on
     ``backend``'s device, float arrays in ``dtype``."""
     xp = backend.xp
@@ -131,7 +138,7 @@ def upload(backend, host: dict, dtype) -> dict:
     return out
 
 
-def cached(owner, name: str, backend, dtype, build):
+def cached(owner: Lattice, name: str, backend: KernelBackend, dtype: DTypeLike, build: Callable[[], Any]) -> Any:
     """``build()``, kept by ``owner.cache`` (a :class:`~chainfb.lattice.Lattice`)
     under ``("cuda", name, device_and_stream, dtype)``: per device, stream and dtype.
 
@@ -149,7 +156,7 @@ def lattice_host_arrays(lat: Lattice) -> dict:
     return lat.cache(("cuda", "host_arrays"), lambda: _host_arrays(lat))
 
 
-def lattice_arrays(backend, lat: Lattice, dtype) -> dict:
+def lattice_arrays(backend: KernelBackend, lat: Lattice, dtype: DTypeLike) -> dict:
     """The lattice's arrays on ``backend``'s device, weights in ``dtype``
     (built once, kept by ``lat``, see :func:`cached`)."""
     return cached(lat, "arrays", backend, dtype, lambda: upload(backend, lattice_host_arrays(lat), dtype))
@@ -164,7 +171,7 @@ def default_block_size(max_width: int) -> int:
     return b
 
 
-def launch_block_size(block_size, max_width: int) -> int:
+def launch_block_size(block_size: int | None, max_width: int) -> int:
     """``block_size`` (None: :func:`default_block_size`) rounded up to a
     whole number of warps (the kernels reduce over warps), checked."""
     if block_size is None:
@@ -183,7 +190,7 @@ SHARED_BYTES = 45 * 1024
 STAGE = 4
 
 
-def shared_budget(backend) -> int:
+def shared_budget(backend: KernelBackend) -> int:
     """Dynamic shared memory (bytes) a block of the engine kernels may use on ``backend``."""
     limit = getattr(backend, "max_shared_mem", None)
     return SHARED_BYTES if limit is None else max(SHARED_BYTES, int(limit) - 3 * 1024)
@@ -221,7 +228,7 @@ def posterior_launch(N: int, T: int, max_chunks: int) -> tuple:
     return F, N * -(-T // F), block
 
 
-def check_inputs(backend, lat: Lattice, X, lengths):
+def check_inputs(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array) -> tuple[Array, Array, np.dtype]:
     """``(X, lengths, dtype)``: ``X [T, C]`` float32/float64 C-contiguous and
     ``lengths`` int64 ``[N]`` on ``backend``'s device, checked (host lengths
     must lie in ``[0, T]``; device ones are clamped by the kernels)."""
@@ -249,12 +256,12 @@ def check_inputs(backend, lat: Lattice, X, lengths):
     return X, xp.ascontiguousarray(lengths.astype(np.int64, copy=False)), dtype
 
 
-def null_or(a):
+def null_or(a: Array | None) -> Array:
     """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array."""
     return np.uint64(0) if a is None else a
 
 
-def leak_log_c(leaky, dtype):
+def leak_log_c(leaky: tuple[float, Array] | None, dtype: np.dtype) -> np.floating:
     """``log(c)`` of ``leaky = (c, log_init)`` in ``dtype`` (``-inf`` for
     ``c = 0``: no leak, but paths start from ``log_init``); 0 without a leak."""
     if leaky is None:
@@ -266,7 +273,7 @@ def leak_log_c(leaky, dtype):
         return dtype.type(np.log(coef))
 
 
-def check_log_init(xp, log_init, S: int, dtype):
+def check_log_init(xp: ModuleType, log_init: Array, S: int, dtype: DTypeLike) -> Array:
     """``log_init`` as a contiguous ``[S]`` array of ``dtype`` on ``xp``."""
     out = xp.ascontiguousarray(xp.asarray(log_init, dtype=dtype))
     if out.shape != (S,):
@@ -274,7 +281,9 @@ def check_log_init(xp, log_init, S: int, dtype):
     return out
 
 
-def run_engine(backend, lat: Lattice, X, lengths, leaky, need_posteriors: bool, block_size, layout):
+def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, leaky: tuple[float, Array] | None,
+               need_posteriors: bool, block_size: int | None,
+               layout: Callable[..., tuple]) -> tuple[Array, Array | None]:
     """The engine protocol on ``backend`` through a pair of kernels:
     ``chainfb::{prefix}_recursion`` (a block per sequence and direction: the
     forward and the backward run at the same time) and
@@ -339,7 +348,7 @@ def layout_shape(a: dict) -> dict:
     return {k: a[k] for k in ("max_states", "max_columns", "max_chunks")}
 
 
-def chunk_args(a: dict, span) -> list:
+def chunk_args(a: dict, span: Array) -> list:
     """The posterior kernels' arrays of the arcs by column and their chunks."""
     return [a["ca_src"], a["ca_dst"], a["ca_lp"], span, np.int32(a["max_span"]), a["chunk_arc"], a["chunk_col"],
             a["chunk_sole"], a["mc_col"], a["mc_begin"], a["mc_end"]]
@@ -356,8 +365,9 @@ def _lattice_layout(backend, lat: Lattice, dtype, leaky):
     return "fb", rec, post, log_init, layout_shape(a)
 
 
-def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True,
-                     block_size=None):
+def forward_backward(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array,
+                     leaky: tuple[float, Array] | None = None, need_posteriors: bool = True,
+                     block_size: int | None = None) -> tuple[Array, Array | None]:
     """Forward-backward over a lattice through the kernels of ``engine.cu``.
 
     Same contract as :func:`chainfb.engines.numpy_log.forward_backward`, on
@@ -387,7 +397,7 @@ def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteri
     return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _lattice_layout)
 
 
-def best_path(lat: Lattice, X, lengths):
+def best_path(lat: Lattice, X: Array, lengths: Array) -> tuple:
     """Viterbi for CuPy scores: there is no max-semiring kernel, so ``X`` is
     copied to the host and :func:`chainfb.engines.numpy_log.best_path` runs
     (same return values, NumPy arrays; arcs spanning several frames as

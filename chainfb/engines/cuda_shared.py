@@ -25,7 +25,10 @@ or a device ``[S]``) are used per sequence as given.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
+from .._arrays import Array
+from ..cuda.kernels import KernelBackend
 from ..lattice import Lattice
 from .cuda import (best_path, cached, check_log_init, chunk_args, host_array, lattice_arrays, layout_shape, null_or,
                    run_engine)
@@ -33,7 +36,7 @@ from .cuda import (best_path, cached, check_log_init, chunk_args, host_array, la
 __all__ = ["forward_backward", "best_path", "graph_arrays"]
 
 
-def graph_arrays(backend, lat: Lattice, dtype) -> dict:
+def graph_arrays(backend: KernelBackend, lat: Lattice, dtype: DTypeLike) -> dict:
     """The arrays of the graph every sequence of ``lat`` uses, graph-local
     (those of its one-sequence lattice), on ``backend``'s device with
     weights in ``dtype``; cached per graph."""
@@ -83,8 +86,9 @@ def _shared_layout(backend, lat: Lattice, dtype, leaky):
     return "fb_shared", rec, post, log_init, layout_shape(g)
 
 
-def forward_backward(backend, lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True,
-                     block_size=None):
+def forward_backward(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array,
+                     leaky: tuple[float, Array] | None = None, need_posteriors: bool = True,
+                     block_size: int | None = None) -> tuple[Array, Array | None]:
     """Forward-backward of a lattice whose sequences all use one graph,
     through the kernels of ``shared_graph.cu`` on ``backend``: parameters and
     return values as :func:`chainfb.engines.cuda.forward_backward` (``X [T,
