@@ -67,7 +67,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .._arrays import Array
 from ..cuda import kernels
+from ..lattice import Lattice
 from .threads import get_num_threads, set_num_threads
 
 __all__ = ["ENGINES", "CAPABILITIES", "Capabilities", "engines_with", "select", "forward_backward", "best_path",
@@ -117,7 +119,7 @@ ENGINES = ("auto",) + tuple(CAPABILITIES)
 _SHARED_MIN_ARCS = 2000
 
 
-def engines_with(**wants) -> tuple:
+def engines_with(**wants: object) -> tuple:
     """The names of the engines whose :class:`Capabilities` have every field
     given equal to its value, in the table's order, e.g.
     ``engines_with(device="cpu", spans=True)``."""
@@ -189,7 +191,7 @@ def _refusal(name: str, lat, op: str, leaky) -> str:
     return ""
 
 
-def check(name: str, lat, op: str = "forward_backward", leaky=None) -> str:
+def check(name: str, lat: Lattice, op: str = "forward_backward", leaky: tuple[float, Array] | None = None) -> str:
     """``name``, or a ``ValueError`` saying what of ``op`` on ``lat`` its row
     of :data:`CAPABILITIES` lacks."""
     why = _refusal(name, lat, op, leaky)
@@ -198,7 +200,8 @@ def check(name: str, lat, op: str = "forward_backward", leaky=None) -> str:
     return name
 
 
-def select(lat, X, op: str = "forward_backward", engine: str = "auto", leaky=None) -> str:
+def select(lat: Lattice, X: Array, op: str = "forward_backward", engine: str = "auto",
+           leaky: tuple[float, Array] | None = None) -> str:
     """The name of the engine that runs ``op`` (``"forward_backward"`` or
     ``"best_path"``) on ``lat`` and ``X``.
 
@@ -261,7 +264,8 @@ def _auto(lat, X, op, leaky, on_gpu) -> str:
     return check("numpy", lat, op, leaky)
 
 
-def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, engine: str = "auto"):
+def forward_backward(lat: Lattice, X: Array, lengths: Array, leaky: tuple[float, Array] | None = None,
+                     need_posteriors: bool = True, engine: str = "auto") -> tuple[Array, Array | None]:
     """Run the engine :func:`select` picks (protocol in the module docstring);
     a CUDA engine runs on the kernel backend of ``X``
     (:func:`chainfb.cuda.kernels.backend_for`)."""
@@ -275,7 +279,7 @@ def forward_backward(lat, X, lengths, leaky=None, need_posteriors: bool = True, 
     return module.forward_backward(lat, X, lengths, leaky=leaky, need_posteriors=need_posteriors)
 
 
-def best_path(lat, X, lengths, engine: str = "auto"):
+def best_path(lat: Lattice, X: Array, lengths: Array, engine: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """Viterbi through the engine :func:`select` picks (CuPy scores are
     decoded on the host: there is no max-semiring kernel); ``arcs[n, t]`` is
     the arc read at frame ``t`` (``-1`` inside a spanning arc, past a length

@@ -10,9 +10,14 @@ spanning frames, :mod:`~chainfb.engines.numpy_spans`) use them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..lattice import Lattice
+from ..lattice import Lattice, _Side
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_matrix
 
 __all__ = ["Segments", "logsumexp_segments", "logsumexp_slots", "Dense", "DENSE_MAX_DEGREE", "LatticeSegments",
            "lattice_segments", "dense_scores", "arc_scores", "mask_past_lengths", "chunk_frames", "normalise",
@@ -56,7 +61,7 @@ def logsumexp_segments(v: np.ndarray, segs: Segments) -> np.ndarray:
     return s
 
 
-def logsumexp_slots(v: np.ndarray):
+def logsumexp_slots(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Log-sum-exp over the first axis of ``v`` ``[K, R]`` (``v`` is
     overwritten by ``exp(v - max)``); columns of all ``-inf`` give
     ``-inf``.  Returns ``(lse [R], sums [R])``."""
@@ -74,14 +79,14 @@ def logsumexp_slots(v: np.ndarray):
     return lse, ssum
 
 
-def dense_scores(X, t0, t1, d: Dense):
+def dense_scores(X: np.ndarray, t0: int, t1: int, d: Dense) -> np.ndarray:
     """``w(arc) + X[t, col(arc)]`` in the dense layout: ``[t1 - t0, K, R]``."""
     wx = X[t0:t1].take(d.col, axis=1)
     wx += d.log_prob
     return wx
 
 
-def arc_scores(X, t0, t1, side):
+def arc_scores(X: np.ndarray, t0: int, t1: int, side: _Side) -> np.ndarray:
     """``w(arc) + X[t, col(arc)]`` for frames ``t0 <= t < t1``: ``[t1 - t0, A]``."""
     wx = X[t0:t1].take(side.col, axis=1)
     wx += side.log_prob
@@ -119,7 +124,7 @@ class Dense:
     arc's other end and ``col`` its column (padding: those of the row's first arc),
     ``log_prob`` its weight; ``all_rows``: every state is a row, in order."""
 
-    def __init__(self, side, other, num_states: int, num_columns: int):
+    def __init__(self, side: _Side, other: np.ndarray, num_states: int, num_columns: int):
         starts = side.seg_starts
         n = len(side.src)
         lens = np.diff(np.append(starts, n))
@@ -138,7 +143,7 @@ class Dense:
         self._to_columns = None
 
     @staticmethod
-    def fits(side) -> bool:
+    def fits(side: _Side) -> bool:
         n = len(side.src)
         if n == 0:
             return False
@@ -146,7 +151,7 @@ class Dense:
         K = int(lens.max())
         return K <= DENSE_MAX_DEGREE and len(lens) * K <= DENSE_MAX_PAD * n + 64
 
-    def to_columns(self):
+    def to_columns(self) -> csr_matrix:
         """Sparse ``[C, K*R]``: sums arc slots into their columns."""
         if self._to_columns is None:
             from scipy.sparse import csr_matrix
@@ -192,7 +197,7 @@ def first_of_segments(seg: np.ndarray) -> np.ndarray:
     return first
 
 
-def max_step(plan, f, v, back_row, S: int) -> np.ndarray:
+def max_step(plan: LatticeSegments, f: _Side, v: np.ndarray, back_row: np.ndarray, S: int) -> np.ndarray:
     """One frame of the max semiring: each destination state's best in-arc
     score ``[S]`` from the arc scores ``v`` (arcs in ``f``, sorted by
     destination), its winning arc written into ``back_row`` (the first one
@@ -208,7 +213,7 @@ def max_step(plan, f, v, back_row, S: int) -> np.ndarray:
 
 
 
-def zero_impossible(lat, loglike, lengths, post):
+def zero_impossible(lat: Lattice, loglike: np.ndarray, lengths: np.ndarray, post: np.ndarray) -> np.ndarray:
     """Zero posteriors for sequences without a complete path (``-inf``) and
     past each sequence's length, whatever NaN its scores held."""
     dead = loglike == -np.inf

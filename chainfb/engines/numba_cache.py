@@ -43,6 +43,8 @@ import logging
 import os
 import stat
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["njit", "cache_dirs", "compiled"]
 
@@ -178,7 +180,7 @@ if numba is not None:
     _event.register("numba:compile", _Notice())
 
 
-def njit(**options):
+def njit(**options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``numba.njit(**options)`` with the cache of this module (the module docstring) in place of
     ``cache=True``; without Numba, the function itself."""
     def declare(fn):

@@ -81,7 +81,8 @@ except ImportError:  # pragma: no cover - other SciPy layouts
 __all__ = ["forward_backward", "best_path", "logsumexp_segments", "Segments"]
 
 
-def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
+def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky: tuple[float, np.ndarray] | None = None,
+                     need_posteriors: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward-backward over a lattice (the engine protocol, see :mod:`chainfb.engines`).
 
     Parameters
@@ -330,7 +331,7 @@ def _backward_dense(lat, plan, X, alpha, beta, final, ends_at, leak, post):
             _csr_matvec(C, K * R, to_cols.indptr, to_cols.indices, to_cols.data, wx[t - c0].reshape(-1), post[t])
 
 
-def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray):
+def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The best path of each sequence: :func:`_forward` in the max semiring,
     then back-pointers (the engine protocol, see :mod:`chainfb.engines`).
 

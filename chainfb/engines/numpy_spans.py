@@ -26,7 +26,8 @@ def _logsumexp_by(v: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
     return np.log(s) + m
 
 
-def forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: str):
+def forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray,
+                  semiring: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """:func:`chainfb.engines.numpy_log._forward` (same arguments and returns) for lattices whose arcs
     may span several frames: an arc of span ``k`` landing at frame ``u`` is
     read at frame ``u - k``, so ``alpha_u(j) = logsum`` over arcs ``i -> j``
@@ -71,7 +72,8 @@ def forward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, semiring: st
     return alpha, offset, end, total + offset[lengths, np.arange(N)], back
 
 
-def forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray, need_posteriors: bool):
+def forward_backward_spans(lat: Lattice, X: np.ndarray, lengths: np.ndarray,
+                           need_posteriors: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`chainfb.engines.numpy_log._forward_backward_serial` for lattices whose arcs may span
     several frames.
 

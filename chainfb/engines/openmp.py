@@ -35,6 +35,8 @@ import functools
 import itertools
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["team", "run_region"]
 
@@ -94,7 +96,7 @@ def _find():
     return fn
 
 
-def team():
+def team() -> Any:
     """The runtime's ``GOMP_parallel``, or None where it is not used (module
     docstring)."""
     return None if _forked else _find()
@@ -107,7 +109,7 @@ def _enter(key):
 _ENTRY = _CALLBACK(_enter)  # kept alive for the life of the module
 
 
-def run_region(region, work, n: int) -> None:
+def run_region(region: Any, work: Callable[[], None], n: int) -> None:
     """Run ``work()`` on ``n`` threads of the OpenMP runtime's team, the
     calling thread one of them, through ``region`` (what :func:`team`
     returned); returns when every thread has returned.  ``work`` must catch

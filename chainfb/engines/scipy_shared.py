@@ -67,12 +67,12 @@ MAX_SPREAD = 600.0
 ALPHA_BYTES = 48 * 2**20
 
 
-def shared_graph(lat: Lattice):
+def shared_graph(lat: Lattice) -> Fst | None:
     """The one :class:`Fst` all of ``lat``'s sequences run on, or None."""
     return lat.shared_fst
 
 
-def is_exact(lat: Lattice, X) -> bool:
+def is_exact(lat: Lattice, X: np.ndarray) -> bool:
     """Whether this engine gives the exact engine's numbers on ``lat`` and
     ``X [T, C]``: every score finite, and each frame's score spread plus the
     spread of the graph's finite arc weights below :data:`MAX_SPREAD` nats
@@ -97,7 +97,8 @@ def _matrices(lat: Lattice) -> _SharedGraph:
     return lat.batch.cache(("scipy_shared", "matrices", lat.graph), lambda: _SharedGraph(lat.shared_fst))
 
 
-def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool = True):
+def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky: tuple[float, np.ndarray] | None = None,
+                     need_posteriors: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward-backward of a shared-graph lattice (protocol of
     :func:`chainfb.engines.numpy_log.forward_backward`; ``leaky``'s
     ``log_init`` is the graph's ``[Sg]``, or ``[S]`` with the same values
@@ -141,7 +142,7 @@ def forward_backward(lat: Lattice, X, lengths, leaky=None, need_posteriors: bool
     return loglike, post
 
 
-def best_path(lat: Lattice, X, lengths):
+def best_path(lat: Lattice, X: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Viterbi: the NumPy engine's max-semiring pass (the scaled domain has
     no advantage there)."""
     from . import numpy_log

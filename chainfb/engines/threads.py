@@ -23,6 +23,8 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -89,7 +91,7 @@ def pool(n: int) -> ThreadPoolExecutor:
         return ex
 
 
-def parallel(fn, parts, threads: int | None = None) -> list:
+def parallel(fn: Callable[[Any], Any], parts: Sequence[Any], threads: int | None = None) -> list:
     """``[fn(p) for p in parts]`` on ``threads`` threads (default: one per
     part): the calling thread and ``threads - 1`` workers, of torch's OpenMP
     team (module docstring) or of :func:`pool`, each taking the next part not
@@ -126,7 +128,7 @@ def parallel(fn, parts, threads: int | None = None) -> list:
     return out
 
 
-def split(work, threads: int, min_work: float, parts_per_thread: int = PARTS_PER_THREAD) -> list:
+def split(work: int | np.ndarray, threads: int, min_work: float, parts_per_thread: int = PARTS_PER_THREAD) -> list:
     """Contiguous ``(start, stop)`` ranges covering the items, to run on
     ``threads`` threads with :func:`parallel`.
 

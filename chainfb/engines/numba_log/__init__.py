@@ -243,7 +243,8 @@ def require() -> None:
                          '(or pip install "chainfb[jit]"), or use engine="numpy"')
 
 
-def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky=None, need_posteriors: bool = True):
+def forward_backward(lat: Lattice, X: np.ndarray, lengths: np.ndarray, leaky: tuple[float, np.ndarray] | None = None,
+                     need_posteriors: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward-backward over a lattice (the engine protocol, see
     :mod:`chainfb.engines`), compiled.
 
