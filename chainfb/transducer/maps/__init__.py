@@ -40,12 +40,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ...cuda import kernels
+from ..._arrays import Array
 from ..graphs import TransducerLayout
+
+if TYPE_CHECKING:
+    from ...criterion import Criterion
 
 __all__ = ["BACKENDS", "FAMILIES", "Context", "select", "gather", "gradient", "host_backend", "layout_tables",
            "torch_compute_dtype", "as_tensor"]
@@ -90,7 +95,7 @@ def host_backend(x: torch.Tensor) -> ModuleType:
     return _module("torch_ops")
 
 
-def select(x) -> ModuleType:
+def select(x: torch.Tensor | tuple[torch.Tensor, ...]) -> ModuleType:
     """The backend module that runs the score map of ``x`` (a tensor, or a
     tuple of tensors on one device): the kernels when
     :func:`chainfb.cuda.kernels.backend_for` gives a backend for it, else
@@ -101,7 +106,7 @@ def select(x) -> ModuleType:
     return host_backend(first)
 
 
-def gather(family: str, crit, x, need_grad: bool = True) -> tuple:
+def gather(family: str, crit: Criterion, x: torch.Tensor | tuple[torch.Tensor, ...], need_grad: bool = True) -> tuple:
     """``(X, Context)``: the engine's scores of criterion ``crit`` (of
     ``family``, one of :data:`FAMILIES`) from ``x``, on the backend
     :func:`select` picks."""
@@ -110,7 +115,8 @@ def gather(family: str, crit, x, need_grad: bool = True) -> tuple:
     return X, Context(backend, state)
 
 
-def gradient(family: str, crit, x, loglike, post, ctx: Context):
+def gradient(family: str, crit: Criterion, x: torch.Tensor | tuple[torch.Tensor, ...], loglike: Array,
+             post: Array | None, ctx: Context) -> Any:
     """The gradient w.r.t. ``x`` from the engine's ``loglike [B]`` and
     ``post [num_steps, C]``, on the backend of ``ctx`` (from :func:`gather`)."""
     return getattr(ctx.backend, family + "_gradient")(crit, x, loglike, post, ctx.state)
@@ -121,7 +127,7 @@ def torch_compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def as_tensor(arr, device) -> torch.Tensor:
+def as_tensor(arr: Array, device: torch.device | str) -> torch.Tensor:
     """An engine output (NumPy, or an array of a kernel backend) as a torch tensor on ``device``."""
     if isinstance(arr, np.ndarray):
         return torch.from_numpy(arr).to(device)
@@ -138,7 +144,7 @@ def _place(device: torch.device) -> tuple:
     return ("cuda", index, torch.cuda.current_stream(index).cuda_stream)
 
 
-def layout_tables(layout: TransducerLayout, device, T: int | None = None) -> dict:
+def layout_tables(layout: TransducerLayout, device: torch.device | str, T: int | None = None) -> dict:
     """The layout's index tables as int64 torch tensors on ``device``, built
     once per device and stream and kept with the layout: ``target_lengths``
     ``[B]`` and, given the logits' frame

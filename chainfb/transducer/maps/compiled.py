@@ -10,17 +10,28 @@ kernels of :mod:`~chainfb.transducer.maps.cells`.  The backend functions
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
+from numpy.typing import DTypeLike
 
 from ...engines import numba_log
+from ..._arrays import Array
+from ..graphs import TransducerLayout
 from . import cells
+
+if TYPE_CHECKING:
+    from ..criterion import TransducerCriterion
+    from ..grid import BandGridCriterion, GridCriterion
+    from ..tdt import TDTCriterion
 
 __all__ = ["available", "new_gradient", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient", "grid_gather",
            "grid_gradient", "additive_logprobs"]
 
 
-def available(dtype=None) -> bool:
+def available(dtype: torch.dtype | None = None) -> bool:
     """Whether the compiled score maps can run (Numba present and not
     disabled, see :mod:`chainfb.engines.numba_log`), for logits of torch
     ``dtype`` when given (float32 and float64 only)."""
@@ -31,7 +42,7 @@ def available(dtype=None) -> bool:
     return dtype in (torch.float32, torch.float64)
 
 
-def new_gradient(shape, dtype) -> tuple:
+def new_gradient(shape: tuple[int, ...], dtype: torch.dtype) -> tuple:
     """A zero CPU tensor of ``shape`` and torch ``dtype`` for a gradient the
     kernels write, and the NumPy array it views.  The memory comes from
     ``np.zeros``: a large block is fresh zero pages from the OS, which the
@@ -53,7 +64,7 @@ def _zero_rows(loglike) -> np.ndarray:
     return ~np.isfinite(np.asarray(loglike))
 
 
-def rnnt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
+def rnnt_gather(crit: TransducerCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     """``(X [num_steps, C] float64, state)`` of an RNN-T / multi-blank criterion
     (:class:`~chainfb.transducer.TransducerCriterion`) over CPU logits ``x [B, T, U1, V]``."""
     xn = _numpy(x)
@@ -63,7 +74,7 @@ def rnnt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
     return X, (xn, sym, norm, inv, grad, out)
 
 
-def rnnt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
+def rnnt_gradient(crit: TransducerCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
     """The gradient ``[B, T, U1, V]`` (``x``'s dtype) from :func:`rnnt_gather`'s ``state``."""
     xn, sym, norm, inv, grad, out = state
     rnnt_grad(xn, sym, crit.layout, norm, inv, post, crit.kind_weight, _zero_rows(loglike), crit.clamp, crit.fused,
@@ -71,7 +82,7 @@ def rnnt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
     return grad
 
 
-def tdt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
+def tdt_gather(crit: TDTCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     """``(X, state)`` of a TDT criterion (:class:`~chainfb.transducer.TDTCriterion`)
     over CPU logits ``x [B, T, U1, V + D]``."""
     xn = _numpy(x)
@@ -81,7 +92,7 @@ def tdt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
     return X, (labels, inv, grad, out)
 
 
-def tdt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
+def tdt_gradient(crit: TDTCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
     """The TDT gradient ``[B, T, U1, V + D]`` from :func:`tdt_gather`'s ``state``."""
     labels, inv, grad, out = state
     tdt_grad(crit.V, crit.blank, labels, crit.layout, inv, post, _zero_rows(loglike), crit.fastemit_lambda,
@@ -89,7 +100,7 @@ def tdt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
     return grad
 
 
-def grid_gather(crit, x: tuple, need_grad: bool) -> tuple:
+def grid_gather(crit: GridCriterion | BandGridCriterion, x: tuple, need_grad: bool) -> tuple:
     """``(X, None)`` of a grid criterion over CPU ``(px, py)`` (its score plan
     ``crit.plan``: the full grid's or a band's)."""
     px, py = (_numpy(t) for t in x)
@@ -100,7 +111,7 @@ def grid_gather(crit, x: tuple, need_grad: bool) -> tuple:
     return planned_scores((px, py), (plan.px, plan.py), shape), None
 
 
-def grid_gradient(crit, x: tuple, loglike, post, state) -> tuple:
+def grid_gradient(crit: GridCriterion | BandGridCriterion, x: tuple, loglike: Array, post: Array, state: Any) -> tuple:
     """``(px_grad, py_grad)`` (CPU tensors) of a grid criterion from the engine's posteriors."""
     px, py = (t.detach() for t in x)
     plan = crit.plan
@@ -129,7 +140,8 @@ def _no_rows(x: np.ndarray) -> np.ndarray:
     return np.zeros((1, 1, 1, 1), dtype=x.dtype)
 
 
-def rnnt_scores(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.ndarray | None = None) -> tuple:
+def rnnt_scores(x: np.ndarray, sym: np.ndarray, layout: TransducerLayout, fused: bool,
+                out: np.ndarray | None = None) -> tuple:
     """Engine scores of an RNN-T / multi-blank batch.
 
     x : ``[B, T, U1, V]`` float32/float64 C-contiguous NumPy logits;
@@ -153,9 +165,9 @@ def rnnt_scores(x: np.ndarray, sym: np.ndarray, layout, fused: bool, out: np.nda
     return X, norm, inv
 
 
-def rnnt_grad(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv: np.ndarray, post: np.ndarray,
-                  kind_weight, zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray,
-                  kept: bool = False) -> np.ndarray:
+def rnnt_grad(x: np.ndarray, sym: np.ndarray, layout: TransducerLayout, norm: np.ndarray, inv: np.ndarray,
+              post: np.ndarray, kind_weight: np.ndarray, zero: np.ndarray, clamp: float, fused: bool, out: np.ndarray,
+              kept: bool = False) -> np.ndarray:
     """The RNN-T / multi-blank gradient ``[B, T, U1, V]`` written into ``out``
     (same shape and dtype as ``x``: zero on entry, :func:`new_gradient`, or
     with ``kept`` as :func:`rnnt_scores` left it): see :func:`cells.rnnt_grad_cells`;
@@ -174,7 +186,7 @@ def rnnt_grad(x: np.ndarray, sym: np.ndarray, layout, norm: np.ndarray, inv: np.
     return out
 
 
-def tdt_scores(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, sigma: float,
+def tdt_scores(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout: TransducerLayout, sigma: float,
                out: np.ndarray | None = None) -> tuple:
     """Engine scores of a TDT batch: ``x [B, T, U1, V + D]`` float32/float64
     C-contiguous NumPy, ``labels`` int ``[B, U1]`` (the label read at
@@ -193,8 +205,8 @@ def tdt_scores(x: np.ndarray, V: int, blank: int, labels: np.ndarray, layout, si
     return X, inv
 
 
-def tdt_grad(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero, fastemit_lambda: float,
-                 clamp: float, out: np.ndarray) -> np.ndarray:
+def tdt_grad(V: int, blank: int, labels: np.ndarray, layout: TransducerLayout, inv: np.ndarray, post: np.ndarray,
+             zero: np.ndarray, fastemit_lambda: float, clamp: float, out: np.ndarray) -> np.ndarray:
     """The TDT gradient ``[B, T, U1, V + D]`` written into ``out``, the
     gradient-to-be that :func:`tdt_scores` filled (see :func:`cells.tdt_grad_blocks`;
     FastEmit scales the label's token terms by ``1 + fastemit_lambda``);
@@ -209,7 +221,7 @@ def tdt_grad(V: int, blank: int, labels: np.ndarray, layout, inv, post, zero, fa
     return out
 
 
-def planned_scores(sources, entries, shape) -> np.ndarray:
+def planned_scores(sources: Sequence[np.ndarray], entries: Sequence[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
     """The engine's scores ``X`` of ``shape`` from a score plan
     (:class:`~chainfb.transducer.grid._ScorePlan`): element ``i`` of each
     C-contiguous NumPy source (float32/float64) at ``X.flat[entry[i]]``
@@ -224,7 +236,7 @@ def planned_scores(sources, entries, shape) -> np.ndarray:
     return X
 
 
-def planned_gradient(post: np.ndarray, entry: np.ndarray, shape, dtype) -> np.ndarray:
+def planned_gradient(post: np.ndarray, entry: np.ndarray, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
     """A source's gradient ``shape`` in NumPy ``dtype`` from the engine's
     posteriors: ``post.flat[entry[i]]`` at element ``i``, 0 where
     ``entry[i] < 0`` (see :func:`planned_scores`)."""
@@ -235,7 +247,7 @@ def planned_gradient(post: np.ndarray, entry: np.ndarray, shape, dtype) -> np.nd
 
 
 def grid_scores(px: np.ndarray, py: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool,
-                shape) -> np.ndarray:
+                shape: tuple[int, int]) -> np.ndarray:
     """The engine's scores ``X`` of ``shape`` for the grid lattice of
     ``(px [B, S, T + 1] or [B, S, T], py [B, S + 1, T])`` (C-contiguous NumPy,
     one float dtype), ``boundary`` int64 ``[B, 4]`` and the step graphs'
@@ -247,8 +259,8 @@ def grid_scores(px: np.ndarray, py: np.ndarray, boundary: np.ndarray, colidx: np
     return X
 
 
-def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool, px_shape,
-                   py_shape, dtype) -> tuple:
+def grid_gradients(post: np.ndarray, boundary: np.ndarray, colidx: np.ndarray, modified: bool,
+                   px_shape: tuple[int, ...], py_shape: tuple[int, ...], dtype: DTypeLike) -> tuple:
     """``(px_grad, py_grad)`` in NumPy ``dtype`` from the engine's
     posteriors ``[rows, C]``: the reverse of :func:`grid_scores`, 0 off the
     cells."""

@@ -17,18 +17,27 @@ and :func:`grid_gradient` run on the host backend that serves the tensors
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
+from ..._arrays import Array
 from ...cuda import kernels
+from ...cuda.kernels import KernelBackend
 from ..graphs import TransducerLayout
 from . import host_backend
+
+if TYPE_CHECKING:
+    from ..criterion import TransducerCriterion
+    from ..grid import BandGridCriterion, GridCriterion
+    from ..tdt import TDTCriterion
 
 __all__ = ["kernel_tables", "kernel_gather", "kernel_gradient", "rnnt_gather", "rnnt_gradient", "tdt_gather",
            "tdt_gradient", "grid_gather", "grid_gradient"]
 
 
-def kernel_tables(layout: TransducerLayout, backend) -> dict:
+def kernel_tables(layout: TransducerLayout, backend: KernelBackend) -> dict:
     """The layout's tables as the score-map kernels take them, int32 arrays
     on ``backend``'s device (``colidx [B, U1, J]``, ``logit_lengths``,
     ``target_lengths`` ``[B]``; for TDT also ``counts [B, U1, J]``, the
@@ -70,7 +79,8 @@ def _kernel_args(layout: TransducerLayout, backend, sym) -> tuple:
     return (sym, m["colidx"], m["logit_lengths"], m["target_lengths"]), kw
 
 
-def kernel_gather(backend, layout: TransducerLayout, x: torch.Tensor, sym, fused: bool = True, shift: float = 0.0):
+def kernel_gather(backend: KernelBackend, layout: TransducerLayout, x: torch.Tensor, sym: Array, fused: bool = True,
+                  shift: float = 0.0) -> tuple[Array, tuple[torch.Tensor, Array]]:
     """The engine's scores of a compiled transducer batch through the gather
     kernel on ``backend``: ``x [B, T, U1, V (+ D)]`` the logits, ``sym [B,
     U1, J]`` the token each arc kind reads (:func:`symbol_table`, or TDT's),
@@ -87,8 +97,9 @@ def kernel_gather(backend, layout: TransducerLayout, x: torch.Tensor, sym, fused
     return X, (xc, lse)
 
 
-def kernel_gradient(backend, layout: TransducerLayout, sym, state, loglike, post, kind_weight, clamp: float,
-                    fused: bool = True):
+def kernel_gradient(backend: KernelBackend, layout: TransducerLayout, sym: Array, state: tuple[torch.Tensor, Array],
+                    loglike: Array, post: Array, kind_weight: np.ndarray, clamp: float,
+                    fused: bool = True) -> torch.Tensor:
     """The gradient ``[B, T, U1, V (+ D)]`` (the logits' type and dtype)
     through the gradient kernel: ``state`` from :func:`kernel_gather`,
     ``loglike [B]`` and ``post`` the engine's outputs, ``kind_weight [J]``
@@ -103,14 +114,14 @@ def kernel_gradient(backend, layout: TransducerLayout, sym, state, loglike, post
     return transducer_grad(backend, xc, *args, post, lse, scale, weights, clamp=clamp, fused_log_softmax=fused, **kw)
 
 
-def rnnt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
+def rnnt_gather(crit: TransducerCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     """``(X, state)`` of an RNN-T / multi-blank criterion through the gather kernel."""
     kb = kernels.backend_for(x)
     X, state = kernel_gather(kb, crit.layout, x, crit.sym, crit.fused)
     return X, (kb, crit.sym, state)
 
 
-def rnnt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
+def rnnt_gradient(crit: TransducerCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
     """The gradient ``[B, T, U1, V]`` through the gradient kernel."""
     kb, sym, state = state
     return kernel_gradient(kb, crit.layout, sym, state, loglike, post, crit.kind_weight, crit.clamp, crit.fused)
@@ -123,24 +134,24 @@ def _tdt_symbols(crit, x: torch.Tensor):
     return crit.sym[..., None].expand(B, U1, 2, D).reshape(B, U1, 2 * D)
 
 
-def tdt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
+def tdt_gather(crit: TDTCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     """``(X, state)`` of a TDT criterion through the gather kernel (``sigma`` subtracted from every score)."""
     kb, sym = kernels.backend_for(x), _tdt_symbols(crit, x)
     X, state = kernel_gather(kb, crit.layout, x, sym, shift=crit.sigma)
     return X, (kb, sym, state)
 
 
-def tdt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
+def tdt_gradient(crit: TDTCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
     """The TDT gradient ``[B, T, U1, V + D]`` through the gradient kernel."""
     kb, sym, state = state
     return kernel_gradient(kb, crit.layout, sym, state, loglike, post, crit.kind_weight, crit.clamp)
 
 
-def grid_gather(crit, x: tuple, need_grad: bool) -> tuple:
+def grid_gather(crit: GridCriterion | BandGridCriterion, x: tuple, need_grad: bool) -> tuple:
     """``(X, state)`` of a grid criterion on the host backend that serves ``(px, py)``."""
     return host_backend(x[0]).grid_gather(crit, x, need_grad)
 
 
-def grid_gradient(crit, x: tuple, loglike, post, state) -> tuple:
+def grid_gradient(crit: GridCriterion | BandGridCriterion, x: tuple, loglike: Array, post: Array, state: Any) -> tuple:
     """``(px_grad, py_grad)`` on the host backend that serves ``(px, py)``."""
     return host_backend(x[0]).grid_gradient(crit, x, loglike, post, state)

@@ -13,12 +13,18 @@ and posteriors back once each; everything else stays in torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..._arrays import as_array, wrap_like
+from ..._arrays import Array, as_array, wrap_like
 from . import as_tensor, layout_tables, torch_compute_dtype
+
+if TYPE_CHECKING:
+    from ..criterion import TransducerCriterion
+    from ..grid import BandGridCriterion, GridCriterion
+    from ..tdt import TDTCriterion
 
 __all__ = ["ScoreMapState", "rnnt_gather", "rnnt_gradient", "tdt_gather", "tdt_gradient", "grid_gather",
            "grid_gradient"]
@@ -127,13 +133,13 @@ def _torch_gradient(state: ScoreMapState, post, kind_weight, clamp: float = -1.0
     return g
 
 
-def rnnt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
+def rnnt_gather(crit: TransducerCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     """``(X [num_steps, C] float64 NumPy, ScoreMapState)`` of an RNN-T /
     multi-blank criterion over logits ``x [B, T, U1, V]``."""
     return _torch_gather(x, crit.sym, crit.layout, crit.fused, need_grad)
 
 
-def rnnt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
+def rnnt_gradient(crit: TransducerCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
     """The gradient ``[B, T, U1, V]`` in ``x``'s dtype (zero for utterances whose ``loglike`` is not finite)."""
     bad = ~torch.isfinite(torch.from_numpy(np.asarray(loglike)))
     return _torch_gradient(state, post, crit.kind_weight, crit.clamp, bad, out_dtype=x.dtype)
@@ -181,7 +187,7 @@ def _tdt_symbols(crit, dev, T: int) -> torch.Tensor:
     return both[:, None].expand(lab.shape[0], T, lab.shape[1], 2)
 
 
-def tdt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
+def tdt_gather(crit: TDTCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     """``(X [num_steps, C] float64, state)`` of a TDT criterion over logits ``x [B, T, U1, V + D]``."""
     B, T, U1, VD = x.shape
     V = crit.V
@@ -210,7 +216,7 @@ def tdt_gather(crit, x: torch.Tensor, need_grad: bool) -> tuple:
     return as_array(X, "logits")[0], state
 
 
-def tdt_gradient(crit, x: torch.Tensor, loglike, post, state) -> torch.Tensor:
+def tdt_gradient(crit: TDTCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
     """The TDT gradient ``[B, T, U1, V + D]`` in ``x``'s dtype (:mod:`chainfb.transducer.tdt`)."""
     g, tok_total, dur, dur_norm = state
     B, T, U1, VD = x.shape
@@ -258,7 +264,7 @@ def _scores(sources, gather, shape):
     return torch.index_select(ext, 0, gather).view(shape)
 
 
-def grid_gather(crit, x: tuple, need_grad: bool) -> tuple:
+def grid_gather(crit: GridCriterion | BandGridCriterion, x: tuple, need_grad: bool) -> tuple:
     """``(X, None)`` of a grid criterion over ``(px, py)`` through its score
     plan ``crit.plan`` (one gather from the sources and ``-inf``)."""
     px, py = x
@@ -267,7 +273,7 @@ def grid_gather(crit, x: tuple, need_grad: bool) -> tuple:
     return as_array(X, crit.name)[0], None
 
 
-def grid_gradient(crit, x: tuple, loglike, post, state) -> tuple:
+def grid_gradient(crit: GridCriterion | BandGridCriterion, x: tuple, loglike: Array, post: Array, state: Any) -> tuple:
     """``(px_grad, py_grad)``: the engine's posteriors scattered back through the plan (0 on no arc)."""
     px, py = x
     P = wrap_like(post, px) if not isinstance(post, np.ndarray) else torch.from_numpy(post)
