@@ -29,7 +29,7 @@ __all__ = ["row_max", "has_nan", "exp_row", "exp_scaled_sum", "row_exp_sum"]
 
 
 @njit(nogil=True)
-def row_max(row, lo, n):
+def row_max(row: np.ndarray, lo: int, n: int) -> float:
     """The largest of ``row[lo:lo + n]`` (``n >= 1``), a NaN skipped unless it
     comes first (callers that care look for one with :func:`has_nan`); eight
     independent maxima written out, so the compiler vectorises them (the
@@ -62,7 +62,7 @@ def row_max(row, lo, n):
 
 
 @njit(nogil=True, inline="always")
-def has_nan(row, lo, n):
+def has_nan(row: np.ndarray, lo: int, n: int) -> bool:
     """Whether ``row[lo:lo + n]`` holds a NaN."""
     for k in range(lo, lo + n):
         if row[k] != row[k]:
@@ -83,7 +83,7 @@ _EXP_C = tuple(1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(14))
 
 # fused multiply-adds allowed, no reassociation (it would undo the split of ln 2)
 @njit(nogil=True, fastmath={"contract"})
-def exp_row(x, m, e, bits):
+def exp_row(x: np.ndarray, m: float, e: np.ndarray, bits: np.ndarray) -> int:
     """``e[k] = exp(x[k] - m)`` for ``k < len(x)`` (``x - m <= 0`` or NaN;
     ``bits`` an int64 scratch at least as long): within two units in the last
     places of ``np.exp``, 0 below ``exp(-708)``, NaN for NaN; returns how
@@ -120,7 +120,8 @@ _F32_C = tuple(np.float32(1.0 / f) for f in (1, 1, 2, 6, 24, 120, 720, 5040))
 
 # reassociation allowed (vectorised sums), NaN and infinities kept
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def exp_scaled_sum(row, lo, n, m, scale, out, ib, fast):
+def exp_scaled_sum(row: np.ndarray, lo: int, n: int, m: float, scale: float, out: np.ndarray, ib: np.ndarray,
+                   fast: bool) -> float:
     """``out[k] = exp(row[lo + k] - m) * scale`` for ``k < n``; returns the
     float64 sum of ``exp(row[lo + k] - m)``.  ``fast``: the float32-lane
     exponential (``ib`` an int32 scratch of at least ``n``; within a few
@@ -151,7 +152,7 @@ def exp_scaled_sum(row, lo, n, m, scale, out, ib, fast):
 
 
 @njit(nogil=True, inline="always")
-def row_exp_sum(row, lo, n, buf, ib, fast):
+def row_exp_sum(row: np.ndarray, lo: int, n: int, buf: np.ndarray, ib: np.ndarray, fast: bool) -> tuple[float, float]:
     """``(max, sum_k exp(row[lo + k] - max))`` of ``row[lo:lo + n]`` (``n >=
     1``) in float64, with ``buf[k] = exp(row[lo + k] - max)`` when the
     maximum is finite (the sum NaN when a NaN is in the row); else ``(max,

@@ -79,7 +79,9 @@ class SpanArrays(NamedTuple):
 
 
 @njit(nogil=True)
-def instance_side(seq_to_graph, batch_so, lat_so, lat_co, num_arcs, ptr, order, other, log_prob, local_col):
+def instance_side(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.ndarray, lat_co: np.ndarray, num_arcs: int,
+                  ptr: np.ndarray, order: np.ndarray, other: np.ndarray, log_prob: np.ndarray,
+                  local_col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One side of every sequence's graph instance as CSR arrays, from the
     batch's (``ptr``, ``order``: its arcs by the key end; ``other``: their
     far ends): ``(ptr [S + 1], far end [A], log_prob [A], column [A])`` with

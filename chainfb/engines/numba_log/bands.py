@@ -18,11 +18,14 @@ the blocks it reads.  ``sh = 62`` makes each sequence one block.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from ..numba_cache import njit
+
+if TYPE_CHECKING:  # .arrays imports this module
+    from .arrays import Distances
 
 __all__ = ["Bands", "distances", "block_ranges", "live_range", "band_layout", "sequence_band"]
 
@@ -44,7 +47,8 @@ class Bands(NamedTuple):
 
 
 @njit(nogil=True)
-def distances(start, final, in_ptr, in_src, out_ptr, out_dst):
+def distances(start: np.ndarray, final: np.ndarray, in_ptr: np.ndarray, in_src: np.ndarray, out_ptr: np.ndarray,
+              out_dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(dstart, dfinal)`` ``[S]``: the fewest arcs from the start state of
     each state's sequence, and to a state with a final weight (``2**62``
     where there is no such path); breadth-first over the lattice."""
@@ -83,7 +87,8 @@ def distances(start, final, in_ptr, in_src, out_ptr, out_dst):
 
 
 @njit(nogil=True)
-def block_ranges(state_off, ptr, other, sh):
+def block_ranges(state_off: np.ndarray, ptr: np.ndarray, other: np.ndarray,
+                 sh: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(blk_off [N+1], bmin, bmax)``: sequence ``n``'s blocks of ``2**sh``
     states are ``blk_off[n] .. blk_off[n + 1]``; the arcs of the states of
     block ``kb`` (CSR ``ptr``, far ends ``other``) reach local blocks
@@ -116,7 +121,8 @@ def _find(nxt, t):
 
 
 @njit(nogil=True)
-def live_range(dstart, dfinal, s0, W, L, lo, hi, nxt):
+def live_range(dstart: np.ndarray, dfinal: np.ndarray, s0: int, W: int, L: int, lo: np.ndarray, hi: np.ndarray,
+               nxt: np.ndarray) -> None:
     """The live range ``lo[t] .. hi[t]`` (local state indices; ``lo > hi``:
     empty) of every frame ``t <= L`` of the sequence with states ``s0 ..
     s0 + W``: the first and last state ``j`` with ``dstart[j] <= t`` and
@@ -148,7 +154,7 @@ def live_range(dstart, dfinal, s0, W, L, lo, hi, nxt):
 
 
 @njit(nogil=True, inline="always")
-def band_layout(n0, n1, state_off, dist, sh, lengths):
+def band_layout(n0: int, n1: int, state_off: np.ndarray, dist: Distances, sh: int, lengths: np.ndarray) -> Bands:
     """The :class:`Bands` of the sequences ``n0 <= n < n1`` (``dist``: the
     lattice's :class:`~.arrays.Distances`, blocks of ``2**sh`` states), and
     the largest work arrays they need."""
@@ -190,7 +196,7 @@ def band_layout(n0, n1, state_off, dist, sh, lengths):
 
 
 @njit(nogil=True, inline="always")
-def sequence_band(b, i):
+def sequence_band(b: Bands, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(lo, hi, off, rof)`` of the ``i``-th sequence of :class:`Bands`
     ``b`` (length ``L``): its frames' bands ``[L + 1]`` and the offsets
     ``[L + 2]`` of their cells and block references in its work arrays."""

@@ -50,7 +50,7 @@ LOG_NEGLIGIBLE = float(np.log(1e-88))
 
 
 @njit(nogil=True, inline="always")
-def lse_push(m, acc, v):
+def lse_push(m: float, acc: float, v: float) -> tuple[float, float]:
     """The term ``v`` into a running log-sum-exp ``(max m, sum acc of
     exp(. - m))``: ``-inf`` adds nothing, NaN makes ``acc`` NaN."""
     if v > m:
@@ -63,7 +63,7 @@ def lse_push(m, acc, v):
 
 
 @njit(nogil=True, inline="always")
-def final_max(final, s0, W):
+def final_max(final: np.ndarray, s0: int, W: int) -> float:
     """The largest final log-weight of the states ``s0 .. s0 + W`` (0 if none
     is final): the shift that keeps the final sum in range."""
     fmax = -np.inf
@@ -78,14 +78,14 @@ def final_max(final, s0, W):
 
 
 @njit(nogil=True, inline="always")
-def logval(p, lv):
+def logval(p: float, lv: float) -> float:
     """The log of a cell kept as a scaled probability ``p`` or, when ``p`` is
     0, as its log ``lv`` (``-inf``: a true zero)."""
     return np.log(p) if p != 0.0 else lv
 
 
 @njit(nogil=True, inline="always")
-def store(r, P, LV, j):
+def store(r: float, P: np.ndarray, LV: np.ndarray, j: int) -> None:
     """Keep the log value ``r`` in cell ``j``: scaled when safe, else as a log."""
     if r >= LOG_SAFE:
         P[j] = np.exp(r)
@@ -96,7 +96,7 @@ def store(r, P, LV, j):
 
 
 @njit(nogil=True, inline="always")
-def store_lse(m, acc, P, LV, j):
+def store_lse(m: float, acc: float, P: np.ndarray, LV: np.ndarray, j: int) -> None:
     """Keep the log-sum-exp ``m + log(acc)`` (:func:`lse_push`) in cell
     ``j``: NaN stays NaN, an empty sum is 0."""
     if acc != acc:
@@ -108,7 +108,7 @@ def store_lse(m, acc, P, LV, j):
 
 
 @njit(nogil=True)
-def normalise(P, LV):
+def normalise(P: np.ndarray, LV: np.ndarray) -> float:
     """Divide a frame's cells by their largest value; return its log (0 if
     none).  Cells kept as logs that the division brings into the safe range
     become scaled again, so a cell kept as a log is always below ``SAFE``."""
@@ -137,7 +137,7 @@ def normalise(P, LV):
 
 
 @njit(nogil=True, inline="always")
-def live(P, LV):
+def live(P: np.ndarray, LV: np.ndarray) -> bool:
     """Whether a frame holds any path (a nonzero cell, or NaN)."""
     for j in range(P.shape[0]):
         if P[j] != 0.0 or LV[j] > -np.inf:
@@ -150,7 +150,7 @@ def live(P, LV):
 
 
 @njit(nogil=True, inline="always")
-def log1(v):
+def log1(v: float) -> float:
     """The log of a one-array cell ``v`` (``-inf`` for 0, NaN for NaN)."""
     if v > 0.0:
         return np.log(v)
@@ -162,7 +162,7 @@ def log1(v):
 
 
 @njit(nogil=True, inline="always")
-def store1(r, A, j):
+def store1(r: float, A: np.ndarray, j: int) -> None:
     """Keep the log value ``r`` in one-array cell ``j``: scaled when safe,
     else as ``r - LOG_SAFE < 0``; ``-inf`` is a true zero, NaN stays NaN."""
     if r >= LOG_SAFE:
@@ -176,7 +176,7 @@ def store1(r, A, j):
 
 
 @njit(nogil=True, inline="always")
-def largest(A):
+def largest(A: np.ndarray) -> float:
     """The largest scaled cell of ``A`` (0 if none)."""
     c = 0.0
     for j in range(A.shape[0]):
@@ -186,7 +186,7 @@ def largest(A):
 
 
 @njit(nogil=True, inline="always")
-def divide1(A, c):
+def divide1(A: np.ndarray, c: float) -> float:
     """Normalise one-array cells given ``c``, the largest scaled cell of
     ``A`` (0 if none): divide the scaled cells by it, re-store the logs
     relative to it, return its log (0 if no cell is nonzero)."""
@@ -216,7 +216,7 @@ def divide1(A, c):
 
 
 @njit(nogil=True, inline="always")
-def block_div(A, c):
+def block_div(A: np.ndarray, c: float) -> float:
     """:func:`divide1` on one block's cells (``c`` its largest scaled cell,
     0 if none), returning ``-inf`` when they are all 0."""
     lc = divide1(A, c)
@@ -229,13 +229,13 @@ def block_div(A, c):
 
 
 @njit(nogil=True, inline="always")
-def block_norm(A):
+def block_norm(A: np.ndarray) -> float:
     """:func:`block_div` with the block's largest scaled cell found here."""
     return block_div(A, largest(A))
 
 
 @njit(nogil=True, inline="always")
-def renorm(R):
+def renorm(R: np.ndarray) -> float:
     """Subtract a frame's largest block reference from its references; return it (0 if none)."""
     r = -np.inf
     for q in range(R.shape[0]):

@@ -20,7 +20,7 @@ __all__ = ["frame_max", "sequence_emissions", "emission_row", "zero_columns"]
 
 
 @njit(nogil=True, inline="always")
-def frame_max(xt, c0, c1, nan_check=True):
+def frame_max(xt: np.ndarray, c0: int, c1: int, nan_check: bool = True) -> float:
     """A sequence's largest score in one frame (its columns ``c0 .. c1`` of
     the row ``xt [C]``): 0 when all are ``-inf`` (or it has no column); NaN
     or ``+inf`` when a score is -- without ``nan_check``, a NaN is found
@@ -35,7 +35,7 @@ def frame_max(xt, c0, c1, nan_check=True):
 
 
 @njit(nogil=True, inline="always")
-def sequence_emissions(X, c0, c1, Mrow, E, bits):
+def sequence_emissions(X: np.ndarray, c0: int, c1: int, Mrow: np.ndarray, E: np.ndarray, bits: np.ndarray) -> bool:
     """A sequence's emissions ``E[t, c - c0] = exp(X[t, c] - Mrow[t])`` for
     its columns ``c0 .. c1`` and the frames ``t < len(E)`` (``E [L, c1 -
     c0]``, ``bits`` an int64 scratch of ``c1 - c0``); whether one is NaN
@@ -47,7 +47,8 @@ def sequence_emissions(X, c0, c1, Mrow, E, bits):
 
 
 @njit(nogil=True, inline="always")
-def emission_row(X, t, c0, c1, Mrow, Es, ew, bits):
+def emission_row(X: np.ndarray, t: int, c0: int, c1: int, Mrow: np.ndarray, Es: np.ndarray, ew: np.ndarray,
+                 bits: np.ndarray) -> np.ndarray:
     """Frame ``t``'s emissions of a sequence ``[c1 - c0]``: its row of ``Es``
     when they are held (``Es`` has rows), else formed now in ``ew``."""
     if Es.shape[0] == 0:
@@ -58,7 +59,7 @@ def emission_row(X, t, c0, c1, Mrow, Es, ew, bits):
 
 
 @njit(nogil=True, inline="always")
-def zero_columns(post, t0, t1, c0, c1):
+def zero_columns(post: np.ndarray, t0: int, t1: int, c0: int, c1: int) -> None:
     """``post[t0:t1, c0:c1] = 0`` (one sequence's columns over some frames)."""
     for t in range(t0, t1):
         for c in range(c0, c1):

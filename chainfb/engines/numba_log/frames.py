@@ -17,13 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..numba_cache import njit
+from .arrays import Side
 from .cells import LOG_SAFE, SAFE, block_div, log1, lse_push, store1
 
 __all__ = ["cell_log_domain", "low_cells_log_domain", "band_frame", "beta_frame_fused"]
 
 
 @njit(nogil=True, inline="always")
-def cell_log_domain(Pp, Rp, plo, sh, side, xt, base, k, shift, ref, Pn, j):
+def cell_log_domain(Pp: np.ndarray, Rp: np.ndarray, plo: int, sh: int, side: Side, xt: np.ndarray, base: int, k: int,
+                    shift: float, ref: float, Pn: np.ndarray, j: int) -> None:
     """Cell ``j`` of ``Pn`` in the log domain (its scaled sum was below the
     safe range): the log-sum-exp of ``log(far end) + its block's reference -
     ref + log_prob + score - shift`` over the arcs of state ``k`` of
@@ -51,7 +53,8 @@ def cell_log_domain(Pp, Rp, plo, sh, side, xt, base, k, shift, ref, Pn, j):
 
 
 @njit(nogil=True)
-def low_cells_log_domain(Pp, Rp, plo, Pb, blo, side, xt, base, shift, sh, ref):
+def low_cells_log_domain(Pp: np.ndarray, Rp: np.ndarray, plo: int, Pb: np.ndarray, blo: int, side: Side, xt: np.ndarray,
+                         base: int, shift: float, sh: int, ref: float) -> float:
     """The cells of a block ``Pb`` (scaled sums just formed from ``Pp``
     along ``side``; cell ``j`` is state ``base + blo + j``) whose sum is
     below the safe range: zero when no far end holds a path, else their
@@ -80,7 +83,9 @@ def low_cells_log_domain(Pp, Rp, plo, Pb, blo, side, xt, base, shift, sh, ref):
 
 
 @njit(nogil=True, inline="always")
-def band_frame(Pp, Rp, plo, Pn, Rn, nlo, side, xt, E, cb, base, shift, sh, bmin, bmax, fac):
+def band_frame(Pp: np.ndarray, Rp: np.ndarray, plo: int, Pn: np.ndarray, Rn: np.ndarray, nlo: int, side: Side,
+               xt: np.ndarray, E: np.ndarray, cb: int, base: int, shift: float, sh: int, bmin: np.ndarray,
+               bmax: np.ndarray, fac: np.ndarray) -> None:
     """One frame of either direction over bands of blocks: cell ``j`` of
     ``Pn`` (state ``base + nlo + j``) from the far ends in ``Pp`` (state
     ``base + plo + i``; those outside the band are zero) along the arcs of
@@ -152,7 +157,9 @@ def band_frame(Pp, Rp, plo, Pn, Rn, nlo, side, xt, E, cb, base, shift, sh, bmin,
 
 
 @njit(nogil=True, inline="always")
-def beta_frame_fused(Qn, Rq, qlo, Pt, Bt, tlo, side, xt, et, cb, base, shift, sh, pt, slow):
+def beta_frame_fused(Qn: np.ndarray, Rq: np.ndarray, qlo: int, Pt: np.ndarray, Bt: np.ndarray, tlo: int, side: Side,
+                     xt: np.ndarray, et: np.ndarray, cb: int, base: int, shift: float, sh: int, pt: np.ndarray,
+                     slow: np.ndarray) -> tuple[float, float, int]:
     """The backward frame of a sequence whose frames are one block each, fused
     with its arc posteriors: ``B_t`` into ``Bt`` (from ``beta_{t+1}`` in
     ``Qn``, one block of reference ``Rq[0]``, along the out-arcs ``side``;

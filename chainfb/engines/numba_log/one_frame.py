@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..numba_cache import njit
+from .arrays import Blocks, Distances, LatticeArrays, Side
 from .bands import band_layout, sequence_band
 from .cells import LOG_NEGLIGIBLE, LOG_SAFE, SAFE_TOTAL, block_norm, final_max, log1, lse_push, renorm, store1
 from .columns import emission_row, frame_max, sequence_emissions, zero_columns
@@ -86,7 +87,8 @@ def _work(n0, n1, bands, sh, col_off, lengths, ebytes):
 
 
 @njit(nogil=True)
-def run(n0, n1, la, dist, blocks, X, lengths, ebytes, need_post, loglike, post):
+def run(n0: int, n1: int, la: LatticeArrays, dist: Distances, blocks: Blocks, X: np.ndarray, lengths: np.ndarray,
+        ebytes: int, need_post: bool, loglike: np.ndarray, post: np.ndarray) -> None:
     """Sequences ``n0 <= n < n1`` of the lattice ``la``
     (:class:`~.arrays.LatticeArrays`; ``dist``: its
     :class:`~.arrays.Distances`, ``blocks`` its :class:`~.arrays.Blocks`):
@@ -147,7 +149,8 @@ def run(n0, n1, la, dist, blocks, X, lengths, ebytes, need_post, loglike, post):
 
 
 @njit(nogil=True)
-def alpha_pass(fwd, start, seq, sh, wshift, X, Es, work):
+def alpha_pass(fwd: Side, start: int, seq: Sequence, sh: int, wshift: float, X: np.ndarray, Es: np.ndarray,
+               work: Work) -> float:
     """The forward pass of one sequence: alpha of every frame ``0 .. L``
     into ``work.A`` (frame ``t``'s band at ``seq.off[t]``), its block
     references into ``work.RA``, from the start state ``start`` along the
@@ -176,7 +179,7 @@ def alpha_pass(fwd, start, seq, sh, wshift, X, Es, work):
 
 
 @njit(nogil=True, inline="always")
-def sequence_loglike(final, seq, sh, work, offset):
+def sequence_loglike(final: np.ndarray, seq: Sequence, sh: int, work: Work, offset: float) -> float:
     """The log-likelihood of one sequence: the log-sum-exp of ``alpha_L +
     final`` plus its log ``offset`` (``-inf``: no complete path)."""
     s0, L, lo = seq.s0, seq.L, seq.lo
@@ -192,7 +195,8 @@ def sequence_loglike(final, seq, sh, work, offset):
 
 
 @njit(nogil=True)
-def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
+def beta_pass(bwd: Side, final: np.ndarray, seq: Sequence, sh: int, wshift: float, X: np.ndarray, Es: np.ndarray,
+              work: Work, post: np.ndarray) -> None:
     """The backward pass of one sequence with a complete path, along the
     out-arcs ``bwd``: ``B_t`` frame by frame from ``beta_L = final`` and
     the arc posteriors of every frame ``t < L`` into its columns of
@@ -272,7 +276,7 @@ def beta_pass(bwd, final, seq, sh, wshift, X, Es, work, post):
 
 
 @njit(nogil=True, inline="always")
-def frame_log_total(Pt, Ra, Bt, Rb, tlo, sh):
+def frame_log_total(Pt: np.ndarray, Ra: np.ndarray, Bt: np.ndarray, Rb: np.ndarray, tlo: int, sh: int) -> float:
     """The log of frame ``t``'s total ``Z_t = sum_i alpha_t(i) B_t(i)``,
     block by block (``Pt``, ``Bt``: the band's cells from ``tlo``; ``Ra``,
     ``Rb``: their block references): scaled products where a block's sum is
@@ -304,7 +308,9 @@ def frame_log_total(Pt, Ra, Bt, Rb, tlo, sh):
 
 
 @njit(nogil=True, inline="always")
-def arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, s0, c0, bmin, bmax, gb, sh, xt, et, shift):
+def arc_posteriors(pt: np.ndarray, Pt: np.ndarray, Ra: np.ndarray, tlo: int, Qn: np.ndarray, Rq: np.ndarray, qlo: int,
+                   lz: float, bwd: Side, s0: int, c0: int, bmin: np.ndarray, bmax: np.ndarray, gb: np.ndarray, sh: int,
+                   xt: np.ndarray, et: np.ndarray, shift: float) -> None:
     """The posteriors of the arcs read at frame ``t`` into its row ``pt``:
     ``alpha w E beta exp(Ra[its block] + Rq[its block] - lz)`` with ``lz``
     the frame's log total, the factor formed per block of sources for the
@@ -355,7 +361,7 @@ def arc_posteriors(pt, Pt, Ra, tlo, Qn, Rq, qlo, lz, bwd, s0, c0, bmin, bmax, gb
 
 
 @njit(nogil=True, inline="always")
-def scaled_arc(fast, qv, g, e, x):
+def scaled_arc(fast: bool, qv: float, g: float, e: float, x: float) -> bool:
     """Whether an arc's posterior is taken from the scaled product ``g p w e
     qv`` (alpha cell scaled, beta cell ``qv`` scaled, factor ``g`` finite,
     and the emission ``e`` nonzero unless the score ``x`` is ``-inf``: an
@@ -365,7 +371,9 @@ def scaled_arc(fast, qv, g, e, x):
 
 
 @njit(nogil=True)
-def arc_posteriors_log(pt, p, fast, ra, k, bwd, Qn, Rq, gb, s0, qlo, sh, xt, et, cb, shift):
+def arc_posteriors_log(pt: np.ndarray, p: float, fast: bool, ra: float, k: int, bwd: Side, Qn: np.ndarray,
+                       Rq: np.ndarray, gb: np.ndarray, s0: int, qlo: int, sh: int, xt: np.ndarray, et: np.ndarray,
+                       cb: int, shift: float) -> None:
     """The arc posteriors of state ``k`` (alpha cell ``p``, ``fast``: scaled)
     that its scaled loop left: a far end kept as a log (or NaN), a factor
     ``gb`` out of range, or an emission ``et`` that underflowed -- in the

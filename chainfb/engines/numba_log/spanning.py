@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..numba_cache import njit
+from .arrays import LatticeArrays, Side, SpanArrays
 from .cells import SAFE, SAFE_TOTAL, final_max, live, logval, lse_push, normalise, store, store_lse
 from .columns import frame_max, sequence_emissions, zero_columns
 
@@ -86,7 +87,7 @@ def _two_sum(a, b):
 
 
 @njit(nogil=True, inline="always")
-def dd_add(h, lo, x):
+def dd_add(h: float, lo: float, x: float) -> tuple[float, float]:
     """The double-double ``h + lo`` plus the float ``x``."""
     s, e = _two_sum(h, x)
     e += lo
@@ -95,14 +96,14 @@ def dd_add(h, lo, x):
 
 
 @njit(nogil=True, inline="always")
-def dd_diff(ah, al, bh, bl):
+def dd_diff(ah: float, al: float, bh: float, bl: float) -> float:
     """``(ah + al) - (bh + bl)`` as a float."""
     s, e = _two_sum(ah, -bh)
     return s + (e + (al - bl))
 
 
 @njit(nogil=True, inline="always")
-def dd_sum_minus(ah, al, bh, bl, c):
+def dd_sum_minus(ah: float, al: float, bh: float, bl: float, c: float) -> float:
     """``(ah + al) + (bh + bl) - c`` as a float."""
     s1, e1 = _two_sum(ah, bh)
     s2, e2 = _two_sum(s1, -c)
@@ -110,7 +111,7 @@ def dd_sum_minus(ah, al, bh, bl, c):
 
 
 @njit(nogil=True, inline="always")
-def scales(g, r, off, R, ks):
+def scales(g: np.ndarray, r: np.ndarray, off: np.ndarray, R: float, ks: np.ndarray) -> None:
     """``r[k] = exp(g[k] - R)`` and ``off[k] -= R`` for the spans ``k`` in
     ``ks`` (``g[k] = -inf`` marks a frame not in use: ``r[k] = 0``)."""
     for q in range(ks.shape[0]):
@@ -123,7 +124,7 @@ def scales(g, r, off, R, ks):
 
 
 @njit(nogil=True, inline="always")
-def max_ref(g, ks):
+def max_ref(g: np.ndarray, ks: np.ndarray) -> float:
     """The largest of ``g[k]`` over the spans ``k`` in ``ks`` (NaN if one is
     NaN; 0 if all are ``-inf``)."""
     R = -np.inf
@@ -137,7 +138,8 @@ def max_ref(g, ks):
 
 
 @njit(nogil=True, inline="always")
-def alpha_sum(P, LV, t1, fwd, span, E, cb, X, r, base, k):
+def alpha_sum(P: np.ndarray, LV: np.ndarray, t1: int, fwd: Side, span: np.ndarray, E: np.ndarray, cb: int,
+              X: np.ndarray, r: np.ndarray, base: int, k: int) -> tuple[float, bool]:
     """Forward cell ``k`` at frame ``t1`` as the scaled sum over its in-arcs
     (``fwd``, spans ``span``), each read at frame ``t1 - span`` and rescaled
     by ``r[span]`` (column ``c``'s emission at ``E[frame, c - cb]``, its
@@ -169,7 +171,8 @@ def alpha_sum(P, LV, t1, fwd, span, E, cb, X, r, base, k):
 
 
 @njit(nogil=True)
-def alpha_log_domain(P, LV, t1, fwd, span, X, off, base, k, out_P, out_LV, j):
+def alpha_log_domain(P: np.ndarray, LV: np.ndarray, t1: int, fwd: Side, span: np.ndarray, X: np.ndarray,
+                     off: np.ndarray, base: int, k: int, out_P: np.ndarray, out_LV: np.ndarray, j: int) -> None:
     """Forward cell ``k`` at frame ``t1`` in the log domain: the log-sum-exp
     of ``log(far end) + log_prob + score + off[span]``."""
     ptr, other, lp, col = fwd.ptr, fwd.other, fwd.log_prob, fwd.col
@@ -185,7 +188,9 @@ def alpha_log_domain(P, LV, t1, fwd, span, X, off, base, k, out_P, out_LV, j):
 
 
 @njit(nogil=True, inline="always")
-def beta_sum(Q, LQ, t, L, bwd, span, Et, cb, xt, r, base, k, ai, pt, gs):
+def beta_sum(Q: np.ndarray, LQ: np.ndarray, t: int, L: int, bwd: Side, span: np.ndarray, Et: np.ndarray, cb: int,
+             xt: np.ndarray, r: np.ndarray, base: int, k: int, ai: float, pt: np.ndarray,
+             gs: np.ndarray) -> tuple[float, bool]:
     """Backward cell ``k`` at frame ``t`` as the scaled sum over its
     out-arcs (``bwd``, spans ``span``), each landing at frame ``t + span <=
     L`` rescaled by ``r[span]`` (column ``c``'s emission at ``Et[c - cb]``),
@@ -226,7 +231,8 @@ def beta_sum(Q, LQ, t, L, bwd, span, Et, cb, xt, r, base, k, ai, pt, gs):
 
 
 @njit(nogil=True)
-def beta_log_domain(Q, LQ, t, L, bwd, span, xt, off, base, k, out_P, out_LV, j):
+def beta_log_domain(Q: np.ndarray, LQ: np.ndarray, t: int, L: int, bwd: Side, span: np.ndarray, xt: np.ndarray,
+                    off: np.ndarray, base: int, k: int, out_P: np.ndarray, out_LV: np.ndarray, j: int) -> None:
     """Backward cell ``k`` at frame ``t`` in the log domain."""
     ptr, other, lp, col = bwd.ptr, bwd.other, bwd.log_prob, bwd.col
     m = -np.inf
@@ -259,7 +265,8 @@ def _span_work(ks):
 
 
 @njit(nogil=True)
-def run(n0, n1, la, sa, ks, X, lengths, need_post, loglike, post):
+def run(n0: int, n1: int, la: LatticeArrays, sa: SpanArrays, ks: np.ndarray, X: np.ndarray, lengths: np.ndarray,
+        need_post: bool, loglike: np.ndarray, post: np.ndarray) -> None:
     """The one-frame pass's :func:`~.one_frame.run` for arcs that span
     frames: sequences ``n0 <= n < n1`` of ``la``
     (:class:`~.arrays.LatticeArrays`, ``sa`` its
@@ -306,7 +313,8 @@ def run(n0, n1, la, sa, ks, X, lengths, need_post, loglike, post):
 
 
 @njit(nogil=True)
-def alpha_pass(fwd, in_span, start, s0, W, L, cs0, X, E, Mrow, wshift, sw):
+def alpha_pass(fwd: Side, in_span: np.ndarray, start: int, s0: int, W: int, L: int, cs0: int, X: np.ndarray,
+               E: np.ndarray, Mrow: np.ndarray, wshift: float, sw: SpanWork) -> tuple[Alphas, float]:
     """The forward pass of one sequence (states ``s0 .. s0 + W``, ``L``
     frames, emissions ``E``): its :class:`Alphas` and log offset."""
     ks, g, r, off = sw.ks, sw.g, sw.r, sw.off
@@ -349,7 +357,9 @@ def alpha_pass(fwd, in_span, start, s0, W, L, cs0, X, E, Mrow, wshift, sw):
 
 
 @njit(nogil=True)
-def beta_pass(bwd, out_span, final, fmax, A, s0, W, L, cs0, cs1, X, E, Mrow, wshift, sw, al, post):
+def beta_pass(bwd: Side, out_span: np.ndarray, final: np.ndarray, fmax: float, A: float, s0: int, W: int, L: int,
+              cs0: int, cs1: int, X: np.ndarray, E: np.ndarray, Mrow: np.ndarray, wshift: float, sw: SpanWork,
+              al: Alphas, post: np.ndarray) -> Betas:
     """The backward pass of one sequence with a complete path: its
     :class:`Betas` (``A``: the reference of the in-flight masses) and, in
     its columns of ``post``, the posteriors' numerators ``alpha_t w E
@@ -431,7 +441,9 @@ def beta_pass(bwd, out_span, final, fmax, A, s0, W, L, cs0, cs1, X, E, Mrow, wsh
 
 
 @njit(nogil=True)
-def frame_totals(bwd, out_span, sp, sp_span, A, s0, W, L, cs0, cs1, X, Mrow, wshift, sw, al, be, post):
+def frame_totals(bwd: Side, out_span: np.ndarray, sp: Side, sp_span: np.ndarray, A: float, s0: int, W: int, L: int,
+                 cs0: int, cs1: int, X: np.ndarray, Mrow: np.ndarray, wshift: float, sw: SpanWork, al: Alphas,
+                 be: Betas, post: np.ndarray) -> None:
     """Each frame's posteriors (one sequence, numerators from
     :func:`beta_pass`) divided by the frame's total: the paths through a
     state at ``t`` (``alpha_t B_t``) plus those on an arc read at ``s < t``
