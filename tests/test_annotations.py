@@ -17,17 +17,6 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "chainfb"
 
-#: Paths (relative to the repository root; a folder ends with "/") whose public functions may still lack
-#: annotations: code being restructured now, to be annotated with that restructuring.  Empty it entry by entry.
-NOT_YET_ANNOTATED = (
-    "chainfb/transducer/",  # score maps: to be annotated with the score-map restructuring
-    "chainfb/engines/",  # capability table, caches and the CUDA engine: likewise
-    "chainfb/cuda/",  # the kernels' loader and launchers: likewise
-    "chainfb/lattice.py",  # likewise
-    "chainfb/batch.py",  # likewise
-    "chainfb/checks.py",  # likewise
-)
-
 PUBLIC_DUNDERS = {"__init__", "__call__"}
 
 
@@ -93,22 +82,12 @@ def _package_modules() -> list[str]:
     return paths
 
 
-def _allowed(path: str) -> bool:
-    return any(path == a or (a.endswith("/") and path.startswith(a)) for a in NOT_YET_ANNOTATED)
-
-
 def test_public_functions_are_annotated():
     missing = []
     for path in _package_modules():
-        if not _allowed(path):
-            with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-                missing += missing_annotations(f.read(), path)
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            missing += missing_annotations(f.read(), path)
     assert not missing, "public functions lacking annotations:\n" + "\n".join(missing)
-
-
-def test_allow_list_names_existing_paths():
-    for entry in NOT_YET_ANNOTATED:
-        assert os.path.exists(os.path.join(ROOT, entry)), f"NOT_YET_ANNOTATED: {entry} does not exist"
 
 
 def test_checker_finds_what_lacks_an_annotation():

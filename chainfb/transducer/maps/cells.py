@@ -36,6 +36,9 @@ Sums of exponentials accumulate in float64.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ...engines.numba_cache import njit
@@ -75,7 +78,8 @@ def _cell_used(counts, b, u, t):
 
 
 @njit(nogil=True)
-def rnnt_gather_cells(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1):
+def rnnt_gather_cells(x: np.ndarray, sym: np.ndarray, counts: np.ndarray, fused: bool, fast: bool, S: np.ndarray,
+                      norm: np.ndarray, inv: np.ndarray, g: np.ndarray, keep: bool, c0: int, c1: int) -> None:
     """Cells ``c0 <= (b * T + t) * U1 + u < c1`` of an RNN-T / multi-blank
     batch: ``norm[cell]`` (float64; 0 when not ``fused``) and
     ``S[cell, j] = x[b, t, u, sym[b, u, j]] - norm`` for the kinds ``j``
@@ -104,7 +108,9 @@ def rnnt_gather_cells(x, sym, counts, fused, fast, S, norm, inv, g, keep, c0, c1
 
 
 @njit(nogil=True)
-def rnnt_grad_cells(x, sym, counts, norm, inv, P, kind_weight, zero, clamp, fused, fast, kept, g, c0, c1):
+def rnnt_grad_cells(x: np.ndarray, sym: np.ndarray, counts: np.ndarray, norm: np.ndarray, inv: np.ndarray,
+                    P: np.ndarray, kind_weight: np.ndarray, zero: np.ndarray, clamp: float, fused: bool, fast: bool,
+                    kept: bool, g: np.ndarray, c0: int, c1: int) -> None:
     """The gradient rows ``g[b, t, u]`` of cells ``c0 <= cell < c1``:
     ``exp(x - norm) * sum_j w_j - sum_j w_j [k == sym_j]`` with ``w_j =
     kind_weight[j] * P[cell, j]`` (the posteriors by cell, :func:`move_blocks`; no first term when
@@ -158,7 +164,9 @@ _TB = 16
 
 
 @njit(nogil=True)
-def tdt_gather_blocks(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, g, keep, c0, c1):
+def tdt_gather_blocks(x: np.ndarray, V: int, blank: int, labels: np.ndarray, counts: np.ndarray, colidx: np.ndarray,
+                      sigma: float, fast: bool, X: np.ndarray, inv: np.ndarray, g: np.ndarray, keep: bool, c0: int,
+                      c1: int) -> None:
     """Blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance of a TDT
     batch (``x [B, T, U1, V + D]``): per cell, the scores of the slots ``j
     = kind * D + i`` (kind 0 the blank, 1 the label ``labels[b, u]``) read
@@ -245,7 +253,9 @@ def tdt_gather_blocks(x, V, blank, labels, counts, colidx, sigma, fast, X, inv, 
 
 
 @njit(nogil=True)
-def tdt_grad_blocks(V, blank, labels, counts, colidx, inv, post, zero, label_weight, clamp, g, c0, c1):
+def tdt_grad_blocks(V: int, blank: int, labels: np.ndarray, counts: np.ndarray, colidx: np.ndarray, inv: np.ndarray,
+                    post: np.ndarray, zero: np.ndarray, label_weight: float, clamp: float, g: np.ndarray, c0: int,
+                    c1: int) -> None:
     """The TDT gradient rows of the cells of blocks ``c0 <= blk < c1`` (as
     :func:`tdt_gather_blocks`; see :mod:`chainfb.transducer.tdt`) from what
     :func:`tdt_gather_blocks` left in ``g [B, T, U1, V + D]`` (with ``keep``): with
@@ -305,7 +315,8 @@ def tdt_grad_blocks(V, blank, labels, counts, colidx, inv, post, zero, label_wei
 
 
 @njit(nogil=True)
-def move_blocks(S, colidx, counts, T, X, to_steps, c0, c1):
+def move_blocks(S: np.ndarray, colidx: np.ndarray, counts: np.ndarray, T: int, X: np.ndarray, to_steps: bool, c0: int,
+                c1: int) -> None:
     """Between the cell order and the engine's step-major matrix: with
     ``to_steps``, ``X[t + u, colidx[b, u, j]] = S[(b * T + t) * U1 + u, j]``
     for the kinds read at ``t``; else the reverse, ``S[cell, j] = X[t + u,
@@ -333,7 +344,7 @@ def move_blocks(S, colidx, counts, T, X, to_steps, c0, c1):
 
 
 @njit(nogil=True)
-def put_scores(src, entry, X, c0, c1):
+def put_scores(src: np.ndarray, entry: np.ndarray, X: np.ndarray, c0: int, c1: int) -> None:
     """``X[entry[i]] = src[i]`` for ``c0 <= i < c1`` where ``entry[i] >= 0`` (flat arrays)."""
     for i in range(c0, c1):
         e = entry[i]
@@ -342,7 +353,7 @@ def put_scores(src, entry, X, c0, c1):
 
 
 @njit(nogil=True)
-def take_scores(post, entry, out, c0, c1):
+def take_scores(post: np.ndarray, entry: np.ndarray, out: np.ndarray, c0: int, c1: int) -> None:
     """``out[i] = post[entry[i]]`` for ``c0 <= i < c1``, 0 where ``entry[i] < 0`` (flat arrays)."""
     for i in range(c0, c1):
         e = entry[i]
@@ -350,7 +361,9 @@ def take_scores(post, entry, out, c0, c1):
 
 
 @njit(nogil=True)
-def additive_blocks(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, c0, c1):
+def additive_blocks(logr: np.ndarray, am: np.ndarray, lm: np.ndarray, am_scale: np.ndarray, lm_scale: np.ndarray,
+                    sy: np.ndarray, blank: int, t_end: np.ndarray, px: np.ndarray, py: np.ndarray, c0: int,
+                    c1: int) -> None:
     """The additive joiner's ``(px, py)`` (:func:`additive_logprobs`) for
     blocks ``c0 <= blk < c1`` of ``_TB`` frames of an utterance: the
     block's rows of ``am`` stay in the cache while every ``s`` reads them.
@@ -381,7 +394,8 @@ def additive_blocks(logr, am, lm, am_scale, lm_scale, sy, blank, t_end, px, py, 
 
 
 @njit(nogil=True)
-def grid_put_rows(px, py, bd, colidx, modified, X, c0, c1):
+def grid_put_rows(px: np.ndarray, py: np.ndarray, bd: np.ndarray, colidx: np.ndarray, modified: bool, X: np.ndarray,
+                  c0: int, c1: int) -> None:
     """The grid's scores (:mod:`~chainfb.transducer.grid`) into ``X`` for
     the rows ``c0 <= r < c1`` of ``py`` (``r = b * (S + 1) + s``): cell
     ``(s, t)`` of sequence ``b``, at ``k = s - s_begin`` and ``t - t_begin``
@@ -406,7 +420,8 @@ def grid_put_rows(px, py, bd, colidx, modified, X, c0, c1):
 
 
 @njit(nogil=True)
-def grid_take_rows(post, bd, colidx, modified, gx, gy, c0, c1):
+def grid_take_rows(post: np.ndarray, bd: np.ndarray, colidx: np.ndarray, modified: bool, gx: np.ndarray, gy: np.ndarray,
+                   c0: int, c1: int) -> None:
     """The reverse of :func:`grid_put_rows`: every element of the rows ``c0 <= r
     < c1`` of ``gy`` (and of ``gx`` where ``s < S``) written, the engine's
     posterior of the cell's arc inside the boundary and 0 outside."""
@@ -432,7 +447,7 @@ def blocks(B: int, T: int) -> int:
     return B * ((T + _TB - 1) // _TB)
 
 
-def run(fn, ncells: int, *args) -> None:
+def run(fn: Callable[..., None], ncells: int, *args: Any) -> None:
     """``fn(*args, c0, c1)`` over ``[0, ncells)`` split into contiguous
     ranges (:func:`chainfb.engines.threads.split`, with the threshold of the
     kind of unit ``fn`` works on, :data:`_UNITS`) run on
