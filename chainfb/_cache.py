@@ -27,9 +27,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 __all__ = ["Memo", "LRU"]
 
+
+_T = TypeVar("_T")
 
 class Memo:
     """A thread-safe memo.
@@ -43,10 +46,10 @@ class Memo:
 
     def __init__(self, size: int | None = None):
         self.size = None if size is None else int(size)
-        self._items: OrderedDict[Hashable, object] = OrderedDict()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, build: Callable[[], object]) -> object:
+    def get(self, key: Hashable, build: Callable[[], _T]) -> _T:
         with self._lock:
             if key in self._items:
                 if self.size is not None:

@@ -226,6 +226,7 @@ class CupyBackend:
         return mod
 
     def function(self, name: str) -> Any:
+        """The ``RawKernel`` of instantiation ``name`` (a key of :data:`KERNELS`) on the current device."""
         return self.module(KERNELS[name]).get_function(name)
 
     @property

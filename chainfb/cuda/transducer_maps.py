@@ -157,7 +157,7 @@ class RowArgs:
     as contiguous int32 ``xp`` arrays (``counts``, ``kind_duration``: None
     when not given)."""
 
-    arr: object
+    arr: Array
     tag: str
     B: int
     T: int
@@ -165,12 +165,12 @@ class RowArgs:
     V: int
     D: int
     J: int
-    sym: object
-    colidx: object
-    counts: object
-    kind_duration: object
-    logit_lengths: object
-    target_lengths: object
+    sym: Array
+    colidx: Array
+    counts: Array
+    kind_duration: Array
+    logit_lengths: Array
+    target_lengths: Array
 
     def launch(self, backend: KernelBackend, kernel: str, fused_log_softmax: bool, threads_per_row: int,
                block_size: int, extra_args: Sequence[Any]) -> None:

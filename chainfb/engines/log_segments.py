@@ -39,6 +39,7 @@ class Segments:
         self.short = bool(len(lens)) and size < 8 * len(lens)
 
     def max(self, v: np.ndarray) -> np.ndarray:
+        """The largest of ``v [n]`` in each segment: ``[K]``."""
         if self.short:
             m = np.full(len(self.starts), -np.inf)
             np.maximum.at(m, self.seg_of, v)
@@ -144,6 +145,9 @@ class Dense:
 
     @staticmethod
     def fits(side: _Side) -> bool:
+        """Whether ``side`` takes the dense layout: at most
+        :data:`DENSE_MAX_DEGREE` arcs per row and at most
+        :data:`DENSE_MAX_PAD` padded slots per arc."""
         n = len(side.src)
         if n == 0:
             return False

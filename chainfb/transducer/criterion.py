@@ -126,7 +126,7 @@ class TransducerCriterion(Criterion):
     context :meth:`start` returns, so the object keeps no per-call state.
     """
 
-    def __init__(self, shape: tuple[int, int, int, int], targets: Array, logit_lengths: np.ndarray,
+    def __init__(self, shape: tuple[int, ...], targets: Array, logit_lengths: np.ndarray,
                  target_lengths: np.ndarray, blank: int, durations: Sequence[int] = (), sigma: float = 0.0,
                  fused_log_softmax: bool = True, fastemit_lambda: float = 0.0, clamp: float = -1.0,
                  host_targets: Array | None = None):
@@ -147,6 +147,8 @@ class TransducerCriterion(Criterion):
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)
 
     def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
+        """``(X [num_steps, C], ctx)``: the engine's scores of the logits ``x
+        [B, T, U1, V]`` and what :meth:`complete` needs of this call."""
         return maps.gather("rnnt", self, x, need_grad)
 
     def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
@@ -155,6 +157,8 @@ class TransducerCriterion(Criterion):
 
     def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
                  ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(loss [B], grad [B, T, U1, V] or None)`` from the engine's ``loglike [B]``
+        and ``post [num_steps, C]`` (None: no gradient) and :meth:`start`'s ``ctx``."""
         value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
         if post is None:
             return value, None

@@ -242,10 +242,10 @@ def band_start(ranges: torch.Tensor, boundary: np.ndarray) -> np.ndarray | None:
     if not B or not T or boundary[:, :2].any() or (boundary[:, 3] < 1).any():
         return None
     rg = ranges.detach()
-    st = rg[:, :, :1]
-    if not bool((rg - st == torch.arange(R, device=rg.device)).all()):
+    first = rg[:, :, :1]
+    if not bool((rg - first == torch.arange(R, device=rg.device)).all()):
         return None
-    st = st[:, :, 0].cpu().numpy().astype(np.int64)
+    st = first[:, :, 0].cpu().numpy().astype(np.int64)
     S_b, T_b = boundary[:, 2], boundary[:, 3]
     frames = np.arange(T)
     falls = (frames[None, 1:] < T_b[:, None]) & (np.diff(st, axis=1) < 0)

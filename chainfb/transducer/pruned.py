@@ -198,7 +198,8 @@ def _loss(px, py, boundary, reduction, return_grad, dtype):
 def simple_rnnt_loss(am: torch.Tensor, lm: torch.Tensor, targets: torch.Tensor, logit_lengths: Ints,
                      target_lengths: Ints, blank: int, rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      lm_only_scale: float = 0.0, am_only_scale: float = 0.0, reduction: str = "mean",
-                     return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                     return_grad: bool = False,
+                     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """RNN-T loss of the additive joiner ``am[t] + lm[s]`` (k2's simple /
     smoothed loss), without a 4-D tensor.
 
@@ -231,8 +232,8 @@ def _size(x, ndim: int, dim: int, minus: int = 0):
 
 def pruned_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, ranges: torch.Tensor, logit_lengths: Ints,
                      target_lengths: Ints, blank: int, rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: str = "mean",
-                     return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                     reduction: str = "mean", return_grad: bool = False,
+                     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """RNN-T loss from joiner logits on the band ``ranges`` (k2's pruned loss).
 
     Parameters
@@ -250,7 +251,7 @@ def pruned_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, ranges: torch.
 
 def grid_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: Ints, target_lengths: Ints, blank: int,
                    rnnt_type: str = "regular", delay_penalty: float = 0.0, reduction: str = "mean",
-                   return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                   return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """RNN-T loss of full joiner logits ``[B, T, U + 1, C]`` through the grid
     lattice, for every ``rnnt_type`` and the delay penalty (for the regular
     type without a penalty :func:`chainfb.rnnt_loss` gives the same numbers

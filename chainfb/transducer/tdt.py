@@ -95,7 +95,7 @@ class TDTCriterion(Criterion):
     sigma, fastemit_lambda, clamp : see :func:`tdt_loss`.
     """
 
-    def __init__(self, shape: tuple[int, int, int, int], targets: torch.Tensor, logit_lengths: np.ndarray,
+    def __init__(self, shape: tuple[int, ...], targets: torch.Tensor, logit_lengths: np.ndarray,
                  target_lengths: np.ndarray, blank: int, durations: Sequence[int], sigma: float = 0.0,
                  fastemit_lambda: float = 0.0, clamp: float = -1.0):
         B, T, U1, VD = shape
@@ -118,6 +118,8 @@ class TDTCriterion(Criterion):
         return torch.where(lab < 0, self.blank, lab).to(torch.int64)
 
     def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
+        """``(X [num_steps, C], ctx)``: the engine's scores of the logits ``x
+        [B, T, U1, V + D]`` and what :meth:`complete` needs of this call."""
         return maps.gather("tdt", self, x, need_grad)
 
     def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
@@ -126,6 +128,8 @@ class TDTCriterion(Criterion):
 
     def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
                  ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(loss [B], grad [B, T, U1, V + D] or None)`` from the engine's ``loglike [B]``
+        and ``post [num_steps, C]`` (None: no gradient) and :meth:`start`'s ``ctx``."""
         value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
         if post is None:
             return value, None
@@ -221,7 +225,7 @@ def tdt_loss(
     blank, Tb, Ub = check_inputs(logits[..., :V], targets, logit_lengths, target_lengths, blank)
     parts = []
     if omega < 1.0:
-        crit = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fastemit_lambda, clamp)
+        crit: Criterion = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fastemit_lambda, clamp)
         tdt = apply(logits, crit)
         parts.append(tdt if omega == 0.0 else (1.0 - omega) * tdt)
     if omega > 0.0:
