@@ -361,7 +361,7 @@ class BandGridCriterion(_PlannedCriterion):
 
 
 def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary: Array | None = None,
-                 return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                 return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Total log-probability of the grid lattice (module docstring), differentiable.
 
     Parameters
@@ -392,7 +392,7 @@ def grid_loglike(px: torch.Tensor, py: torch.Tensor, boundary: Array | None = No
 
 
 def band_loglike(px_band: torch.Tensor, py_band: torch.Tensor, start: np.ndarray, boundary: np.ndarray,
-                 return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                 return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Total log-probability of the regular grid restricted to a band
     (:class:`BandGridCriterion`), differentiable w.r.t. ``px_band`` and
     ``py_band`` (``[B, T, R]``, float32 or float64).  ``start`` and
