@@ -212,8 +212,11 @@ def bench_numerators(b, place, emulate):
         lengths = np.full(N, T)
         dev = place.tensor(scores)
         arcs = sum(batch.fsts[g].num_arcs for g in batch.seq_to_graph)
-        b.case("numerators", f"{name}, {arcs} arcs, T={T}", lambda: chainfb.forward_backward(batch, dev, lengths),
-               "chainfb CPU path (engine auto)", lambda: chainfb.forward_backward(batch, scores, lengths),
+        # each case runs now (b.case times it before the loop moves on); the loop's values bound all the same
+        b.case("numerators", f"{name}, {arcs} arcs, T={T}",
+               lambda batch=batch, dev=dev, lengths=lengths: chainfb.forward_backward(batch, dev, lengths),
+               "chainfb CPU path (engine auto)",
+               lambda batch=batch, scores=scores, lengths=lengths: chainfb.forward_backward(batch, scores, lengths),
                host_peer=True, extra=dict(arc_frames=arcs * T, estimated_bytes=bytes_moved(arcs, T)))
 
 
