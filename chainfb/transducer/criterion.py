@@ -104,7 +104,41 @@ def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank
     return sym
 
 
-class TransducerCriterion(Criterion):
+class MappedCriterion(Criterion):
+    """A transducer criterion whose score map is one of
+    :mod:`chainfb.transducer.maps`' kinds (``kind``: ``"rnnt"`` for RNN-T and
+    multi-blank, ``"tdt"``): value ``-(1 + fastemit_lambda) * loglike``
+    ``[B]`` in the logits' dtype; the gather's work reaches the gradient in
+    the context :meth:`start` returns, so the object keeps no per-call
+    state."""
+
+    kind = ""
+    fastemit_lambda = 0.0
+
+    def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
+        """``(X [num_steps, C], ctx)``: the engine's scores of the logits ``x
+        [B, T, U1, V]`` (TDT: ``V + D``) and what :meth:`complete` needs of this call."""
+        return maps.gather(self.kind, self, x, need_grad)
+
+    def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
+        """The engine's scores ``X [num_steps, C]`` of ``x`` (the gather half alone)."""
+        return self.start(x, need_grad)[0]
+
+    def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
+                 ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(loss [B], grad like x or None)`` from the engine's ``loglike [B]``
+        and ``post [num_steps, C]`` (None: no gradient) and :meth:`start`'s ``ctx``."""
+        value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
+        if post is None:
+            return value, None
+        return value, maps.gradient(self.kind, self, x, loglike, post, ctx)
+
+    def finish(self, x: torch.Tensor, loglike: Any, post: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""
+        return self.complete(x, loglike, post, self.start(x, post is not None)[1])
+
+
+class TransducerCriterion(MappedCriterion):
     """RNN-T (``durations=()``) or multi-blank RNN-T compiled for a batch.
 
     Value: the cost ``-(1 + fastemit_lambda) * loglike`` ``[B]`` in the
@@ -126,6 +160,8 @@ class TransducerCriterion(Criterion):
     context :meth:`start` returns, so the object keeps no per-call state.
     """
 
+    kind = "rnnt"
+
     def __init__(self, shape: tuple[int, ...], targets: Array, logit_lengths: np.ndarray,
                  target_lengths: np.ndarray, blank: int, durations: Sequence[int] = (), sigma: float = 0.0,
                  fused_log_softmax: bool = True, fastemit_lambda: float = 0.0, clamp: float = -1.0,
@@ -145,25 +181,3 @@ class TransducerCriterion(Criterion):
         self.kind_weight = np.ones(2 + len(big))
         self.kind_weight[1] += fastemit_lambda
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)
-
-    def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
-        """``(X [num_steps, C], ctx)``: the engine's scores of the logits ``x
-        [B, T, U1, V]`` and what :meth:`complete` needs of this call."""
-        return maps.gather("rnnt", self, x, need_grad)
-
-    def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
-        """The engine's scores ``X [num_steps, C]`` of ``x`` (the gather half alone)."""
-        return self.start(x, need_grad)[0]
-
-    def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
-                 ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(loss [B], grad [B, T, U1, V] or None)`` from the engine's ``loglike [B]``
-        and ``post [num_steps, C]`` (None: no gradient) and :meth:`start`'s ``ctx``."""
-        value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
-        if post is None:
-            return value, None
-        return value, maps.gradient("rnnt", self, x, loglike, post, ctx)
-
-    def finish(self, x: torch.Tensor, loglike: Any, post: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""
-        return self.complete(x, loglike, post, self.start(x, post is not None)[1])

@@ -61,7 +61,6 @@ and :mod:`chainfb.checks`), reductions are :func:`chainfb.checks.reduce`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +69,7 @@ from .._arrays import Ints
 from .. import checks
 from ..criterion import Criterion, apply
 from . import maps
-from .criterion import TransducerCriterion, symbol_table
+from .criterion import MappedCriterion, TransducerCriterion, symbol_table
 from .graphs import MAX_DURATION, compile_layout
 from .loss import check_inputs, check_options
 
@@ -80,7 +79,7 @@ __all__ = ["TDTCriterion", "tdt_loss", "check_tdt_durations", "TDT_REDUCTIONS"]
 TDT_REDUCTIONS = ("none", "sum", "mean", "mean_batch", "mean_volume")
 
 
-class TDTCriterion(Criterion):
+class TDTCriterion(MappedCriterion):
     """The TDT lattice of a batch (module docstring) as a criterion over the
     joiner output; value ``-(1 + fastemit_lambda) * loglike`` ``[B]`` in the
     logits' dtype.
@@ -94,6 +93,8 @@ class TDTCriterion(Criterion):
     durations : the ``D`` durations (validated, :func:`check_tdt_durations`).
     sigma, fastemit_lambda, clamp : see :func:`tdt_loss`.
     """
+
+    kind = "tdt"
 
     def __init__(self, shape: tuple[int, ...], targets: torch.Tensor, logit_lengths: np.ndarray,
                  target_lengths: np.ndarray, blank: int, durations: Sequence[int], sigma: float = 0.0,
@@ -116,28 +117,6 @@ class TDTCriterion(Criterion):
         for ``u < U_b`` and the blank elsewhere (its weight is 0 there)."""
         lab = self.sym[..., 1]
         return torch.where(lab < 0, self.blank, lab).to(torch.int64)
-
-    def start(self, x: torch.Tensor, need_grad: bool = True) -> tuple[Any, Any]:
-        """``(X [num_steps, C], ctx)``: the engine's scores of the logits ``x
-        [B, T, U1, V + D]`` and what :meth:`complete` needs of this call."""
-        return maps.gather("tdt", self, x, need_grad)
-
-    def gather(self, x: torch.Tensor, need_grad: bool = True) -> Any:
-        """The engine's scores ``X [num_steps, C]`` of ``x`` (the gather half alone)."""
-        return self.start(x, need_grad)[0]
-
-    def complete(self, x: torch.Tensor, loglike: Any, post: Any | None,
-                 ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(loss [B], grad [B, T, U1, V + D] or None)`` from the engine's ``loglike [B]``
-        and ``post [num_steps, C]`` (None: no gradient) and :meth:`start`'s ``ctx``."""
-        value = (-(1.0 + self.fastemit_lambda) * maps.as_tensor(loglike, x.device)).to(x.dtype)
-        if post is None:
-            return value, None
-        return value, maps.gradient("tdt", self, x, loglike, post, ctx)
-
-    def finish(self, x: torch.Tensor, loglike: Any, post: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""
-        return self.complete(x, loglike, post, self.start(x, post is not None)[1])
 
 
 def check_tdt_durations(durations: Ints, num_outputs: int) -> list:
