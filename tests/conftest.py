@@ -2,6 +2,33 @@ import numpy as np
 import pytest
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engines(**wants): the capabilities of chainfb.engines.CAPABILITIES a test "
+                                       "that uses the pinned_engine fixture needs (see devices.engine_names)")
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
+def pytest_generate_tests(metafunc):
+    """A test that uses ``pinned_engine`` runs once per engine of its class's
+    device that the capability table lists for it (``devices.engine_names``)."""
+    if "pinned_engine" in metafunc.fixturenames and metafunc.cls is not None:
+        from devices import engine_names
+
+        names = engine_names(metafunc.cls, metafunc.definition.get_closest_marker("engines"))
+        if names is not None:
+            metafunc.parametrize("pinned_engine", names, indirect=True)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
@@ -47,3 +74,24 @@ def numpy_engine(monkeypatch):
     from chainfb.engines import numba_log
 
     monkeypatch.setattr(numba_log, "numba", None)
+
+
+@pytest.fixture
+def pinned_engine(request, monkeypatch):
+    """The engine the test runs on (a parameter from ``devices.engine_names``):
+    ``engine="auto"`` runs it (``devices.pin_engine``); skipped where the
+    optional dependency its row of the table needs is missing; an error if
+    the test never ran it.  None (nothing pinned) for a test whose
+    ``engines`` mark says ``runs=False``."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield None
+        return
+    from chainfb.engines import CAPABILITIES
+    from devices import pin_engine
+
+    if CAPABILITIES[name].needs:
+        pytest.importorskip(CAPABILITIES[name].needs)
+    ran = pin_engine(name, monkeypatch)
+    yield name
+    assert ran or not request.node.stash.get(_PASSED, False), f"the test never ran engine {name!r}: mark it with the capabilities it needs"

@@ -1,6 +1,11 @@
-"""The engine through its public entry points, against path enumeration and
-an independent loop reference.  One implementation of each test; thin
-subclasses run it per device (CUDA ones skip without a GPU)."""
+"""The engines through their public entry points, against path enumeration
+and an independent loop reference.  One implementation of each test; thin
+subclasses run it per device (CUDA ones skip without a GPU), and on each
+device once per engine that the capability table lists for it
+(``chainfb.engines.engines_with``, through the ``pinned_engine`` fixture and
+the ``engines`` mark: ``one_graph=True`` where every lattice of the body is
+one shared graph, so the shared-graph-only engines run it too;
+``viterbi=True`` for best paths)."""
 
 import math
 
@@ -12,7 +17,7 @@ import chainfb
 from chainfb import Fst, FstBatch, forward_backward, fst_loglike
 from chainfb.testing import random_fst
 
-from devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
+from devices import OnCPU, OnCUDA, OnEmulatedKernels
 from oracles.fst import brute_force, brute_force_best, reference_forward_backward
 
 
@@ -21,8 +26,10 @@ def _graphs(seed, n=4):
     return [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=6, num_finals=2) for _ in range(n)], rng
 
 
+@pytest.mark.usefixtures("pinned_engine")
 class EngineTests:
-    """The engine through the public API; the device comes from the subclass."""
+    """The engines through the public API; the device comes from the
+    subclass, the engine from the ``pinned_engine`` parameter."""
 
     def run(self, fsts, scores, lengths=None):
         ll, post = forward_backward(fsts, self.tensor(scores), lengths)
@@ -50,6 +57,7 @@ class EngineTests:
                 assert abs(ll[n] - Z) < 1e-9
                 np.testing.assert_allclose(post[n], g, atol=1e-9)
 
+    @pytest.mark.engines(one_graph=True)
     def test_features_of_real_graphs(self):
         # self-loops, two finals, an unreachable state (4), a dead end (3),
         # one pdf on many arcs, start state 2
@@ -76,6 +84,7 @@ class EngineTests:
             assert ll[n] == pytest.approx(Z, abs=1e-9) if Z > -math.inf else ll[n] == -math.inf
             np.testing.assert_allclose(post[n], g, atol=1e-9)
 
+    @pytest.mark.engines(one_graph=True)  # and several graphs: those run where auto puts them, for comparison
     def test_shared_graph_and_batch(self):
         rng = np.random.default_rng(3)
         f = random_fst(rng, num_states=6, num_arcs=15, num_pdfs=5)
@@ -91,6 +100,7 @@ class EngineTests:
         np.testing.assert_allclose(ll_b, ll_l, atol=1e-12)
         np.testing.assert_allclose(post_b, post_l, atol=1e-12)
 
+    @pytest.mark.engines(one_graph=True)
     def test_posteriors_sum_to_one_per_frame(self):
         rng = np.random.default_rng(4)
         f = random_fst(rng, num_states=8, num_arcs=30, num_pdfs=6)
@@ -104,6 +114,7 @@ class EngineTests:
             assert not sums[n, L:].any()
 
     # -- edge cases ----------------------------------------------------------
+    @pytest.mark.engines(one_graph=True)
     def test_length_zero_and_one(self):
         f = Fst.from_arcs([(0, 1, 0, -0.5), (1, 1, 1, 0.0)], {0: -2.0, 1: 0.0})
         scores = np.array([[[1.0, 2.0], [3.0, 4.0]]] * 2)
@@ -127,6 +138,7 @@ class EngineTests:
         out.sum().backward()
         assert torch.all(s.grad == 0)
 
+    @pytest.mark.engines(one_graph=True, wide_scores=True)
     def test_long_numerator_graph_posterior_sums(self):
         """The bound docs/usage.md states: on a 50-phone numerator graph, T = 20,000
         frames of scores in [-1e4, 1e4], every frame's posteriors sum to 1 within
@@ -140,6 +152,7 @@ class EngineTests:
         assert np.isfinite(ll).all()
         np.testing.assert_allclose(post[0].sum(-1), 1.0, atol=1e-8)
 
+    @pytest.mark.engines(one_graph=True, wide_scores=True)
     def test_long_input_extreme_scores(self):
         rng = np.random.default_rng(5)
         f = Fst.from_arcs([(0, 0, 0, -0.1), (0, 1, 1, -2.0), (1, 1, 2, -0.05), (1, 0, 0, -3.0)], {1: 0.0})
@@ -155,6 +168,7 @@ class EngineTests:
         # shapes per frame (the engine's own per-frame sums are checked above)
         np.testing.assert_allclose(post[0], g / g.sum(-1, keepdims=True), atol=1e-9)
 
+    @pytest.mark.engines(one_graph=True)
     def test_dtypes_and_array_types(self):
         rng = np.random.default_rng(6)
         f = random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4)
@@ -166,6 +180,7 @@ class EngineTests:
         np.testing.assert_allclose(ll32.cpu().numpy(), ll64.cpu().numpy(), rtol=1e-5)
         np.testing.assert_allclose(p32.cpu().numpy(), p64.cpu().numpy(), atol=1e-5)
 
+    @pytest.mark.engines(one_graph=True)
     def test_strided_scores(self):
         rng = np.random.default_rng(8)
         f = random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4)
@@ -187,6 +202,7 @@ class EngineTests:
         assert torch.autograd.gradcheck(lambda x: loss(x, fsts, lengths), (s,))
 
     # -- bad input -------------------------------------------------------------
+    @pytest.mark.engines(runs=False)  # every call stops at the argument checks
     def test_bad_inputs(self):
         f = Fst.from_arcs([(0, 1, 2, 0.0)], {1: 0.0})
         good = self.tensor(np.zeros((2, 3, 4)))
@@ -234,6 +250,7 @@ class EngineTests:
         lengths = [4, 3]
         assert torch.autograd.gradcheck(lambda s: chainfb.fst_loglike(s, fsts, lengths), (scores,))
 
+    @pytest.mark.engines(one_graph=True)
     def test_fst_loglike_impossible_gives_zero_grad(self):
         f = chainfb.Fst.from_arcs([(0, 1, 0, 0.0)], {1: 0.0}, num_states=2)  # exactly one frame
         scores = self.tensor(np.zeros((1, 3, 2)), torch.float64).requires_grad_(True)
@@ -257,12 +274,45 @@ class EngineTests:
         np.testing.assert_allclose(deriv.cpu().numpy(), ref_deriv, atol=1e-10)
         np.testing.assert_allclose(comp.compute_objf(), tot_ref, rtol=1e-10)
 
+    # -- best path (Viterbi) -------------------------------------------------
+    @pytest.mark.engines(viterbi=True)
+    @pytest.mark.parametrize("seed", range(8))
+    def test_best_path_against_enumeration(self, seed):
+        rng = np.random.default_rng(seed)
+        fsts = [random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, num_finals=2) for _ in range(3)]
+        scores = rng.normal(scale=2.0, size=(3, 4, 3))
+        lengths = np.array([4, 2, 0])
+        score, paths = chainfb.best_path(fsts, self.tensor(scores), lengths)
+        for n, f in enumerate(fsts):
+            best, _ = brute_force_best(f, scores[n], lengths[n])
+            if best == -math.inf:
+                assert score[n] == -math.inf and len(paths[n]) == 0
+                continue
+            assert score[n] == pytest.approx(best, abs=1e-12)
+            # the returned path is a real path of that score
+            p = paths[n]
+            assert len(p) == lengths[n]
+            s, v = f.start, 0.0
+            for t, a in enumerate(p):
+                assert f.src[a] == s
+                v += f.log_prob[a] + scores[n, t, f.pdf[a]]
+                s = f.dst[a]
+            assert v + f.final[s] == pytest.approx(best, abs=1e-12)
+
+    @pytest.mark.engines(one_graph=True, viterbi=True)
+    def test_best_path_shared_graph_matches_single(self):
+        rng = np.random.default_rng(3)
+        f = random_fst(rng, num_states=6, num_arcs=18, num_pdfs=4)
+        scores = rng.normal(size=(5, 7, 4))
+        lengths = np.array([7, 3, 5, 1, 6])
+        score, paths = chainfb.best_path(f, self.tensor(scores), lengths)
+        for n in range(5):
+            s1, p1 = chainfb.best_path(f, self.tensor(scores[n:n + 1]), lengths[n:n + 1])
+            assert score[n] == s1[0]
+            np.testing.assert_array_equal(paths[n], p1[0])
+
 
 class TestEngineCPU(EngineTests, OnCPU):
-    pass
-
-
-class TestEngineCPUNumPy(EngineTests, OnCPUNumPy):
     pass
 
 
@@ -273,6 +323,7 @@ class TestEngineCUDA(EngineTests, OnCUDA):
 class TestEngineEmulated(EngineTests, OnEmulatedKernels):
     """The same bodies through the CUDA kernels' CPU emulation."""
 
+    @pytest.mark.engines(one_graph=True, wide_scores=True)  # as the two bodies it runs
     @pytest.mark.parametrize("math", ["ulp2_up", "ulp2_random"])
     @pytest.mark.parametrize("case", ["test_long_numerator_graph_posterior_sums", "test_long_input_extreme_scores"])
     def test_long_inputs_with_inexact_exp_and_log(self, monkeypatch, math, case):
@@ -321,42 +372,6 @@ def test_threaded_split_matches_serial(monkeypatch):
         np.testing.assert_allclose(serial[1], threaded[1], rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="n: expected a positive"):
         chainfb.engines.set_num_threads(0)
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_best_path_against_enumeration(seed):
-    rng = np.random.default_rng(seed)
-    fsts = [random_fst(rng, num_states=4, num_arcs=8, num_pdfs=3, num_finals=2) for _ in range(3)]
-    scores = rng.normal(scale=2.0, size=(3, 4, 3))
-    lengths = np.array([4, 2, 0])
-    score, paths = chainfb.best_path(fsts, torch.from_numpy(scores), lengths)
-    for n, f in enumerate(fsts):
-        best, _ = brute_force_best(f, scores[n], lengths[n])
-        if best == -math.inf:
-            assert score[n] == -math.inf and len(paths[n]) == 0
-            continue
-        assert score[n] == pytest.approx(best, abs=1e-12)
-        # the returned path is a real path of that score
-        p = paths[n]
-        assert len(p) == lengths[n]
-        s, v = f.start, 0.0
-        for t, a in enumerate(p):
-            assert f.src[a] == s
-            v += f.log_prob[a] + scores[n, t, f.pdf[a]]
-            s = f.dst[a]
-        assert v + f.final[s] == pytest.approx(best, abs=1e-12)
-
-
-def test_best_path_shared_graph_matches_single():
-    rng = np.random.default_rng(3)
-    f = random_fst(rng, num_states=6, num_arcs=18, num_pdfs=4)
-    scores = rng.normal(size=(5, 7, 4))
-    lengths = np.array([7, 3, 5, 1, 6])
-    score, paths = chainfb.best_path(f, scores, lengths)
-    for n in range(5):
-        s1, p1 = chainfb.best_path(f, scores[n:n + 1], lengths[n:n + 1])
-        assert score[n] == s1[0]
-        np.testing.assert_array_equal(paths[n], p1[0])
 
 
 def test_lattice_builds_instance_arcs_on_demand():
