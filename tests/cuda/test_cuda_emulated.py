@@ -1,6 +1,9 @@
 """The CUDA kernels' logic, run on the CPU: the same .cu sources built with
 the host compiler under tests/emulation/emulate.h (see tests/emulation),
-compared with the NumPy engine, path enumeration and the NumPy twins."""
+compared with the NumPy engine and the NumPy twins: block sizes, shared
+memory modes, bits, sanitizers.  The engine bodies of the public API (path
+enumeration, gradcheck, ...) run on both kernel engines from
+tests/engines/test_engine.py (``TestEngineEmulated``)."""
 
 import paths  # tests/paths.py: the repository's and the tests' folders
 import numpy as np
@@ -17,7 +20,6 @@ from chainfb.transducer import symbol_table
 
 from emulation import EmulatedBackend, build, find_compiler, run_on
 from oracles import cuda_twins as twins
-from oracles.fst import brute_force
 from oracles.transducer import rnnt_reference, rnnt_step_case
 
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
@@ -83,23 +85,6 @@ def test_engine_long_sequences(be, T, block, num_phones):
     lat = Lattice.of(FstBatch([fst, fst]))
     X = rng.normal(size=(T, lat.num_columns))
     _compare(be, lat, X, np.array([T, 500]), block=block, rtol=1e-7, atol=1e-10)
-
-
-def test_engine_matches_path_enumeration(be):
-    rng = np.random.default_rng(1)
-    for _ in range(6):
-        f = random_fst(rng, num_states=3, num_arcs=6, num_pdfs=3)
-        lat = Lattice.of(FstBatch([f]))
-        T = 4
-        scores = rng.normal(size=(T, 3))
-        X = scores[:, lat.col_pdf]
-        ll, post = lattice_forward_backward(be, lat, X.copy(), np.array([T]), block_size=2)
-        bl, bpost = brute_force(f, scores)
-        if bl == -np.inf:
-            assert ll[0] == -np.inf and not post.any()
-        else:
-            np.testing.assert_allclose(ll[0], bl, rtol=1e-12)
-            np.testing.assert_allclose(post, bpost[:, lat.col_pdf], atol=1e-12)
 
 
 def test_engine_impossible_and_unreachable(be):
@@ -407,31 +392,6 @@ def test_rnnt_through_kernels_and_engine(be):
     ref.sum().backward()
     np.testing.assert_allclose(-ll, ref.detach().numpy(), rtol=1e-10)
     np.testing.assert_allclose(grad, lt.grad.numpy(), atol=1e-10)
-
-
-# ---------------------------------------------------------------- through the public API
-
-
-def test_fst_loglike_gradcheck_through_emulated_engine(be, monkeypatch):
-    """The public autograd path with the engine swapped for the emulated kernels."""
-    import chainfb
-    import chainfb.engines.cuda as cuda_engine
-
-    calls = []
-    real = cuda_engine.forward_backward
-
-    def engine(backend, lat, X, lengths, leaky=None, need_posteriors=True, block_size=None):
-        calls.append(backend)
-        return real(backend, lat, X, lengths, leaky, need_posteriors, block_size=2)
-
-    monkeypatch.setattr(cuda_engine, "forward_backward", engine)
-    rng = np.random.default_rng(10)
-    fsts = [random_fst(rng, num_states=4, num_arcs=10, num_pdfs=4) for _ in range(3)]
-    scores = torch.tensor(rng.normal(size=(3, 4, 4)), requires_grad=True)
-    lengths = [4, 2, 3]
-    with run_on(be):
-        assert torch.autograd.gradcheck(lambda s: chainfb.fst_loglike(s, fsts, lengths), (scores,))
-    assert calls
 
 
 def test_engine_hypothesis(be):
