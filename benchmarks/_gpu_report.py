@@ -178,8 +178,8 @@ def render(results) -> str:
     """``results.md`` of a run's ``results.json``."""
     emulated = results["mode"] == "emulated"
     out = [f"# chainfb GPU check ({results['mode']})", "",
-           f"Started {results['started']}; {results.get('elapsed_s', 0):.0f} s of a {results['budget_s']:.0f} s "
-           "budget.", ""]
+           f"Started {results['started']}; {results.get('elapsed_s', 0):.0f} s of a {results['time_limit_s']:.0f} s "
+           "time limit.", ""]
     if emulated:
         out += ["**Emulated run**: no GPU; the kernels ran on the CPU through the test suite's emulation on tiny "
                 "shapes. It checks the script and the code paths; its times are not GPU times.", ""]

@@ -2,8 +2,8 @@
 ``DIR/results.json`` (everything), rewritten after every step, and each step's log under ``DIR/steps/`` (bundled
 in ``DIR/steps.tar.gz``).
 
-Steps, each in its own process with its own time limit, all within ``--budget-s`` (default 480 s); a step that
-finds too little of the budget left is skipped and the reason recorded, a step that runs over its limit is stopped
+Steps, each in its own process with its own time limit, all within ``--time-limit-s`` (default 480 s); a step that
+finds too little of the time left is skipped and the reason recorded, a step that runs over its limit is stopped
 (what it wrote so far is kept):
 
 1. ``env``: GPU name, driver, SM count, memory; torch, CUDA, CuPy, NVRTC and the other versions;
@@ -21,7 +21,7 @@ finds too little of the budget left is skipped and the reason recorded, a step t
 
 The exit status is 0 whenever the run completed: failures are reported in the results, not as a crash.
 
-    python -m benchmarks.gpu_check --out DIR [--budget-s 480]
+    python -m benchmarks.gpu_check --out DIR [--time-limit-s 480]
     PYTHONPATH=tests python -m benchmarks.gpu_check --out DIR --emulate    # the CPU: the kernels' emulation
 
 From the repository root (the steps run there, with the tree's chainfb).  ``--emulate`` runs the same steps without a
@@ -47,7 +47,7 @@ from ._gpu_report import parse_junit, parse_sanitizer, render
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: the steps, in order, and their share of the budget (what an earlier step leaves goes to the later ones)
+#: the steps, in order, and their share of the time limit (what an earlier step leaves goes to the later ones)
 STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28}
 #: the least time each step is started with (seconds)
 MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20}
@@ -56,7 +56,7 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 LOGS = {"env": "env.log", "warm": "warm.log", "tests": "tests.log", "sanitizer": "driver.log", "compare": "compare.log",
         "bench": "bench.log"}
 RESERVE_S = 5  # kept back for writing the results
-now = time.time  # the clock of the budget
+now = time.time  # the clock of the time limit
 
 
 def child_env(extra=None) -> dict:
@@ -121,7 +121,7 @@ class Check:
         os.makedirs(self.steps_dir, exist_ok=True)
         self.t0 = now()
         self.results = dict(tool="benchmarks/gpu_check.py", mode="emulated" if args.emulate else "cuda",
-                            started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), budget_s=args.budget_s, steps={})
+                            started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), time_limit_s=args.time_limit_s, steps={})
 
     def py(self, module, *args):
         """The command of a step: ``module`` of the benchmarks (``gpu_driver``) in a fresh interpreter."""
@@ -131,7 +131,7 @@ class Check:
         return os.path.join(self.steps_dir, name)
 
     def left(self) -> float:
-        return self.args.budget_s - (now() - self.t0) - RESERVE_S
+        return self.args.time_limit_s - (now() - self.t0) - RESERVE_S
 
     # -- steps -------------------------------------------------------------------------------------------
     def step_env(self, limit):
@@ -219,7 +219,7 @@ class Check:
             limit = left * STEPS[name] / sum(STEPS[s] for s in steps[i:])
             rec = dict(limit_s=round(limit, 1), log=f"steps/{LOGS[name]}")
             if limit < MIN_SECONDS[name]:
-                rec.update(status="skipped", reason=f"{max(left, 0):.0f} s of the budget left: {limit:.0f} s for this "
+                rec.update(status="skipped", reason=f"{max(left, 0):.0f} s left: {limit:.0f} s for this "
                                                      f"step, which needs at least {MIN_SECONDS[name]} s")
             else:
                 try:
@@ -346,7 +346,7 @@ def cuda_facts() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="the directory of the results (made if missing)")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="time for the whole run (default 480 s)")
+    ap.add_argument("--time-limit-s", type=float, default=480.0, help="time for the whole run (default 480 s)")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     ap.add_argument("--tests", nargs="+", default=["tests/"], help="what the tests step collects (default tests/)")
     ap.add_argument("--sanitizer", help="the compute-sanitizer executable (default: found on the PATH)")
@@ -369,8 +369,8 @@ def main(argv=None) -> int:
         ap.error("--out is required")
     if any(s not in STEPS for s in steps):
         ap.error(f"--steps: expected names among {', '.join(STEPS)}, got {args.steps!r}")
-    if args.budget_s <= RESERVE_S:
-        ap.error(f"--budget-s: expected more than {RESERVE_S} s, got {args.budget_s}")
+    if args.time_limit_s <= RESERVE_S:
+        ap.error(f"--time-limit-s: expected more than {RESERVE_S} s, got {args.time_limit_s}")
     args.repeat = args.repeat or (1 if args.emulate else 5)
     check = Check(args)
     check.run(steps)

@@ -53,7 +53,7 @@ def emulated_run(tmp_path_factory, emulated_backend):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     env[_gpu_place.EMULATION_LIBRARY] = emulated_backend.lib._name
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--emulate", "--out", str(out),
-                        "--budget-s", "600", "--tests", "tests/cuda/test_cuda_device.py", "--sanitizer", str(fake),
+                        "--time-limit-s", "600", "--tests", "tests/cuda/test_cuda_device.py", "--sanitizer", str(fake),
                         "--sanitizer-tools", "racecheck"], cwd=tmp, env=env, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -212,12 +212,12 @@ def test_junit(tmp_path):
     assert _gpu_report.parse_junit(tmp_path / "missing.xml") is None
 
 
-def test_budget_skips_a_step_it_cannot_fit_and_shares_the_rest(tmp_path, monkeypatch):
+def test_time_limit_skips_a_step_it_cannot_fit_and_shares_the_rest(tmp_path, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(gpu_check, "now", lambda: clock[0])
     monkeypatch.setitem(gpu_check.MIN_SECONDS, "env", 8)
     check = gpu_check.Check(gpu_check.main.__globals__["argparse"].Namespace(
-        out=str(tmp_path), emulate=False, budget_s=120.0, compact=True))
+        out=str(tmp_path), emulate=False, time_limit_s=120.0, compact=True))
     limits = {}
 
     def fake_step(name):
