@@ -63,6 +63,8 @@ class PdfCriterion(Criterion):
 
     #: the argument named in errors
     name = "scores"
+    #: the gradient of the scores is scaled on the device, with no host synchronisation in backward
+    scale_on_device = True
 
     def __init__(self, fsts: Graphs | None, shape: Sequence[int], lengths: Ints | None = None,
                  clamp: tuple[float, float] | None = None, leaky: tuple[float, Array] | None = None,
@@ -111,14 +113,6 @@ class PdfCriterion(Criterion):
     def _grad_buffer(self, xp, arr):
         """A zero gradient buffer for ``arr`` ``[N, T, P]`` (contiguous)."""
         return xp.zeros(arr.shape, dtype=arr.dtype)
-
-    def scale_grad(self, grad: torch.Tensor, go: torch.Tensor) -> None:
-        """``grad`` (the gradient ``complete`` gave, ``[N, T, P]``) times
-        ``go[n]`` (``[N]``) per sequence, in place, without looking at ``go``
-        on the host: one multiply on the device, no synchronisation (a
-        gradient of ones costs a pass over ``grad``, cheaper than the host
-        waiting for the device)."""
-        grad.mul_(go.view(-1, 1, 1))
 
     def finish(self, x: Array, loglike: Array, post: Array | None) -> tuple[Array, Array | None]:
         """``complete`` without a context: ``x`` is viewed again."""

@@ -86,11 +86,10 @@ class Criterion:
     leaky: tuple[float, Any] | None = None
     engine = "auto"
     shares_grad = False
-    #: ``scale_grad(grad, go)``, or None: ``grad *= go[n]`` per sequence, in place, without looking at ``go``
-    #: on the host (a criterion whose gradient is cheap to scale: no synchronisation in backward).  None:
-    #: backward multiplies every element unless the incoming gradient is all ones, which it checks on the
-    #: host (a synchronisation with the device).  Not for a criterion that ``shares_grad``.
-    scale_grad = None
+    #: backward multiplies the gradient by the incoming one on the device without first asking the host
+    #: whether the incoming gradient is all ones (a synchronisation that stalls the step; worth it only where
+    #: the gradient is large enough for a multiply by ones to cost more, as the transducers' logits are)
+    scale_on_device = False
 
     def gather(self, x: Any, need_grad: bool = True) -> Any:
         """Compact engine scores ``X [T, C]`` from ``x`` (``need_grad``: a
@@ -233,15 +232,12 @@ class _CriterionFunction(torch.autograd.Function):
 
         out = []
         shared = ctx.shares_grad
-        sparse = None if shared else ctx.criterion.scale_grad  # in place: not for a gradient the caller keeps
         for g, per_sequence in zip(grads, ctx.shared):
             if g is None:
                 pass
             elif per_sequence:  # an input shared by the sequences: sum_n go[n] * g[n]
                 g = g.sum(dim=0) if all_ones() else torch.tensordot(go.to(g.dtype), g, dims=1)
-            elif sparse is not None:
-                sparse(g, go.to(g.dtype))
-            elif not all_ones():
+            elif ctx.criterion.scale_on_device or not all_ones():
                 factor = go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
                 g = g * factor if shared else g.mul_(factor)
             out.append(g)
