@@ -25,6 +25,15 @@ first; printed: the median wall time, the median CPU time
 the resident size before the step), with their ratios to torch's.
 
     python -m benchmarks.bench_ctc --long [--repeat 3] [--dtype float32|float64]
+
+``--compile``: the host's work for a new label set on the GPU path, at the
+shapes of the GPU benchmark (``benchmarks/gpu_bench.py``): what
+``ctc_loss`` compiles (the CTC graphs, their lattice and score map) and the
+CUDA engine's index arrays of the lattice (before their upload); the median
+of ``--repeat`` new label sets after one.  On the GPU this work runs between
+the labels' transfer to the host and the first kernel of the step.
+
+    python -m benchmarks.bench_ctc --compile [--repeat 7]
 """
 
 from __future__ import annotations
@@ -176,11 +185,36 @@ def run_long(args):
     return 0
 
 
+#: (T, N, C, S) of the GPU benchmark's CTC cases
+GPU_SHAPES = ((500, 16, 500, 100), (2000, 8, 100, 1000), (4000, 1, 5000, 3000), (150, 64, 5000, 50))
+
+
+def run_compile(args):
+    from chainfb.ctc import _compile
+    from chainfb.engines.cuda import lattice_host_arrays
+
+    print("host work for a new label set (ctc_loss's compile + the CUDA engine's index arrays), "
+          f"median of {args.repeat}")
+    print(f"{'T, N, C, S':24s} {'arcs':>8s} {'ms':>8s}")
+    for T, N, C, S in GPU_SHAPES:
+        g = torch.Generator().manual_seed(args.seed)
+        times, arcs = [], 0
+        for _ in range(args.repeat + 1):
+            rows = list(torch.randint(1, C, (N, S), generator=g).numpy())
+            t0 = time.perf_counter()
+            lat, _ = _compile(rows, 0)
+            lattice_host_arrays(lat)
+            times.append(time.perf_counter() - t0)
+            arcs = lat.num_arcs
+        print(f"{str((T, N, C, S)):24s} {arcs:8d} {statistics.median(times[1:]) * 1e3:8.2f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=None, help="steps per method (default 7, with --long 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--long", action="store_true", help="long sequences, one thread, time and peak memory")
+    ap.add_argument("--compile", action="store_true", help="the host work of a new label set on the GPU path")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --long")
     ap.add_argument("--long-worker", dest="method", choices=LONG_METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -191,6 +225,8 @@ def main(argv=None):
         return long_worker(args)
     if args.long:
         return run_long(args)
+    if args.compile:
+        return run_compile(args)
     return run(args)
 
 

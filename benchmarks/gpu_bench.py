@@ -12,7 +12,8 @@ emulation, and its times are not GPU times):
 
 - ``ctc``: ``chainfb.ctc_loss`` vs ``torch.nn.functional.ctc_loss`` on the device, (T, N, C, S) = (500, 16, 500,
   100), (2000, 8, 100, 1000), (4000, 1, 5000, 3000), (150, 64, 5000, 50), float32 log-softmax outputs, reduction
-  mean (chainfb's compiled graph cached per targets, as in benchmarks/bench_ctc.py);
+  mean, each shape twice: the same targets every step (chainfb's compiled graph cached per targets, as in
+  benchmarks/bench_ctc.py), and new targets every step, as in training (a graph compiled every step);
 - ``rnnt``: ``chainfb.rnnt_loss`` vs torchaudio's ``rnnt_loss`` (reduction sum, blank 0): B = 8, V = 500 with the
   LibriSpeech-like lengths of benchmarks/bench_transducer.py, and B = 32, T = 500, U = 100, V = 1024;
 - ``durations``: ``tdt_loss`` (durations 0..4) and ``multiblank_rnnt_loss`` (big blanks [2, 4]) vs chainfb's own
@@ -125,8 +126,21 @@ def loss_step(loss_fn, x, *rest):
     return step
 
 
+def cycling_step(loss_fn, x, target_sets, *rest):
+    """:func:`loss_step` with the next of ``target_sets`` as the targets at each step."""
+    turn = iter(range(2**62))
+
+    def step():
+        leaf = x.detach().requires_grad_()
+        loss_fn(leaf, target_sets[next(turn) % len(target_sets)], *rest).sum().backward()
+
+    return step
+
+
 def bench_ctc(b, place, emulate):
     import torch.nn.functional as F
+
+    from chainfb.ctc import _compiled as ctc_cache  # the compiled graphs, per label set
 
     for T, N, C, S in CTC_SHAPES["emulated" if emulate else "cuda"]:
         g = torch.Generator().manual_seed(T + S)
@@ -135,6 +149,12 @@ def bench_ctc(b, place, emulate):
         il, tl = place.tensor(torch.full((N,), T)), place.tensor(torch.full((N,), S))
         b.case("ctc", f"T={T} N={N} C={C} S={S}", loss_step(chainfb.ctc_loss, lp, targets, il, tl),
                "torch.nn.functional.ctc_loss", loss_step(F.ctc_loss, lp, targets, il, tl))
+        # as in training: other labels every step, so chainfb compiles a graph every step (more label sets
+        # than its cache holds), both sides reading the same sets in the same order
+        sets = [place.tensor(torch.randint(1, C, (N, S), generator=g)) for _ in range(2 * ctc_cache.size)]
+        b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step",
+               cycling_step(chainfb.ctc_loss, lp, sets, il, tl),
+               "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, sets, il, tl))
 
 
 def _torchaudio_rnnt():

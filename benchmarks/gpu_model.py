@@ -40,8 +40,9 @@ import torch
 import chainfb
 from emulation import EmulatedBackend, build, run_on
 from emulation import cost_model as cm
-from emulation import recursion_fit
+from emulation import h100, recursion_fit
 from emulation import shapes
+from chainfb.engines import cuda as cuda_engine
 
 #: peers' forward + backward times measured on one NVIDIA H200 (torch 2.11 + CUDA 13, CUDA events)
 PEERS = {
@@ -64,9 +65,58 @@ def _array_op_bytes(case: str, T, N, C, cols) -> float:
 
 @contextlib.contextmanager
 def counting(be, costs, l2):
+    """Count the launches' work; yields ``(stats, calls)``: every launch's
+    :class:`~emulation.backend.LaunchStats`, and every engine call's
+    ``(lattice, lengths)`` in order (each call launches one recursion)."""
     be.stats.clear()
     be.set_work_weights(costs.weights(l2))
-    yield be.stats
+    calls = []
+    check = cuda_engine.check_inputs
+
+    def recording(backend, lat, X, lengths):
+        calls.append((lat, np.asarray(lengths)))
+        return check(backend, lat, X, lengths)
+
+    cuda_engine.check_inputs = recording
+    try:
+        yield be.stats, calls
+    finally:
+        cuda_engine.check_inputs = check
+
+
+def h100_prices(stats, calls, map_rates) -> list:
+    """Each launch priced from the H100's measured times of the current
+    kernels (:mod:`emulation.h100`): seconds, in the order of ``stats``."""
+    out, calls, lat, lengths = [], list(calls), None, None
+    for s in stats:
+        kind = s.name.split("<")[0].split("::")[-1]
+        if kind.endswith("_recursion"):
+            lat, lengths = calls.pop(0)
+            itemsize = 8 if "<double>" in s.name else 4
+            ring = (lat.max_span + 1) * int(np.diff(lat.state_offsets).max()) * itemsize
+            mode = 0 if not s.shared_mem else 2 if s.shared_mem > ring else 1
+            out.append(h100.recursion_time(lat, lengths, s.block, mode))
+        elif kind.endswith("_posteriors"):
+            out.append(h100.posterior_time(int(lengths.max()), lat.num_states))
+        elif kind.startswith("transducer_"):
+            out.append(h100.map_time(kind.split("_")[1], s.work.get("kWorkBytes", 0), map_rates))
+        else:
+            raise ValueError(f"no H100 price for {s.name}")
+    return out
+
+
+def fitted_map_rates() -> dict:
+    """:func:`emulation.h100.map_rates` from the bytes the maps move at the
+    two measured RNN-T batches (``benchmarks.count_map_work.map_bytes``)."""
+    from .count_map_work import criterion_layout, map_bytes
+
+    counted = {}
+    for B, V in h100.MAPS_H100:
+        T, U = shapes.librispeech_batch(B) if B == 8 else (np.full(B, 500), np.full(B, 100))
+        shape = (B, int(T.max()), int(U.max()) + 1, V)
+        got = map_bytes(criterion_layout("rnnt", shape[2], T, U, ()), shape)
+        counted[(B, V)] = tuple(sum(got[f"transducer_{k}"]) for k in ("gather", "grad"))
+    return h100.map_rates(counted)
 
 
 def price(stats, costs, device, l2=False):
@@ -77,12 +127,12 @@ def run_ctc(be, costs, device, T, N, C, S):
     lp, targets, il, tl = shapes.ctc_inputs(T, N, C, S)
     lat, _, _ = shapes.ctc_lattice(T, N, C, S)
     l2 = not cm.fits_l1(lat, device)
-    with counting(be, costs, l2) as stats, run_on(be):
+    with counting(be, costs, l2) as (stats, calls), run_on(be):
         x = lp.clone().requires_grad_()
         chainfb.ctc_loss(x, targets, il, tl, reduction="sum").backward()
     launches = price(stats, costs, device, l2)
     extra = _array_op_bytes("ctc", T, N, C, lat.num_columns // N * N) / (device.bandwidth * 0.9)
-    return launches, extra
+    return launches, extra, list(calls)
 
 
 def run_transducer(be, costs, device, kind, T, U, V, vocabs=(16, 32)):
@@ -92,7 +142,7 @@ def run_transducer(be, costs, device, kind, T, U, V, vocabs=(16, 32)):
         extra = {"rnnt": 0, "multiblank": 0, "tdt": 5}[kind]
         logits, targets, Tl, Ul = shapes.transducer_inputs(T, U, v, extra)
         x = logits.requires_grad_()
-        with counting(be, costs, False) as stats, run_on(be):
+        with counting(be, costs, False) as (stats, calls), run_on(be):
             if kind == "rnnt":
                 loss = chainfb.rnnt_loss(x, targets, Tl, Ul, blank=v - 1, reduction="sum")
             elif kind == "multiblank":
@@ -101,6 +151,7 @@ def run_transducer(be, costs, device, kind, T, U, V, vocabs=(16, 32)):
                 loss = chainfb.tdt_loss(x, targets, Tl, Ul, v - 1, [0, 1, 2, 3, 4], reduction="sum")
             loss.backward()
         runs.append(list(stats))
+        engine_calls = list(calls)
     (a, b), (va, vb) = (runs[0], runs[1]), vocabs
     out = []
     for sa, sb in zip(a, b):
@@ -111,35 +162,47 @@ def run_transducer(be, costs, device, kind, T, U, V, vocabs=(16, 32)):
             span = (sa.span_weighted + (sb.span_weighted - sa.span_weighted) * scale)
             s = type(sa)(sa.name, sa.grid, sa.block, sa.shared_mem, sa.phases, span, sa.span, work)
         out.append((s, cm.launch_time(s, costs, device) * 1e-9))
-    return out, 0.0
+    return out, 0.0, engine_calls
 
 
 def run_den(be, costs, device, N=128, T=150):
     den, scores, lengths = shapes.den_inputs(N, T)
     lat = den._lattice(N)
     l2 = not cm.fits_l1(lat, device)
-    with counting(be, costs, l2) as stats, run_on(be):
+    with counting(be, costs, l2) as (stats, calls), run_on(be):
         den.forward_backward(scores, lengths, 0.1)
-    return price(stats, costs, device, l2), 0.0
+    return price(stats, costs, device, l2), 0.0, list(calls)
 
 
-def show(name, launches, extra, peer=None):
+def show(name, launches, extra, calls, rates, peer=None):
+    """Print a case's launches, priced both ways; returns the H100-priced kernels' seconds."""
     total = sum(t for _, t in launches) + extra
+    fitted = h100_prices([s for s, _ in launches], calls, rates)
     print(f"\n## {name}")
     print(f"{'kernel':44s} {'grid':>6s} {'block':>5s} {'phases':>7s} {'arc span':>9s} {'work (arcs)':>12s} "
-          f"{'pred. ms':>9s}")
-    for s, t in launches:
+          f"{'pred. ms':>9s} {'H100 ms':>8s}")
+    for (s, t), f in zip(launches, fitted):
         arcs = sum(v for k, v in s.span.items() if k.startswith("kWorkArc"))
         work = sum(v for k, v in s.work.items() if k.startswith("kWorkArc"))
         print(f"{s.name:44s} {s.grid:6d} {s.block:5d} {int(np.max(s.phases)):7d} {arcs:9d} {work:12d} "
-              f"{t * 1e3:9.3f}")
+              f"{t * 1e3:9.3f} {f * 1e3:8.3f}")
     if extra:
         print(f"{'array ops (bytes / bandwidth)':44s} {'':6s} {'':5s} {'':7s} {'':9s} {'':12s} {extra * 1e3:9.3f}")
-    line = f"predicted total: {total * 1e3:.3f} ms"
+    line = f"predicted total (units of the H200 calibration): {total * 1e3:.3f} ms"
     if peer:
-        line += f"; {peer[0]} measured {peer[1] * 1e3:.1f} ms: {total / peer[1]:.2f}x"
+        line += f"; {peer[0]} measured {peer[1] * 1e3:.1f} ms on an H200: {total / peer[1]:.2f}x"
     print(line)
-    return total
+    kernels = sum(fitted)
+    line = f"kernels priced from the H100's measurements: {kernels * 1e3:.3f} ms"
+    if name in h100.STEPS_H100:
+        step, peer_ms, measured = h100.STEPS_H100[name]
+        rest = step - measured
+        pred = kernels * 1e3 + rest
+        line += (f" (measured {measured:.3f}); + the step's measured time outside the kernels {rest:.3f} ms = "
+                 f"{pred:.3f} ms against the peer's {peer_ms:.3f} ms: {pred / peer_ms:.2f}x (measured "
+                 f"{step / peer_ms:.2f}x)")
+    print(line)
+    return kernels
 
 
 def main(argv=None):
@@ -161,6 +224,12 @@ def main(argv=None):
     for line in recursion_fit.report().splitlines():
         if not line.startswith("  T,"):
             print("#   " + line.strip())
+    print("# the current kernels priced from one H100's measurements of them (emulation.h100, "
+          "emulation.recursion_fit):")
+    for line in h100.report().splitlines():
+        print("#   " + line.strip())
+    rates = fitted_map_rates()
+    print(f"#   maps: bytes / {rates['gather']:.0f} (gather), / {rates['grad']:.0f} (gradient) bytes/ns")
     cases = set(args.cases.split(","))
     with tempfile.TemporaryDirectory() as d:
         be = EmulatedBackend(build(d), count=True)
@@ -169,23 +238,24 @@ def main(argv=None):
         if "ctc" in cases:
             for T, N, C, S in shapes.CTC_SHAPES:
                 name = f"ctc T={T} N={N} C={C} S={S}"
-                show(name, *run_ctc(be, costs, device, T, N, C, S), PEERS.get(name))
+                show(name, *run_ctc(be, costs, device, T, N, C, S), rates, PEERS.get(name))
         Tb, Ub = shapes.librispeech_batch(8)
         rnnt = None
         for kind in ("rnnt", "multiblank", "tdt"):
             if kind not in cases:
                 continue
             name = f"{kind} B=8 V=500"
-            total = show(name, *run_transducer(be, costs, device, kind, Tb, Ub, 500), PEERS.get(name))
+            total = show(name, *run_transducer(be, costs, device, kind, Tb, Ub, 500), rates, PEERS.get(name))
             if kind == "rnnt":
                 rnnt = total
-                floor = 2 * 8 * int(Tb.max()) * (int(Ub.max()) + 1) * 500 * 4 / device.bandwidth
-                print(f"one read + one write of the logits at the full bandwidth: {floor * 1e3:.3f} ms: "
-                      f"{total / floor:.2f}x")
+                floor = 2 * 8 * int(Tb.max()) * (int(Ub.max()) + 1) * 500 * 4 / cm.H100.bandwidth
+                print(f"one read + one write of the logits at an H100's bandwidth: {floor * 1e3:.3f} ms; the "
+                      f"kernels priced from the H100: {total / floor:.2f}x (target <= 2x)")
             elif rnnt:
-                print(f"{kind} / rnnt: {total / rnnt:.2f}x")
+                print(f"{kind} / rnnt, kernels priced from the H100: {total / rnnt:.2f}x "
+                      f"(target <= {1.15 if kind == 'multiblank' else 1.3}x)")
         if "den" in cases:
-            show("den 128x150 (3,379 states, 47,932 arcs, leaky HMM)", *run_den(be, costs, device),
+            show("den 128x150 (3,379 states, 47,932 arcs, leaky HMM)", *run_den(be, costs, device), rates,
                  ("the previous kernels", 0.112))
     print(f"\n# {time.time() - t0:.0f} s on the CPU")
 

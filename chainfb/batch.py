@@ -17,7 +17,10 @@ __all__ = ["FstBatch"]
 
 def _csr(keys: np.ndarray, num_rows: int):
     """Stable permutation sorting ``keys`` and the CSR row pointer ``[num_rows + 1]``."""
-    order = np.argsort(keys, kind="stable")
+    if len(keys) < 2 or (keys[1:] >= keys[:-1]).all():  # already sorted: a compiler's arcs by source
+        order = np.arange(len(keys), dtype=np.int64)
+    else:
+        order = np.argsort(keys, kind="stable")
     ptr = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=num_rows), out=ptr[1:])
     return order, ptr
@@ -71,11 +74,10 @@ class FstBatch:
         for i, f in enumerate(fsts):
             if not isinstance(f, Fst):
                 raise TypeError(f"fsts[{i}]: expected chainfb.Fst, got {type(f).__name__}")
-        self.fsts = fsts
+        self._fsts = fsts
         self._graph_memo = Memo()  # shared with the batches with_sequences derives
         self._memo = Memo()
-        G = len(fsts)
-        self.seq_to_graph = _check_seq_to_graph(seq_to_graph, G)
+        self.seq_to_graph = _check_seq_to_graph(seq_to_graph, len(fsts))
         ns = np.array([f.num_states for f in fsts], dtype=np.int64)
         na = np.array([f.num_arcs for f in fsts], dtype=np.int64)
         self.state_offsets = np.concatenate([[0], np.cumsum(ns)])
@@ -89,9 +91,52 @@ class FstBatch:
         self.log_prob = np.concatenate([f.log_prob for f in fsts])
         self.span = np.concatenate([f.span for f in fsts])
         self.max_span = max(f.max_span for f in fsts)
+        self._index()
+
+    def _index(self) -> None:
+        """The arcs' CSR orders by destination and by source."""
         S = self.num_states
         self.fwd_order, self.in_ptr = _csr(self.dst, S)
         self.bwd_order, self.out_ptr = _csr(self.src, S)
+
+    @classmethod
+    def packed(cls, state_offsets: np.ndarray, arc_offsets: np.ndarray, start: np.ndarray, final: np.ndarray,
+               src: np.ndarray, dst: np.ndarray, pdf: np.ndarray) -> FstBatch:
+        """A batch of ``G`` graphs, one sequence each, from arrays a graph
+        compiler built for all graphs at once: ``state_offsets [G+1]``,
+        ``arc_offsets [G+1]``, ``start [G]``, ``final [S]``, ``src``, ``dst``,
+        ``pdf [A]`` (int64, global state ids; every arc weight 0 and span 1).
+        The compiler vouches for them: each graph's arcs in the canonical
+        order of :class:`Fst` (its start state's arcs first, then by source),
+        ids in range, ``final`` without NaN or +inf.  The :class:`Fst`
+        objects of :attr:`fsts` are cut from the arrays on first use."""
+        out = object.__new__(cls)
+        out._fsts = None
+        out._graph_memo, out._memo = Memo(), Memo()
+        G = len(state_offsets) - 1
+        if G < 1:
+            raise ValueError("state_offsets: expected at least one graph")
+        out.seq_to_graph = np.arange(G, dtype=np.int64)
+        out.state_offsets, out.arc_offsets, out.start, out.final = state_offsets, arc_offsets, start, final
+        out.src, out.dst, out.pdf = src, dst, pdf
+        out.log_prob = np.zeros(len(src))
+        out.span = np.ones(len(src), dtype=np.int64)
+        out.max_span = 1
+        out._index()
+        return out
+
+    @property
+    def fsts(self) -> list[Fst]:
+        """The ``G`` distinct graphs, graph-local state ids."""
+        if self._fsts is None:
+            so, ao = self.state_offsets, self.arc_offsets
+            self._fsts = [
+                Fst(int(so[g + 1] - so[g]), int(self.start[g] - so[g]), self.src[ao[g]:ao[g + 1]] - so[g],
+                    self.dst[ao[g]:ao[g + 1]] - so[g], self.pdf[ao[g]:ao[g + 1]], self.log_prob[ao[g]:ao[g + 1]],
+                    self.final[so[g]:so[g + 1]], self.span[ao[g]:ao[g + 1]])
+                for g in range(len(so) - 1)
+            ]
+        return self._fsts
 
     def with_sequences(self, seq_to_graph: Ints) -> FstBatch:
         """A batch over the same graphs with another sequence-to-graph map
@@ -134,7 +179,11 @@ class FstBatch:
     def _columns(self):
         """The arrays :meth:`columns` keeps."""
         graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
-        order = np.lexsort((self.pdf, graph))  # by graph, then pdf
+        width = int(self.pdf.max()) + 1 if len(self.pdf) else 1
+        if self.num_graphs * width < 2**62:  # by graph, then pdf: one stable sort of one int64 key
+            order = np.argsort(graph * width + self.pdf, kind="stable")
+        else:
+            order = np.lexsort((self.pdf, graph))
         g, p = graph[order], self.pdf[order]
         first = np.ones(len(order), dtype=bool)  # the first arc of each distinct (graph, pdf)
         first[1:] = (g[1:] != g[:-1]) | (p[1:] != p[:-1])
@@ -147,7 +196,7 @@ class FstBatch:
 
     @property
     def num_graphs(self) -> int:
-        return len(self.fsts)
+        return len(self.state_offsets) - 1
 
     @property
     def num_sequences(self) -> int:
@@ -164,7 +213,7 @@ class FstBatch:
     @property
     def num_pdfs(self) -> int:
         """One more than the largest pdf any graph uses."""
-        return max(f.num_pdfs for f in self.fsts)
+        return int(self.pdf.max()) + 1 if len(self.pdf) else 0
 
     def __len__(self) -> int:
         return self.num_sequences

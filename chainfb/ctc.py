@@ -41,7 +41,6 @@ from ._arrays import Ints
 from .api import PdfCriterion
 from .criterion import apply
 from .batch import FstBatch
-from .fst import Fst
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
@@ -93,22 +92,48 @@ def _label_rows(targets, target_lengths):
     raise ValueError(f"targets: expected a padded [N, S] or a concatenated 1-D tensor, got shape {tuple(tg.shape)}")
 
 
-def _ctc_fst(y: np.ndarray, blank: int) -> Fst:
-    """The CTC acceptor of one label sequence (see the module docstring)."""
-    U = len(y)
+def _ctc_batch(rows: list[np.ndarray], blank: int) -> FstBatch:
+    """The CTC acceptors of the label sequences ``rows`` (see the module
+    docstring), built for all sequences at once as one :class:`FstBatch`.
+
+    Sequence ``n`` (``U`` labels, ``P = 2 U + 1`` positions) owns ``P + 1``
+    states: its start, then one per position.  Each state's arcs, in the
+    canonical order of :class:`Fst` (by source): the start's to positions 0
+    and 1; a position's self-loop, its arc to the next position, and (a
+    label position whose next label differs) its skip over the blank."""
+    U = np.array([len(r) for r in rows], dtype=np.int64)
     P = 2 * U + 1
-    lab = np.full(P, blank, dtype=np.int64)  # l'
-    lab[1::2] = y
-    pos = np.arange(P)
-    # start -> l'_0, l'_1; self-loops; p -> p + 1; p - 2 -> p for labels that differ
-    first = pos[: min(2, P)]
-    skip = pos[3::2][y[1:] != y[:-1]] if U > 1 else np.zeros(0, np.int64)
-    src = np.concatenate([np.zeros(len(first), np.int64), pos + 1, pos[:-1] + 1, skip - 1])
-    dst = np.concatenate([first + 1, pos + 1, pos[1:] + 1, skip + 1])
-    final = np.full(P + 1, -np.inf)
-    final[P] = 0.0
-    final[P - 1] = 0.0  # the last label (the start itself when U = 0)
-    return Fst(P + 1, 0, src, dst, lab[dst - 1], np.zeros(len(src)), final)
+    so = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(P + 1, out=so[1:])
+    S = int(so[-1])
+    y = np.concatenate(rows).astype(np.int64, copy=False) if len(rows) else np.zeros(0, np.int64)
+    yo = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(U, out=yo[1:])
+    # per state: its sequence, its position (-1 for the start), the position's label
+    seq = np.repeat(np.arange(len(rows), dtype=np.int64), P + 1)
+    pos = np.arange(S, dtype=np.int64) - so[seq] - 1
+    last = P[seq] - 1  # each state's sequence's last position
+    odd = (pos % 2 == 1) & (pos > 0)  # the label positions
+    lab = np.full(S, blank, dtype=np.int64)
+    k = (pos - 1) // 2  # the label index of a label position
+    lab[odd] = y[yo[seq[odd]] + k[odd]]
+    nxt = k + 1  # the label a skip from label position pos lands on
+    skip = odd & (pos + 2 <= last)
+    skip[skip] = y[yo[seq[skip]] + nxt[skip]] != lab[skip]
+    start = pos < 0
+    state = np.arange(S, dtype=np.int64)
+    # up to three arcs a state: [target 1, target 2, target 3], unused ones masked
+    dst = np.stack([np.where(start, state + 1, state), np.where(start, state + 2, state + 1), state + 2], axis=1)
+    use = np.stack([np.ones(S, dtype=bool), start & (last >= 1) | ~start & (pos < last), ~start & skip], axis=1)
+    src = np.broadcast_to(state[:, None], dst.shape)[use]
+    dst = dst[use]
+    counts = use.sum(1)
+    arc_off = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.add.reduceat(counts, so[:-1]) if len(rows) else counts[:0], out=arc_off[1:])
+    final = np.full(S, -np.inf)
+    final[so[1:] - 1] = 0.0  # the last blank
+    final[so[1:] - 2] = 0.0  # the last label (the start itself when U = 0)
+    return FstBatch.packed(so, arc_off, so[:-1].copy(), final, src, dst, lab[dst])
 
 
 def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], target_lengths: Ints | None = None,
@@ -144,7 +169,7 @@ def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], targ
     for i, r in enumerate(rows):
         if r.size and r.min() < 0:
             raise ValueError(f"targets: label {r.min()} (sequence {i}) is negative")
-    return FstBatch([_ctc_fst(r, blank) for r in rows])
+    return _ctc_batch(rows, blank)
 
 
 def _compile(rows, blank):
@@ -154,7 +179,7 @@ def _compile(rows, blank):
            (np.concatenate(rows) if rows else np.zeros(0, np.int64)).tobytes())
 
     def build():
-        lattice = Lattice.of(FstBatch([_ctc_fst(r, blank) for r in rows]))
+        lattice = Lattice.of(_ctc_batch(rows, blank))
         return lattice, PdfScoreMap(lattice.col_seq, lattice.col_pdf, "log_probs")
 
     return _compiled.get(key, build)

@@ -31,6 +31,7 @@ from typing import Any
 
 from ._cache import Memo
 from .batch import FstBatch
+from .fst import Fst
 
 __all__ = ["Lattice", "concat_ranges"]
 
@@ -98,7 +99,6 @@ class Lattice:
         self.num_arcs = int(self.arc_offsets[-1])
         self.start = batch.start[g] - so[g] + self.state_offsets[:-1]
         self.graph = int(g[0]) if N and not (g != g[0]).any() else None
-        self.shared_fst = batch.fsts[self.graph] if self.graph is not None else None
         self.max_span = batch.max_span
 
         # compact columns: the distinct pdfs of each graph, replicated per sequence
@@ -108,6 +108,11 @@ class Lattice:
         self.num_columns = int(self.col_offsets[-1])
         self.col_seq = np.repeat(np.arange(N, dtype=np.int64), ncols)
         self.col_pdf = cpdf[concat_ranges(cptr[g], cptr[g + 1])]
+
+    @cached_property
+    def shared_fst(self) -> Fst | None:
+        """The :class:`~chainfb.fst.Fst` every sequence uses, or None."""
+        return self.batch.fsts[self.graph] if self.graph is not None else None
 
     @cached_property
     def seq_of_state(self) -> np.ndarray:
@@ -129,13 +134,18 @@ class Lattice:
         batch = self.batch
         g, so = batch.seq_to_graph, batch.state_offsets
         N = self.num_sequences
-        # arcs of graph g in `order` are contiguous: graphs own contiguous states
-        arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
         seq = np.repeat(np.arange(N, dtype=np.int64), np.diff(self.arc_offsets))
-        shift = (self.state_offsets[:-1] - so[g])[seq]
-        src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
+        if N == batch.num_graphs and (g == np.arange(N)).all():  # sequence n is graph n: the batch's own arrays
+            arc = order
+            src, dst = batch.src[arc], batch.dst[arc]
+            counts = np.diff(ptr)
+        else:
+            # arcs of graph g in `order` are contiguous: graphs own contiguous states
+            arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
+            shift = (self.state_offsets[:-1] - so[g])[seq]
+            src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
+            counts = np.diff(ptr)[self._graph_states]
         col = self.col_offsets[:-1][seq] + batch.columns()[2][arc]
-        counts = np.diff(ptr)[self._graph_states]
         return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts, batch.span[arc])
 
     @cached_property

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import chainfb
 from tests.devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
+from tests.oracles.ctc import ctc_fst
 from tests.oracles.fst import brute_force
 
 
@@ -154,6 +155,24 @@ def test_ctc_graph_structure():
     assert np.flatnonzero(f.final > -np.inf).tolist() == [6, 7]
     assert np.flatnonzero(e.final > -np.inf).tolist() == [0, 1]  # U = 0: the start is final
     assert all(np.all(x.log_prob == 0) for x in g.fsts)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ctc_graph_arrays_match_the_definition(seed):
+    # the compiler builds all sequences at once; each graph equals the one
+    # written arc by arc from the definition, and so do the packed arrays
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(0, 4, size=rng.integers(0, 7)) for _ in range(rng.integers(1, 9))]
+    blank = int(rng.integers(0, 4))
+    rows = [r[r != blank] for r in rows] if seed else [np.zeros(0, np.int64)] * 3  # no labels at all
+    got = chainfb.ctc_graph(rows, blank=blank)
+    want = chainfb.FstBatch([ctc_fst(r, blank) for r in rows])
+    for name in ("state_offsets", "arc_offsets", "start", "final", "src", "dst", "pdf", "log_prob", "span",
+                 "fwd_order", "in_ptr", "bwd_order", "out_ptr", "seq_to_graph"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert got.max_span == want.max_span and got.num_pdfs == want.num_pdfs and got.num_graphs == len(rows)
+    for f, g in zip(got.fsts, want.fsts):
+        assert f.arcs() == g.arcs() and f.start == g.start and np.array_equal(f.final, g.final)
 
 
 def test_ctc_graph_inputs():

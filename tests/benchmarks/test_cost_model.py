@@ -64,7 +64,7 @@ def emulated_counting(tmp_path):
 
 
 def test_recursion_refit_to_the_measured_h100_times():
-    """The current recursion kernels' costs fitted to an H100's block-size sweep (tools/gpu_block_sweep.py):
+    """The current recursion kernels' costs fitted to an H100's block-size sweep (benchmarks/gpu_block_sweep.py):
     every measured launch within 0.75x-1.35x of the fit, in each shared-memory mode, with a state costing more
     than a frame's barrier and reductions per thread; and the RNN-T batch's recursion, which the fit did not
     see, within 0.7x-1.4x of its measured 0.889 ms."""

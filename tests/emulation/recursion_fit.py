@@ -3,7 +3,7 @@ measured on one H100 (the cost model of :mod:`emulation.cost_model` prices
 these kernels from units fitted to the kernels before their rewrite, and
 under-predicts them 4-7x).
 
-What the measurement shows (``tools/gpu_block_sweep.py``: the recursion and
+What the measurement shows (``python -m benchmarks.gpu_block_sweep``: the recursion and
 posterior kernels on the CTC benchmark graphs, per block size and
 shared-memory mode): a block runs one direction of one sequence, a frame at
 a time, and its time is proportional to the states each thread carries.  So
@@ -31,7 +31,7 @@ import numpy as np
 
 __all__ = ["SWEEP_H100", "POSTERIORS_H100", "RNNT_H100", "recursion_blocks", "predict", "fit", "report"]
 
-#: ``tools/gpu_block_sweep.py --repeat 4`` on one NVIDIA H100 80GB HBM3 (driver 580.159.04, CuPy 14.2, CUDA 13):
+#: ``python -m benchmarks.gpu_block_sweep --repeat 4`` on one NVIDIA H100 80GB HBM3 (driver 580.159.04, CuPy 14.2, CUDA 13):
 #: ``((T, N, C, S), engine, mode) -> {threads per block: ms}``, the recursion and posterior kernels of
 #: ``chainfb.engines.<engine>.forward_backward`` on float32 CTC scores, median of 4
 SWEEP_H100 = {
@@ -52,11 +52,11 @@ SWEEP_H100 = {
     ((150, 64, 5000, 50), "cuda", 0): {128: 0.353, 256: 0.354, 512: 0.364, 1024: 0.398},
 }
 
-#: the posterior kernel's time (ms) in ``tools/gpu_bench.py``'s traced step, same machine and day
+#: the posterior kernel's time (ms) in ``benchmarks/gpu_bench.py``'s traced step, same machine and day
 POSTERIORS_H100 = {(500, 16, 500, 100): 0.042, (2000, 8, 100, 1000): 1.033, (4000, 1, 5000, 3000): 1.023,
                    (150, 64, 5000, 50): 0.034}
 
-#: ``tools/gpu_bench.py``'s RNN-T batch (B = 8, LibriSpeech-like lengths): the recursion kernel, ms, its
+#: ``benchmarks/gpu_bench.py``'s RNN-T batch (B = 8, LibriSpeech-like lengths): the recursion kernel, ms, its
 #: default launch (mode 2), same machine and day
 RNNT_H100 = 0.889
 
