@@ -21,6 +21,13 @@ Transducer score maps are run at two small vocabularies and their work
 extrapolated to the case's vocabulary (it is affine in V); the engine does
 not depend on V.
 
+Each launch is also priced from one H100's measurements of the current
+kernels (``tests/emulation/h100.py``: the recursions by the refit of
+``emulation.recursion_fit``, the posteriors and the maps by their bytes over
+fitted rates; column "H100 ms"), and the step as those kernels plus the
+time the same step measured outside its kernels, against the peer measured
+on that H100, with the measured ratio beside it.
+
     PYTHONPATH=tests python -m benchmarks.gpu_model [--cases ctc,rnnt,tdt,multiblank,den] [--device h200|h100]
 
 These are predictions of a model, not measurements; ``benchmarks/gpu_check.py``

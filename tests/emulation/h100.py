@@ -48,6 +48,9 @@ STEPS_H100 = {
     "ctc T=4000 N=1 C=5000 S=3000": (48.102, 48.944, 45.511 + 1.037),
     "ctc T=150 N=64 C=5000 S=50": (2.036, 1.432, 0.294 + 0.034),
     "rnnt B=8 V=500": (3.011, 6.192, 0.889 + 0.426 + 0.596 + 0.017),
+    # the LF-MMI denominator, 128 x 150 frames: the shared-graph kernels against the per-sequence ones (not fitted:
+    # its threads carry ~15x the arcs of the fitted launches)
+    "den 128x150 (3,379 states, 47,932 arcs, leaky HMM)": (37.7, 82.2, 18.4 + 18.3),
 }
 
 #: the map kernels on the RNN-T batches, ms: (B, V) -> (gather, gradient), same run

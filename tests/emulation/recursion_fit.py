@@ -31,8 +31,8 @@ import numpy as np
 
 __all__ = ["SWEEP_H100", "POSTERIORS_H100", "RNNT_H100", "recursion_blocks", "predict", "fit", "report"]
 
-#: ``python -m benchmarks.gpu_block_sweep --repeat 4`` on one NVIDIA H100 80GB HBM3 (driver 580.159.04, CuPy 14.2, CUDA 13):
-#: ``((T, N, C, S), engine, mode) -> {threads per block: ms}``, the recursion and posterior kernels of
+#: ``python -m benchmarks.gpu_block_sweep --repeat 4`` on one NVIDIA H100 80GB HBM3 (driver 580.159.04, CuPy 14.2,
+#: CUDA 13): ``((T, N, C, S), engine, mode) -> {threads per block: ms}``, the recursion and posterior kernels of
 #: ``chainfb.engines.<engine>.forward_backward`` on float32 CTC scores, median of 4
 SWEEP_H100 = {
     ((500, 16, 500, 100), "cuda", 2): {128: 1.52, 256: 1.06, 512: 1.134, 1024: 1.381},
