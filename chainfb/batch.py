@@ -10,6 +10,7 @@ import numpy as np
 from . import checks
 from ._arrays import Ints
 from ._cache import Memo
+from ._sort import stable_order
 from .fst import Fst
 
 __all__ = ["FstBatch"]
@@ -17,10 +18,7 @@ __all__ = ["FstBatch"]
 
 def _csr(keys: np.ndarray, num_rows: int):
     """Stable permutation sorting ``keys`` and the CSR row pointer ``[num_rows + 1]``."""
-    if len(keys) < 2 or (keys[1:] >= keys[:-1]).all():  # already sorted: a compiler's arcs by source
-        order = np.arange(len(keys), dtype=np.int64)
-    else:
-        order = np.argsort(keys, kind="stable")
+    order = stable_order(keys, num_rows)
     ptr = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=num_rows), out=ptr[1:])
     return order, ptr
@@ -180,8 +178,8 @@ class FstBatch:
         """The arrays :meth:`columns` keeps."""
         graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
         width = int(self.pdf.max()) + 1 if len(self.pdf) else 1
-        if self.num_graphs * width < 2**62:  # by graph, then pdf: one stable sort of one int64 key
-            order = np.argsort(graph * width + self.pdf, kind="stable")
+        if self.num_graphs * width < 2**62:  # by graph, then pdf: one stable sort of one key
+            order = stable_order(graph * width + self.pdf, self.num_graphs * width)
         else:
             order = np.lexsort((self.pdf, graph))
         g, p = graph[order], self.pdf[order]

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from .._arrays import Array
+from .._sort import stable_order
 from ..cuda.kernels import KernelBackend
 from ..lattice import Lattice
 
@@ -93,7 +94,7 @@ def _host_arrays(lat: Lattice) -> dict:
         raise ValueError(f"lattice too large for the CUDA engine (states {S}, columns {C}, arcs {A})")
     f, b = lat.fwd, lat.bwd
     i32 = np.int32
-    order = np.argsort(b.col, kind="stable")
+    order = stable_order(b.col, C)
     col_sorted = b.col[order]
     spans = lat.max_span > 1
     ca_ptr = np.searchsorted(col_sorted, np.arange(C + 1))
