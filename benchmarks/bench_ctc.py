@@ -34,6 +34,18 @@ of ``--repeat`` new label sets after one.  On the GPU this work runs between
 the labels' transfer to the host and the first kernel of the step.
 
     python -m benchmarks.bench_ctc --compile [--repeat 7]
+
+``--host-step``: the host's share of a GPU step, without a GPU: ``ctc_loss``
++ ``backward()`` on the GPU code path (the CUDA engine, its launchers and
+array code) with every kernel launch replaced by nothing and NumPy arrays as
+device memory (the tests' ``emulation.placement.run_on``), at the GPU
+benchmark's shapes with 2 frames (the host's work does not depend on T; the
+arrays' does): the median step with the same labels every step (the graph
+cached) and with new labels every step.  NumPy's array operations run here
+where CuPy's would be queued on the device, so this bounds the host's work
+from above.
+
+    PYTHONPATH=tests python -m benchmarks.bench_ctc --host-step [--repeat 7]
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import torch
 
 import chainfb
@@ -200,13 +213,49 @@ def run_compile(args):
         g = torch.Generator().manual_seed(args.seed)
         times, arcs = [], 0
         for _ in range(args.repeat + 1):
-            rows = list(torch.randint(1, C, (N, S), generator=g).numpy())
+            labels = torch.randint(1, C, (N * S,), generator=g).numpy()
             t0 = time.perf_counter()
-            lat, _ = _compile(rows, 0)
+            lat, _ = _compile(np.full(N, S), labels, 0)
             lattice_host_arrays(lat)
             times.append(time.perf_counter() - t0)
             arcs = lat.num_arcs
         print(f"{str((T, N, C, S)):24s} {arcs:8d} {statistics.median(times[1:]) * 1e3:8.2f}")
+
+
+def run_host_step(args):
+    from emulation.placement import run_on
+
+    class NoLaunch:
+        """A kernel backend over NumPy arrays whose launches do nothing."""
+
+        xp = np
+        max_shared_mem = 227 * 1024
+
+        def launch(self, name, grid, block, args, shared_mem=0):
+            pass
+
+        def cache_key(self):
+            return ("host",)
+
+    print(f"host time of a GPU step (loss + backward, no kernels run), 2 frames, median of {args.repeat}")
+    print(f"{'T, N, C, S':24s} {'same labels ms':>15s} {'new labels ms':>14s}")
+    frames = 2
+    for T, N, C, S in GPU_SHAPES:
+        g = torch.Generator().manual_seed(args.seed)
+        lp = torch.randn(frames, N, C, generator=g).log_softmax(-1)
+        il, tl = torch.full((N,), frames), torch.full((N,), S)
+        sets = [torch.randint(1, C, (N, S), generator=g) for _ in range(args.repeat + 2)]
+        out = []
+        with run_on(NoLaunch()):
+            for new in (False, True):
+                times = []
+                for i in range(args.repeat + 1):
+                    x = lp.clone().requires_grad_()
+                    t0 = time.perf_counter()
+                    chainfb.ctc_loss(x, sets[i if new else 0], il, tl).backward()
+                    times.append(time.perf_counter() - t0)
+                out.append(statistics.median(times[1:]) * 1e3)
+        print(f"{str((T, N, C, S)):24s} {out[0]:15.2f} {out[1]:14.2f}")
 
 
 def main(argv=None):
@@ -215,6 +264,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--long", action="store_true", help="long sequences, one thread, time and peak memory")
     ap.add_argument("--compile", action="store_true", help="the host work of a new label set on the GPU path")
+    ap.add_argument("--host-step", action="store_true", help="the host's share of a GPU step (PYTHONPATH=tests)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --long")
     ap.add_argument("--long-worker", dest="method", choices=LONG_METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -227,6 +277,8 @@ def main(argv=None):
         return run_long(args)
     if args.compile:
         return run_compile(args)
+    if args.host_step:
+        return run_host_step(args)
     return run(args)
 
 

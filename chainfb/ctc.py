@@ -47,10 +47,11 @@ from .score_map import PdfScoreMap
 __all__ = ["ctc_graph", "ctc_loss", "CtcCriterion"]
 
 
-def _label_rows(targets, target_lengths):
-    """Per-sequence label arrays from padded ``[N, S]`` or concatenated 1-D
-    targets (or a list of label lists); ``target_lengths`` is None or a
-    checked int64 array."""
+def _labels(targets, target_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths [N], labels [sum(lengths)])``, int64: every sequence's
+    labels concatenated, from padded ``[N, S]`` or concatenated 1-D targets
+    (or a list of label lists); ``target_lengths`` is None or a checked
+    int64 array."""
     if isinstance(targets, (list, tuple)) and targets and not np.isscalar(targets[0]) and target_lengths is None:
         rows = []
         for i, r in enumerate(targets):
@@ -58,7 +59,7 @@ def _label_rows(targets, target_lengths):
                 rows.append(checks.int_array(r, f"targets[{i}]", 1))
             except ValueError:
                 raise ValueError(f"targets[{i}]: expected a 1-D label list") from None
-        return rows
+        return np.array([len(r) for r in rows], dtype=np.int64), np.concatenate(rows)
     try:
         tg = checks.int_array(targets, "targets")
     except ValueError as e:  # NumPy's own error for ragged lists does not name the argument
@@ -77,63 +78,77 @@ def _label_rows(targets, target_lengths):
         if n and (lens.min() < 0 or lens.max() > S):
             bad = lens[(lens < 0) | (lens > S)][0]
             raise ValueError(f"target_lengths: every length must lie in [0, S={S}] (targets' width), got {bad}")
-        return [tg[i, : lens[i]] for i in range(n)]
+        return lens, tg[np.arange(S) < lens[:, None]]
     if tg.ndim == 1:
         if target_lengths is None:
-            return [tg]
+            return np.array([len(tg)], dtype=np.int64), tg
         lens = target_lengths
         if lens.size and lens.min() < 0:
             raise ValueError(f"target_lengths: lengths must be >= 0, got {lens.min()}")
         if int(lens.sum()) != tg.shape[0]:
             raise ValueError(f"target_lengths: concatenated targets hold {tg.shape[0]} labels but the lengths "
                              f"sum to {int(lens.sum())}")
-        ends = np.cumsum(lens)
-        return [tg[e - k: e] for k, e in zip(lens.tolist(), ends.tolist())]
+        return lens, tg
     raise ValueError(f"targets: expected a padded [N, S] or a concatenated 1-D tensor, got shape {tuple(tg.shape)}")
 
 
-def _ctc_batch(rows: list[np.ndarray], blank: int) -> FstBatch:
-    """The CTC acceptors of the label sequences ``rows`` (see the module
-    docstring), built for all sequences at once as one :class:`FstBatch`.
+def _check_labels(lens: np.ndarray, labels: np.ndarray, C: int | None) -> None:
+    """A ``ValueError`` naming the first label outside ``[0, C)`` (``C`` None:
+    the first negative one) and its sequence."""
+    bad = labels < 0 if C is None else (labels < 0) | (labels >= C)
+    if bad.any():
+        i = int(np.argmax(bad))
+        seq = int(np.searchsorted(np.cumsum(lens), i, side="right"))
+        if C is None:
+            raise ValueError(f"targets: label {labels[i]} (sequence {seq}) is negative")
+        raise ValueError(f"targets: label {labels[i]} (sequence {seq}) is outside the vocabulary [0, C={C})")
+
+
+def _ctc_batch(U: np.ndarray, y: np.ndarray, blank: int) -> FstBatch:
+    """The CTC acceptors of ``N`` label sequences (see the module
+    docstring), built for all sequences at once as one :class:`FstBatch`:
+    ``U [N]`` their lengths, ``y [sum(U)]`` their labels concatenated.
 
     Sequence ``n`` (``U`` labels, ``P = 2 U + 1`` positions) owns ``P + 1``
     states: its start, then one per position.  Each state's arcs, in the
     canonical order of :class:`Fst` (by source): the start's to positions 0
     and 1; a position's self-loop, its arc to the next position, and (a
     label position whose next label differs) its skip over the blank."""
-    U = np.array([len(r) for r in rows], dtype=np.int64)
-    P = 2 * U + 1
-    so = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(P + 1, out=so[1:])
+    N = len(U)
+    so = np.zeros(N + 1, dtype=np.int64)  # each sequence's first state (its start)
+    np.cumsum(2 * U + 2, out=so[1:])
     S = int(so[-1])
-    y = np.concatenate(rows).astype(np.int64, copy=False) if len(rows) else np.zeros(0, np.int64)
-    yo = np.zeros(len(rows) + 1, dtype=np.int64)
+    yo = np.zeros(N + 1, dtype=np.int64)  # each sequence's first label in y
     np.cumsum(U, out=yo[1:])
-    # per state: its sequence, its position (-1 for the start), the position's label
-    seq = np.repeat(np.arange(len(rows), dtype=np.int64), P + 1)
-    pos = np.arange(S, dtype=np.int64) - so[seq] - 1
-    last = P[seq] - 1  # each state's sequence's last position
-    odd = (pos % 2 == 1) & (pos > 0)  # the label positions
-    lab = np.full(S, blank, dtype=np.int64)
-    k = (pos - 1) // 2  # the label index of a label position
-    lab[odd] = y[yo[seq[odd]] + k[odd]]
-    nxt = k + 1  # the label a skip from label position pos lands on
-    skip = odd & (pos + 2 <= last)
-    skip[skip] = y[yo[seq[skip]] + nxt[skip]] != lab[skip]
-    start = pos < 0
+    # the state of label j of y: its sequence's start + 2 + twice its index there
+    lab_state = np.repeat(so[:-1] + 2 - 2 * yo[:-1], U) + 2 * np.arange(len(y), dtype=np.int64)
+    lab = np.full(S, blank, dtype=np.int64)  # the label every arc into a state reads
+    lab[lab_state] = y
+    # skips: from label j to label j + 1 of the same sequence when they differ
+    later = np.ones(len(y), dtype=bool)  # label j is followed by another of its sequence
+    later[yo[1:][U > 0] - 1] = False
+    skip_src = lab_state[:-1][later[:-1] & (y[1:] != y[:-1])]
+    # arcs a state: a start 2 (1 when U = 0); a position its stay, its advance (not the last), its skip
+    counts = np.full(S, 2, dtype=np.int64)
+    counts[so[1:] - 1] = 1
+    counts[so[:-1]] = np.where(U > 0, 2, 1)
+    counts[skip_src] += 1
+    off = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
     state = np.arange(S, dtype=np.int64)
-    # up to three arcs a state: [target 1, target 2, target 3], unused ones masked
-    dst = np.stack([np.where(start, state + 1, state), np.where(start, state + 2, state + 1), state + 2], axis=1)
-    use = np.stack([np.ones(S, dtype=bool), start & (last >= 1) | ~start & (pos < last), ~start & skip], axis=1)
-    src = np.broadcast_to(state[:, None], dst.shape)[use]
-    dst = dst[use]
-    counts = use.sum(1)
-    arc_off = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(np.add.reduceat(counts, so[:-1]) if len(rows) else counts[:0], out=arc_off[1:])
+    src = np.repeat(state, counts)
+    dst = np.empty(int(off[-1]), dtype=np.int64)
+    dst[off[:-1]] = state  # stay
+    second = off[:-1][counts > 1] + 1
+    dst[second] = state[counts > 1] + 1  # advance
+    starts = so[:-1]
+    dst[off[starts]] = starts + 1  # the start's arcs: to positions 0 and 1
+    dst[off[starts[U > 0]] + 1] = starts[U > 0] + 2
+    dst[off[skip_src] + 2] = skip_src + 2  # skip the blank between two different labels
     final = np.full(S, -np.inf)
     final[so[1:] - 1] = 0.0  # the last blank
     final[so[1:] - 2] = 0.0  # the last label (the start itself when U = 0)
-    return FstBatch.packed(so, arc_off, so[:-1].copy(), final, src, dst, lab[dst])
+    return FstBatch.packed(so, off[so], starts.copy(), final, src, dst, lab[dst])
 
 
 def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], target_lengths: Ints | None = None,
@@ -163,23 +178,21 @@ def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], targ
     blank = checks.blank(blank)
     if target_lengths is not None:
         target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
-    rows = _label_rows(targets, target_lengths)
-    if not rows:
+    lens, labels = _labels(targets, target_lengths)
+    if not len(lens):
         raise ValueError("targets: expected at least one sequence")
-    for i, r in enumerate(rows):
-        if r.size and r.min() < 0:
-            raise ValueError(f"targets: label {r.min()} (sequence {i}) is negative")
-    return _ctc_batch(rows, blank)
+    _check_labels(lens, labels, None)
+    return _ctc_batch(lens, labels, blank)
 
 
-def _compile(rows, blank):
-    """The lattice and score map of the CTC graphs of ``rows`` (cached per
-    label set and blank)."""
-    key = (blank, len(rows), np.array([len(r) for r in rows], dtype=np.int64).tobytes(),
-           (np.concatenate(rows) if rows else np.zeros(0, np.int64)).tobytes())
+def _compile(lens: np.ndarray, labels: np.ndarray, blank: int):
+    """The lattice and score map of the CTC graphs of the label sequences
+    ``labels`` (concatenated, ``lens [N]`` long; cached per label set and
+    blank)."""
+    key = (blank, lens.tobytes(), labels.tobytes())
 
     def build():
-        lattice = Lattice.of(_ctc_batch(rows, blank))
+        lattice = Lattice.of(_ctc_batch(lens, labels, blank))
         return lattice, PdfScoreMap(lattice.col_seq, lattice.col_pdf, "log_probs")
 
     return _compiled.get(key, build)
@@ -287,15 +300,12 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
         target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
     il = checks.lengths(input_lengths, "input_lengths", N, T)
     tl = checks.lengths(target_lengths, "target_lengths", N)
-    rows = _label_rows(targets, tl)
-    for i, r in enumerate(rows):
-        if r.size and (r.min() < 0 or r.max() >= C):
-            bad = r[(r < 0) | (r >= C)][0]
-            raise ValueError(f"targets: label {bad} (sequence {i}) is outside the vocabulary [0, C={C})")
+    lens, labels = _labels(targets, tl)
+    _check_labels(lens, labels, C)
     if N == 0:
         costs = log_probs.sum((0, 2)) * 0
     else:
-        lattice, score_map = _compile(rows, blank)
+        lattice, score_map = _compile(lens, labels, blank)
         costs = -apply(log_probs.transpose(0, 1), CtcCriterion(lattice, il, score_map))
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)

@@ -38,9 +38,9 @@ PACKAGE = "chainfb"
 #: layer and the layers below, never from a layer above.  Inside a layer, the groups of one entry (several
 #: lists) are independent: none imports another.
 LAYERS = [
-    # argument checks, array plumbing, the caches, and the GPU layer (kernel sources, their loader, torch <-> CuPy
-    # interop, the transducer score-map launchers): imports nothing of chainfb above it
-    ("base", [["chainfb.checks", "chainfb._arrays", "chainfb._cache", "chainfb.cuda"]]),
+    # argument checks, array plumbing, the caches, sorting, and the GPU layer (kernel sources, their loader, torch
+    # <-> CuPy interop, the transducer score-map launchers): imports nothing of chainfb above it
+    ("base", [["chainfb.checks", "chainfb._arrays", "chainfb._cache", "chainfb._sort", "chainfb.cuda"]]),
     # the graph data model and its files
     ("fst", [["chainfb.fst", "chainfb.fst_binary"]]),
     # generic FST algorithms on Fst: connect / trim, determinize, minimize, intersect, epsilon removal
