@@ -102,7 +102,7 @@ def h100_prices(stats, calls, map_rates) -> list:
             itemsize = 8 if "<double>" in s.name else 4
             ring = (lat.max_span + 1) * int(np.diff(lat.state_offsets).max()) * itemsize
             mode = 0 if not s.shared_mem else 2 if s.shared_mem > ring else 1
-            out.append(h100.recursion_time(lat, lengths, s.block, mode))
+            out.append(h100.recursion_time(lat, lengths, s.block, mode, launch_lanes(lat)))
         elif kind.endswith("_posteriors"):
             out.append(h100.posterior_time(int(lengths.max()), lat.num_states))
         elif kind.startswith("transducer_"):
@@ -110,6 +110,15 @@ def h100_prices(stats, calls, map_rates) -> list:
         else:
             raise ValueError(f"no H100 price for {s.name}")
     return out
+
+
+def launch_lanes(lat) -> int:
+    """The lanes a state takes in the recursion launch over ``lat``, as the engine chooses them (with one lane
+    a state for a leaky HMM, whose graphs are wider than lanes allow anyway)."""
+    h = cuda_engine.lattice_host_arrays(lat)
+    staging = -(-h["max_columns"] // cuda_engine.STAGE)
+    return cuda_engine.lanes_per_state(h["max_states"], h["max_degree"],
+                                       cuda_engine.default_block_size(max(h["max_states"], staging)))
 
 
 def fitted_map_rates() -> dict:

@@ -49,7 +49,8 @@ class PdfCriterion(Criterion):
         (the LF-MMI denominator's ``[-30, 30]``); the gradient is the
         posterior, not masked by the clip (Kaldi).
     leaky : ``(c, log_init [S])`` or None; engine : see :func:`chainfb.engines.select`.
-    value_dtype : dtype of the value (default: the scores' dtype).
+    value_dtype : dtype of the value (default: the scores' dtype); float64 runs the engine in float64 also
+        for float32 scores.
 
     The scores cross from torch to NumPy/CuPy once per call: ``start``
     hands the array view it made to ``complete`` in its context (nothing
@@ -100,8 +101,10 @@ class PdfCriterion(Criterion):
         # float32 scores stay float32 (half the memory; the compiled CPU engine
         # widens each one exactly as it reads it, the NumPy engine converts, and
         # the CUDA kernels run the normalised recursion in float32, as torch's
-        # CUDA losses do for float32 inputs)
-        X = self.score_map.gather(xp, arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
+        # CUDA losses do for float32 inputs) unless a float64 value is asked for
+        # (k2's use_double_scores): then the engine runs in float64 everywhere
+        single = arr.dtype == np.float32 and (self.value_dtype is None or np.dtype(self.value_dtype) != np.float64)
+        X = self.score_map.gather(xp, arr, dtype=np.float32 if single else np.float64)
         if self.clamp is not None:
             xp.clip(X, self.clamp[0], self.clamp[1], out=X)
         return X, (arr, xp)

@@ -58,15 +58,15 @@ CHAINFB_KERNEL void fb_recursion(int N, const int* state_off, const int* col_off
                                  const int* in_span, const int* out_ptr, const int* out_dst, const R* out_lp,
                                  const int* out_col, const int* out_span, int max_span, const i64* lengths, R* X,
                                  int T, int C, R* alpha, R* beta, int S, double* offs, double* qoffs, int mode,
-                                 const R* log_init, R log_c, R* loglike, R* lz) {
+                                 int lanes, const R* log_init, R log_c, R* loglike, R* lz) {
   const int b = blockIdx.x, n = b < N ? b : b - N;
   const SeqSpan q = lattice_span(n, state_off, col_off, start, nullptr, nullptr);
   if (b < N)
     forward_body<R>(q, n, final_, in_ptr, in_src, in_lp, in_col, in_span, max_span, lengths[n], X, T, C, alpha, S,
-                    offs + (i64)n * (T + 1), mode, log_init, log_c, loglike, lz);
+                    offs + (i64)n * (T + 1), mode, lanes, log_init, log_c, loglike, lz);
   else
     beta_body<R>(q, final_, out_ptr, out_dst, out_lp, out_col, out_span, max_span, lengths[n], X, T, C, beta, S,
-                 qoffs + (i64)n * (T + 1), mode, log_init, log_c);
+                 qoffs + (i64)n * (T + 1), mode, lanes, log_init, log_c);
 }
 
 // post [T, C] (R), zero-filled by the caller; F frames a block.

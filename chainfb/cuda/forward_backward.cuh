@@ -48,7 +48,10 @@
 // rounding for any T.  (With spanning arcs a frame's arcs do not cover every
 // path, and the posteriors are left as computed.)
 //
-// Work per frame.  Threads stride over the sequence's states (the rows) and
+// Work per frame.  Threads stride over the sequence's states (the rows) --
+// in groups of `lanes` consecutive threads a state when the launcher asks
+// for several (states of many arcs: each lane adds every lanes-th arc, a
+// fixed shuffle butterfly merges the lanes; see Lanes) -- and
 // over its *chunks* (the posteriors): the arcs of each column, sorted by
 // column, are cut into chunks of at most a fixed number of arcs (a property
 // of the lattice, not of the launch).  A chunk's sum is its column's
@@ -258,6 +261,31 @@ __device__ void leak(bool alpha, R* b, int off, R* copy, const R* log_init, int 
   __syncthreads();
 }
 
+// Where a thread stands in the state loop when `n` consecutive lanes share a
+// state (n a power of two <= 32, the same for the whole block): the thread is
+// lane `lane` of its state's group and adds its arcs lane, lane + n, ...;
+// `live` is false past the sequence's last state (the thread still takes
+// part in its warp's shuffles).
+struct Lanes {
+  int lane, n;
+  bool live;
+};
+
+// The lanes a state takes as the launcher asked (a power of two in [1, 32]);
+// 1 for any other value, so no value of it moves an access out of the arrays.
+__device__ __forceinline__ int valid_lanes(int n) { return n >= 1 && n <= 32 && (n & (n - 1)) == 0 ? n : 1; }
+
+// Merge the n lanes' accumulators of a state: a fixed butterfly of warp
+// shuffles (lane l takes lane l ^ o for o = 1, 2, ..., n / 2), so lane 0's
+// result has one order, fixed by n.  Every lane of the warp calls it.
+template <typename R>
+__device__ __forceinline__ void merge_lanes(LogAcc<R>& acc, int n) {
+  for (int o = 1; o < n; o <<= 1) {
+    const R om = __shfl_xor_sync(kFullWarp, acc.m, o), os = __shfl_xor_sync(kFullWarp, acc.s, o);
+    acc.merge(om, os);
+  }
+}
+
 // Forward step of state s at frame t (the log-sum of its in-arcs, before the
 // frame's offset when every arc covers one frame); rows: the alpha rows, xs:
 // the score rows (column ids gc + in_col).
@@ -265,12 +293,13 @@ template <typename R>
 __device__ __forceinline__ R alpha_state(int s, int t, int gs, int gc, const int* in_ptr, const int* in_src,
                                          const R* in_lp, const int* in_col, const int* in_span, int M,
                                          const View<R>& rows, const View<R>& xs, const double* P, double Pt,
-                                         bool staged) {
+                                         bool staged, Lanes ln) {
   LogAcc<R> acc;
   acc.init();
-  const int e = in_ptr[s - gs + 1];
+  const int e = ln.live ? in_ptr[s - gs + 1] : 0;
+  const int a0 = ln.live ? in_ptr[s - gs] + ln.lane : 0;
   if (in_span) {
-    for (int a = in_ptr[s - gs]; a < e; ++a) {
+    for (int a = a0; a < e; a += ln.n) {
       const int k = in_span[a];
       if (k < 1 || k > t || k > M) continue;  // read before frame 0 (or not a span)
       const int f = t - k;
@@ -280,12 +309,13 @@ __device__ __forceinline__ R alpha_state(int s, int t, int gs, int gc, const int
   } else {
     const R* prev = rows.row(t - 1);
     const R* x = xs.row(t - 1);
-    for (int a = in_ptr[s - gs]; a < e; ++a) {
+    for (int a = a0; a < e; a += ln.n) {
       acc.add(prev[gs + in_src[a] - rows.off] + in_lp[a] + x[gc + in_col[a] - xs.off]);
       CHAINFB_WORK(work_arc<R>(staged), 1);
     }
   }
-  CHAINFB_WORK(work_state<R>(staged), 1);
+  merge_lanes<R>(acc, ln.n);
+  if (ln.live) CHAINFB_WORK(work_state<R>(staged), 1);
   return acc.result();
 }
 
@@ -296,12 +326,13 @@ template <typename R>
 __device__ __forceinline__ R beta_state(int s, int t, int reach, int gs, int gc, const int* out_ptr,
                                         const int* out_dst, const R* out_lp, const int* out_col, const int* out_span,
                                         const Ring<R>& rows, const R* x, int xoff, const double* Q, double Qt,
-                                        bool staged) {
+                                        bool staged, Lanes ln) {
   LogAcc<R> acc;
   acc.init();
-  const int e = out_ptr[s - gs + 1];
+  const int e = ln.live ? out_ptr[s - gs + 1] : 0;
+  const int a0 = ln.live ? out_ptr[s - gs] + ln.lane : 0;
   if (out_span) {
-    for (int a = out_ptr[s - gs]; a < e; ++a) {
+    for (int a = a0; a < e; a += ln.n) {
       const int d = out_span[a];
       if (d < 1 || d > reach) continue;  // lands past L (or not a span)
       acc.add(out_lp[a] + x[gc + out_col[a] - xoff] + rows.get(t + d, gs + out_dst[a]) + (R)(Q[t + d] - Qt));
@@ -309,12 +340,13 @@ __device__ __forceinline__ R beta_state(int s, int t, int reach, int gs, int gc,
     }
   } else {
     const R* next = rows.row(t + 1);
-    for (int a = out_ptr[s - gs]; a < e; ++a) {
+    for (int a = a0; a < e; a += ln.n) {
       acc.add(out_lp[a] + x[gc + out_col[a] - xoff] + next[gs + out_dst[a] - rows.off]);
       CHAINFB_WORK(work_arc<R>(staged), 1);
     }
   }
-  CHAINFB_WORK(work_state<R>(staged), 1);
+  merge_lanes<R>(acc, ln.n);
+  if (ln.live) CHAINFB_WORK(work_state<R>(staged), 1);
   return acc.result();
 }
 
@@ -332,8 +364,8 @@ __device__ __forceinline__ R beta_state(int s, int t, int reach, int gs, int gc,
 template <typename R>
 __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int* in_ptr, const int* in_src,
                              const R* in_lp, const int* in_col, const int* in_span, int max_span, i64 length, R* X,
-                             int T, int C, R* alpha, int S, double* P, int mode, const R* log_init, R log_c,
-                             R* loglike, R* lz) {
+                             int T, int C, R* alpha, int S, double* P, int mode, int lanes, const R* log_init,
+                             R log_c, R* loglike, R* lz) {
   CHAINFB_SHARED_ARRAY(R, sm_max, 64);
   CHAINFB_SHARED_ARRAY(R, sm_sum, 256);
   CHAINFB_DYNAMIC_SHARED(R, sm_dyn);
@@ -342,6 +374,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
   const int M = (in_span && max_span > 1) ? max_span : 1;
+  lanes = log_init ? 1 : valid_lanes(lanes);  // leak reads each thread's own states: one lane a state
   const R ninf = Num<R>::neg_inf();
 
   // frames past the length never contribute (and the caller sees them as -inf)
@@ -384,9 +417,12 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
     R* cur_sh = mode ? ring.row(t) : nullptr;
     R* part = sm_max + (t & 1) * 32;
     mx = ninf;
-    if (mode < 2 && s0 + tid < s1) CHAINFB_WORK(kWorkMemoryWait, 1);  // the frame's first read of device memory
-    for (int s = s0 + tid; s < s1; s += nt) {
-      R v = alpha_state<R>(s, t, gs, gc, in_ptr, in_src, in_lp, in_col, in_span, M, rows, xs, P, Pt, mode == 2);
+    if (mode < 2 && s0 + tid / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);  // the frame's first device read
+    for (int base = s0; base < s1; base += nt / lanes) {  // the same passes for every thread: lanes shuffle
+      const int s = base + tid / lanes;
+      const Lanes ln{tid % lanes, lanes, s < s1};
+      R v = alpha_state<R>(s, t, gs, gc, in_ptr, in_src, in_lp, in_col, in_span, M, rows, xs, P, Pt, mode == 2, ln);
+      if (!ln.live || ln.lane) continue;
       if (!in_span) v -= (R)d;
       cur[s] = v;
       if (cur_sh) cur_sh[s - s0] = v;
@@ -413,8 +449,8 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
 template <typename R>
 __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr, const int* out_dst,
                           const R* out_lp, const int* out_col, const int* out_span, int max_span, i64 length,
-                          const R* X, int T, int C, R* beta, int S, double* Q, int mode, const R* log_init,
-                          R log_c) {
+                          const R* X, int T, int C, R* beta, int S, double* Q, int mode, int lanes,
+                          const R* log_init, R log_c) {
   CHAINFB_SHARED_ARRAY(R, sm_max, 64);
   CHAINFB_SHARED_ARRAY(R, sm_sum, 64);
   CHAINFB_DYNAMIC_SHARED(R, sm_dyn);
@@ -423,6 +459,7 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
   const int M = (out_span && max_span > 1) ? max_span : 1;
+  lanes = log_init ? 1 : valid_lanes(lanes);  // leak reads each thread's own states: one lane a state
   const R ninf = Num<R>::neg_inf();
 
   const Ring<R> ring = mode ? Ring<R>{sm_dyn, W, M + 1, s0} : Ring<R>{beta, S, T + 1, 0};
@@ -463,10 +500,13 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     R* bc_sh = mode ? ring.row(t) : nullptr;
     const R e = (R)(Qt - Qn);
     mx = ninf;
-    if (mode < 2 && s0 + tid < s1) CHAINFB_WORK(kWorkMemoryWait, 1);
-    for (int s = s0 + tid; s < s1; s += nt) {
+    if (mode < 2 && s0 + tid / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);
+    for (int base = s0; base < s1; base += nt / lanes) {  // as in forward_body
+      const int s = base + tid / lanes;
+      const Lanes ln{tid % lanes, lanes, s < s1};
       R v = beta_state<R>(s, t, reach, gs, gc, out_ptr, out_dst, out_lp, out_col, M > 1 ? out_span : nullptr,
-                          ring, x, xoff, Q, Qt, mode == 2);
+                          ring, x, xoff, Q, Qt, mode == 2, ln);
+      if (!ln.live || ln.lane) continue;
       if (M == 1) v -= e;
       bc[s] = v;
       if (bc_sh) bc_sh[s - s0] = v;

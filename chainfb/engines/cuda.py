@@ -29,7 +29,7 @@ from .._sort import stable_order
 from ..cuda.kernels import KernelBackend
 from ..lattice import Lattice
 
-__all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "run_engine"]
+__all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "lanes_per_state", "run_engine"]
 
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
@@ -121,6 +121,7 @@ def _host_arrays(lat: Lattice) -> dict:
         **_chunks(ca_ptr, lat.col_offsets),
         "max_span": int(lat.max_span),
         "max_states": int(widths.max(initial=0)),
+        "max_degree": int(max(np.diff(f.ptr).max(initial=0), np.diff(b.ptr).max(initial=0))),
         "max_columns": int(np.diff(lat.col_offsets).max(initial=0)),
     }
 
@@ -218,6 +219,23 @@ def shared_plan(shape: dict, max_span: int, itemsize: int, block: int, budget: i
     raise ValueError(f"no shared-memory mode of {MODES} fits {budget} bytes")
 
 
+#: lanes never make a block wider than this, or than the block the states and staging ask for
+LANE_THREADS = 256
+
+
+def lanes_per_state(max_states: int, max_degree: int, threads: int) -> int:
+    """How many lanes of a warp share each state of the recursions (forward_backward.cuh's ``Lanes``): the
+    largest power of two that leaves each lane at least two of the busiest state's arcs and keeps the
+    widest sequence's states times the lanes within ``max(threads, LANE_THREADS)`` (``threads``: the block the
+    states and the staging ask for).  It depends on the lattice alone, so the results' bits do not depend on
+    the block size; 1 for graphs of two or three arcs a state (CTC, RNN-T)."""
+    room = max(int(threads), LANE_THREADS)
+    lanes = 1
+    while lanes < 32 and 4 * lanes <= max_degree and 2 * lanes * max_states <= room:
+        lanes *= 2
+    return lanes
+
+
 def posterior_launch(N: int, T: int, max_chunks: int) -> tuple:
     """``(frames per block, blocks, threads)`` of the posterior kernel: a
     block per sequence and frame (several frames a block past 2^20 blocks),
@@ -310,8 +328,12 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     if N == 0:
         return xp.zeros(0, dtype=dtype), post
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
-    # enough threads for the widest sequence's states, and to stage its scores (STAGE values a thread)
-    block = launch_block_size(block_size, max(shape["max_states"], -(-shape["max_columns"] // STAGE)))
+    # enough threads for the widest sequence's states (times the lanes a state takes), and to stage its scores
+    # (STAGE values a thread)
+    staging = -(-shape["max_columns"] // STAGE)
+    lanes = 1 if leaky is not None else lanes_per_state(shape["max_states"], shape["max_degree"],
+                                                         default_block_size(max(shape["max_states"], staging)))
+    block = launch_block_size(block_size, max(shape["max_states"] * lanes, staging))
     r = _REAL[dtype]
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
     mode, shared = shared_plan(shape, max_span, dtype.itemsize, block, shared_budget(backend))
@@ -324,7 +346,7 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     i32 = np.int32
     rows = [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs]
     backend.launch(f"chainfb::{prefix}_recursion<{r}>", N * (2 if need_posteriors else 1), block,
-                   [i32(N)] + rec_head + rows + [i32(mode), init, log_c, loglike, lz], shared_mem=shared)
+                   [i32(N)] + rec_head + rows + [i32(mode), i32(lanes), init, log_c, loglike, lz], shared_mem=shared)
     if not need_posteriors:
         return loglike, None
     F, grid, pblock = posterior_launch(N, T, shape["max_chunks"])
@@ -346,7 +368,7 @@ def _instance_log_init(xp, lat: Lattice, log_init, dtype):
 
 def layout_shape(a: dict) -> dict:
     """The sizes :func:`run_engine` needs from a lattice's arrays."""
-    return {k: a[k] for k in ("max_states", "max_columns", "max_chunks")}
+    return {k: a[k] for k in ("max_states", "max_columns", "max_chunks", "max_degree")}
 
 
 def chunk_args(a: dict, span: Array) -> list:

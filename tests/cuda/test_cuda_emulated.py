@@ -69,6 +69,29 @@ def test_engine_random_graphs_variable_lengths(be, block):
     assert np.isinf(ll).any() and np.isfinite(ll).any()  # both kinds occur in this batch
 
 
+def test_wide_states_share_lanes(be):
+    """States of many arcs take several lanes of a warp each (forward_backward.cuh's Lanes, chosen from the
+    lattice): against the NumPy engine, the same bits for every block size (one pass or several over the
+    states), and a NaN score stays in its sequence."""
+    from chainfb.engines.cuda import default_block_size, lanes_per_state, lattice_host_arrays
+
+    rng = np.random.default_rng(5)
+    fsts = [random_fst(rng, num_states=5, num_arcs=70, num_pdfs=7) for _ in range(3)]
+    lat = Lattice.of(FstBatch(fsts))
+    h = lattice_host_arrays(lat)
+    assert lanes_per_state(h["max_states"], h["max_degree"], default_block_size(h["max_states"])) >= 4
+    T, lengths = 9, np.array([9, 4, 7])
+    X = rng.normal(size=(T, lat.num_columns))
+    runs = [_compare(be, lat, X, lengths, block=b) for b in (None, 32, 64)]
+    for ll, post in runs[1:]:
+        assert np.array_equal(ll, runs[0][0]) and np.array_equal(post, runs[0][1])
+    Xn = X.copy()
+    Xn[2, np.flatnonzero(lat.col_seq == 1)[0]] = np.nan
+    ll, post = lattice_forward_backward(be, lat, Xn, lengths)
+    assert np.isnan(ll[1]) and np.array_equal(ll[[0, 2]], runs[0][0][[0, 2]])
+    assert np.array_equal(post[:, lat.col_seq != 1], runs[0][1][:, lat.col_seq != 1])
+
+
 @pytest.mark.parametrize("T, block, num_phones", [(20000, 32, 0), (20000, 256, 75)])
 def test_engine_long_sequences(be, T, block, num_phones):
     """Long sequences through the emulated kernels (each thread a fiber, a

@@ -96,12 +96,13 @@ def map_time(kind: str, nbytes: float, rates: dict) -> float:
 _FITS: dict = {}
 
 
-def recursion_time(lat, lengths, block: int, mode: int) -> float:
+def recursion_time(lat, lengths, block: int, mode: int, lanes: int = 1) -> float:
     """Predicted seconds of a recursion launch over ``lat`` (``lengths``
-    frames per sequence) with ``block`` threads in shared-memory ``mode``."""
+    frames per sequence) with ``block`` threads in shared-memory ``mode``,
+    ``lanes`` threads a state."""
     if mode not in _FITS:
         _FITS[mode] = recursion_fit.fit(mode)[0]
-    return recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block), _FITS[mode])
+    return recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes), _FITS[mode])
 
 
 def report() -> str:

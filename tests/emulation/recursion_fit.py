@@ -64,21 +64,27 @@ RNNT_H100 = 0.889
 LAUNCH_NS = 5000.0
 
 
-def recursion_blocks(lat, lengths, block: int) -> np.ndarray:
+def recursion_blocks(lat, lengths, block: int, lanes: int = 1) -> np.ndarray:
     """``[2N, 4]``: per block of the recursion launch (each sequence's forward,
     then its backward) its frames, the most arc terms and the most states a
-    thread takes in a frame, and its warps -- threads striding over the
-    sequence's states as the kernels do."""
+    thread takes in a frame, and its warps -- groups of ``lanes`` threads
+    striding over the sequence's states as the kernels do, a lane taking
+    every ``lanes``-th arc of its state.  With several lanes a state, the
+    merge of their sums (``log2(lanes)`` shuffle steps) is counted as that
+    many arc terms: an assumption, not a fitted cost (the sweep had one lane
+    a state)."""
     state_off = lat.state_offsets
     in_deg, out_deg = np.diff(lat.fwd.ptr), np.diff(lat.bwd.ptr)
     L = np.asarray(lengths, dtype=np.float64)
+    groups = max(1, block // lanes)
     rows = []
     for deg in (in_deg, out_deg):
         for n in range(lat.num_sequences):
             s = np.arange(state_off[n], state_off[n + 1])
-            thread = (s - state_off[n]) % block
-            arcs = np.bincount(thread, weights=deg[s], minlength=block)
-            states = np.bincount(thread, minlength=block)
+            thread = (s - state_off[n]) % groups
+            terms = np.ceil(deg[s] / lanes) + np.log2(lanes)
+            arcs = np.bincount(thread, weights=terms, minlength=groups)
+            states = np.bincount(thread, minlength=groups)
             rows.append((L[n], arcs.max(initial=0), states.max(initial=0), block // 32))
     return np.asarray(rows, dtype=np.float64)
 
