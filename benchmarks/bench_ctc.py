@@ -64,6 +64,8 @@ import torch
 
 import chainfb
 
+from . import gpu_bench
+
 warnings.filterwarnings("ignore")
 
 
@@ -199,7 +201,7 @@ def run_long(args):
 
 
 #: (T, N, C, S) of the GPU benchmark's CTC cases
-GPU_SHAPES = ((500, 16, 500, 100), (2000, 8, 100, 1000), (4000, 1, 5000, 3000), (150, 64, 5000, 50))
+GPU_SHAPES = tuple(gpu_bench.CTC_SHAPES["cuda"])
 
 
 def run_compile(args):

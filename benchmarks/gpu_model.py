@@ -91,18 +91,20 @@ def counting(be, costs, l2):
         cuda_engine.check_inputs = check
 
 
-def h100_prices(stats, calls, map_rates) -> list:
+def h100_prices(stats, calls, map_rates, budget) -> list:
     """Each launch priced from the H100's measured times of the current
-    kernels (:mod:`emulation.h100`): seconds, in the order of ``stats``."""
+    kernels (:mod:`emulation.h100`): seconds, in the order of ``stats``; a
+    recursion with the lanes and shared-memory mode the engine planned for it
+    (:func:`chainfb.engines.cuda.recursion_plan`, ``budget``: the backend's
+    shared memory a block may use)."""
     out, calls, lat, lengths = [], list(calls), None, None
     for s in stats:
         kind = s.name.split("<")[0].split("::")[-1]
         if kind.endswith("_recursion"):
             lat, lengths = calls.pop(0)
-            itemsize = 8 if "<double>" in s.name else 4
-            ring = (lat.max_span + 1) * int(np.diff(lat.state_offsets).max()) * itemsize
-            mode = 0 if not s.shared_mem else 2 if s.shared_mem > ring else 1
-            out.append(h100.recursion_time(lat, lengths, s.block, mode, launch_lanes(lat)))
+            lanes, block, mode, _ = recursion_plan(lat, 8 if "<double>" in s.name else 4, budget)
+            assert block == s.block, (s.name, block, s.block)
+            out.append(h100.recursion_time(lat, lengths, block, mode, lanes))
         elif kind.endswith("_posteriors"):
             out.append(h100.posterior_time(int(lengths.max()), lat.num_states))
         elif kind.startswith("transducer_"):
@@ -112,13 +114,13 @@ def h100_prices(stats, calls, map_rates) -> list:
     return out
 
 
-def launch_lanes(lat) -> int:
-    """The lanes a state takes in the recursion launch over ``lat``, as the engine chooses them (with one lane
-    a state for a leaky HMM, whose graphs are wider than lanes allow anyway)."""
-    h = cuda_engine.lattice_host_arrays(lat)
-    staging = -(-h["max_columns"] // cuda_engine.STAGE)
-    return cuda_engine.lanes_per_state(h["max_states"], h["max_degree"],
-                                       cuda_engine.default_block_size(max(h["max_states"], staging)))
+def recursion_plan(lat, itemsize: int, budget: int) -> tuple:
+    """The engine's plan of the recursion launch over ``lat`` at its default
+    block size (the sizes of the one graph when every sequence uses it, as
+    the shared-graph engine reads them)."""
+    sized = lat.graph_lattice() if lat.shared_fst is not None else lat
+    shape = cuda_engine.layout_shape(cuda_engine.lattice_host_arrays(sized))
+    return cuda_engine.recursion_plan(shape, int(lat.max_span), itemsize, None, budget)
 
 
 def fitted_map_rates() -> dict:
@@ -190,10 +192,10 @@ def run_den(be, costs, device, N=128, T=150):
     return price(stats, costs, device, l2), 0.0, list(calls)
 
 
-def show(name, launches, extra, calls, rates, peer=None):
+def show(name, launches, extra, calls, rates, budget, peer=None):
     """Print a case's launches, priced both ways; returns the H100-priced kernels' seconds."""
     total = sum(t for _, t in launches) + extra
-    fitted = h100_prices([s for s, _ in launches], calls, rates)
+    fitted = h100_prices([s for s, _ in launches], calls, rates, budget)
     print(f"\n## {name}")
     print(f"{'kernel':44s} {'grid':>6s} {'block':>5s} {'phases':>7s} {'arc span':>9s} {'work (arcs)':>12s} "
           f"{'pred. ms':>9s} {'H100 ms':>8s}")
@@ -250,18 +252,20 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         be = EmulatedBackend(build(d), count=True)
         be.max_shared_mem = 227 * 1024  # an H100's or H200's opt-in limit, as the CuPy backend reports it
+        budget = cuda_engine.shared_budget(be)
         torch.manual_seed(0)
         if "ctc" in cases:
             for T, N, C, S in shapes.CTC_SHAPES:
                 name = f"ctc T={T} N={N} C={C} S={S}"
-                show(name, *run_ctc(be, costs, device, T, N, C, S), rates, PEERS.get(name))
+                show(name, *run_ctc(be, costs, device, T, N, C, S), rates, budget, PEERS.get(name))
         Tb, Ub = shapes.librispeech_batch(8)
         rnnt = None
         for kind in ("rnnt", "multiblank", "tdt"):
             if kind not in cases:
                 continue
             name = f"{kind} B=8 V=500"
-            total = show(name, *run_transducer(be, costs, device, kind, Tb, Ub, 500), rates, PEERS.get(name))
+            total = show(name, *run_transducer(be, costs, device, kind, Tb, Ub, 500), rates, budget,
+                         PEERS.get(name))
             if kind == "rnnt":
                 rnnt = total
                 floor = 2 * 8 * int(Tb.max()) * (int(Ub.max()) + 1) * 500 * 4 / cm.H100.bandwidth
@@ -271,7 +275,7 @@ def main(argv=None):
                 print(f"{kind} / rnnt, kernels priced from the H100: {total / rnnt:.2f}x "
                       f"(target <= {1.15 if kind == 'multiblank' else 1.3}x)")
         if "den" in cases:
-            show("den 128x150 (3,379 states, 47,932 arcs, leaky HMM)", *run_den(be, costs, device), rates,
+            show("den 128x150 (3,379 states, 47,932 arcs, leaky HMM)", *run_den(be, costs, device), rates, budget,
                  ("the previous kernels", 0.112))
     print(f"\n# {time.time() - t0:.0f} s on the CPU")
 

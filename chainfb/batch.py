@@ -72,30 +72,30 @@ class FstBatch:
         for i, f in enumerate(fsts):
             if not isinstance(f, Fst):
                 raise TypeError(f"fsts[{i}]: expected chainfb.Fst, got {type(f).__name__}")
+        ns = np.array([f.num_states for f in fsts], dtype=np.int64)
+        na = np.array([f.num_arcs for f in fsts], dtype=np.int64)
+        so = np.concatenate([[0], np.cumsum(ns)])
+        self._adopt(fsts, _check_seq_to_graph(seq_to_graph, len(fsts)), so, np.concatenate([[0], np.cumsum(na)]),
+                    np.array([f.start for f in fsts], dtype=np.int64) + so[:-1],
+                    np.concatenate([f.final for f in fsts]),
+                    np.concatenate([f.src + o for f, o in zip(fsts, so)]),
+                    np.concatenate([f.dst + o for f, o in zip(fsts, so)]),
+                    np.concatenate([f.pdf for f in fsts]), np.concatenate([f.log_prob for f in fsts]),
+                    np.concatenate([f.span for f in fsts]), max(f.max_span for f in fsts))
+
+    def _adopt(self, fsts, seq_to_graph, state_offsets, arc_offsets, start, final, src, dst, pdf, log_prob, span,
+               max_span) -> None:
+        """Take the packed arrays (the class docstring's attributes; ``fsts``
+        None: cut from them on first use) and index the arcs both ways."""
         self._fsts = fsts
         self._graph_memo = Memo()  # shared with the batches with_sequences derives
         self._memo = Memo()
-        self.seq_to_graph = _check_seq_to_graph(seq_to_graph, len(fsts))
-        ns = np.array([f.num_states for f in fsts], dtype=np.int64)
-        na = np.array([f.num_arcs for f in fsts], dtype=np.int64)
-        self.state_offsets = np.concatenate([[0], np.cumsum(ns)])
-        self.arc_offsets = np.concatenate([[0], np.cumsum(na)])
-        so = self.state_offsets[:-1]
-        self.start = np.array([f.start for f in fsts], dtype=np.int64) + so
-        self.final = np.concatenate([f.final for f in fsts])
-        self.src = np.concatenate([f.src + o for f, o in zip(fsts, so)])
-        self.dst = np.concatenate([f.dst + o for f, o in zip(fsts, so)])
-        self.pdf = np.concatenate([f.pdf for f in fsts])
-        self.log_prob = np.concatenate([f.log_prob for f in fsts])
-        self.span = np.concatenate([f.span for f in fsts])
-        self.max_span = max(f.max_span for f in fsts)
-        self._index()
-
-    def _index(self) -> None:
-        """The arcs' CSR orders by destination and by source."""
-        S = self.num_states
-        self.fwd_order, self.in_ptr = _csr(self.dst, S)
-        self.bwd_order, self.out_ptr = _csr(self.src, S)
+        self.seq_to_graph = seq_to_graph
+        self.state_offsets, self.arc_offsets, self.start, self.final = state_offsets, arc_offsets, start, final
+        self.src, self.dst, self.pdf, self.log_prob, self.span = src, dst, pdf, log_prob, span
+        self.max_span = max_span
+        self.fwd_order, self.in_ptr = _csr(dst, self.num_states)
+        self.bwd_order, self.out_ptr = _csr(src, self.num_states)
 
     @classmethod
     def packed(cls, state_offsets: np.ndarray, arc_offsets: np.ndarray, start: np.ndarray, final: np.ndarray,
@@ -108,19 +108,12 @@ class FstBatch:
         order of :class:`Fst` (its start state's arcs first, then by source),
         ids in range, ``final`` without NaN or +inf.  The :class:`Fst`
         objects of :attr:`fsts` are cut from the arrays on first use."""
-        out = object.__new__(cls)
-        out._fsts = None
-        out._graph_memo, out._memo = Memo(), Memo()
         G = len(state_offsets) - 1
         if G < 1:
             raise ValueError("state_offsets: expected at least one graph")
-        out.seq_to_graph = np.arange(G, dtype=np.int64)
-        out.state_offsets, out.arc_offsets, out.start, out.final = state_offsets, arc_offsets, start, final
-        out.src, out.dst, out.pdf = src, dst, pdf
-        out.log_prob = np.zeros(len(src))
-        out.span = np.ones(len(src), dtype=np.int64)
-        out.max_span = 1
-        out._index()
+        out = object.__new__(cls)
+        out._adopt(None, np.arange(G, dtype=np.int64), state_offsets, arc_offsets, start, final, src, dst, pdf,
+                   np.zeros(len(src)), np.ones(len(src), dtype=np.int64), 1)
         return out
 
     @property

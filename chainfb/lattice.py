@@ -134,18 +134,13 @@ class Lattice:
         batch = self.batch
         g, so = batch.seq_to_graph, batch.state_offsets
         N = self.num_sequences
+        # arcs of graph g in `order` are contiguous: graphs own contiguous states
+        arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
         seq = np.repeat(np.arange(N, dtype=np.int64), np.diff(self.arc_offsets))
-        if N == batch.num_graphs and (g == np.arange(N)).all():  # sequence n is graph n: the batch's own arrays
-            arc = order
-            src, dst = batch.src[arc], batch.dst[arc]
-            counts = np.diff(ptr)
-        else:
-            # arcs of graph g in `order` are contiguous: graphs own contiguous states
-            arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
-            shift = (self.state_offsets[:-1] - so[g])[seq]
-            src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
-            counts = np.diff(ptr)[self._graph_states]
+        shift = (self.state_offsets[:-1] - so[g])[seq]
+        src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
         col = self.col_offsets[:-1][seq] + batch.columns()[2][arc]
+        counts = np.diff(ptr)[self._graph_states]
         return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts, batch.span[arc])
 
     @cached_property

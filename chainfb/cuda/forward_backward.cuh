@@ -240,11 +240,14 @@ struct Staged {
 // The leaky HMM on row b of a ring (states s0..s1 at b[s - off], a copy at
 // copy[s - s0] when copy != nullptr): alpha'(i) = alpha(i) + c * sum_j alpha(j)
 // * init(i) when `alpha`, else beta'(i) = beta(i) + c * sum_j init(j) * beta(j).
-// A thread reads only its own states before the reduction.  The thread's
-// largest new value goes to the warp partials `part`; ends with a barrier.
+// A thread reads its own states before the reduction; when the row's states
+// were written by lanes other than the reader (lanes > 1: a state's lane 0
+// writes it), a barrier comes first.  The thread's largest new value goes to
+// the warp partials `part`; ends with a barrier.
 template <typename R>
 __device__ void leak(bool alpha, R* b, int off, R* copy, const R* log_init, int io, R log_c, int s0, int s1,
-                     R* part, R* sm) {
+                     R* part, R* sm, int lanes) {
+  if (lanes > 1) __syncthreads();
   LogAcc<R> acc;
   acc.init();
   for (int s = s0 + (int)threadIdx.x; s < s1; s += (int)blockDim.x)
@@ -374,7 +377,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
   const int M = (in_span && max_span > 1) ? max_span : 1;
-  lanes = log_init ? 1 : valid_lanes(lanes);  // leak reads each thread's own states: one lane a state
+  lanes = valid_lanes(lanes);
   const R ninf = Num<R>::neg_inf();
 
   // frames past the length never contribute (and the caller sees them as -inf)
@@ -400,7 +403,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
     x0.store(xs_buf, nc);
   }
   if (log_init) {
-    leak<R>(true, alpha, 0, mode ? sm_dyn : nullptr, log_init, q.io, log_c, s0, s1, sm_max, sm_sum);
+    leak<R>(true, alpha, 0, mode ? sm_dyn : nullptr, log_init, q.io, log_c, s0, s1, sm_max, sm_sum, 1);
   } else {
     put_warp_max<R>(mx, sm_max);
     __syncthreads();
@@ -430,7 +433,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
     }
     if (mode == 2 && t < L) next.store(xs_buf + (i64)(t % (M + 1)) * nc, nc);
     if (log_init) {
-      leak<R>(true, cur, 0, cur_sh, log_init, q.io, log_c, s0, s1, part, sm_sum);
+      leak<R>(true, cur, 0, cur_sh, log_init, q.io, log_c, s0, s1, part, sm_sum, lanes);
     } else {
       put_warp_max<R>(mx, part);
       __syncthreads();
@@ -459,7 +462,7 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
   const int M = (out_span && max_span > 1) ? max_span : 1;
-  lanes = log_init ? 1 : valid_lanes(lanes);  // leak reads each thread's own states: one lane a state
+  lanes = valid_lanes(lanes);
   const R ninf = Num<R>::neg_inf();
 
   const Ring<R> ring = mode ? Ring<R>{sm_dyn, W, M + 1, s0} : Ring<R>{beta, S, T + 1, 0};
@@ -480,7 +483,7 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
   }
   if (log_init) {
     leak<R>(false, bL, 0, mode ? ring.row(L) : nullptr, log_init, q.io, log_c, s0, s1, sm_max + (L & 1) * 32,
-            sm_sum);
+            sm_sum, 1);
   } else {
     put_warp_max<R>(mx, sm_max + (L & 1) * 32);
     __syncthreads();
@@ -515,7 +518,7 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     if (mode == 2 && t > 0) next.store(xb + ((t - 1) & 1) * (i64)nc, nc);
     R* pm = sm_max + (t & 1) * 32;
     if (log_init) {
-      leak<R>(false, bc, 0, bc_sh, log_init, q.io, log_c, s0, s1, pm, sm_sum);
+      leak<R>(false, bc, 0, bc_sh, log_init, q.io, log_c, s0, s1, pm, sm_sum, lanes);
     } else {
       put_warp_max<R>(mx, pm);
       __syncthreads();

@@ -29,7 +29,8 @@ from .._sort import stable_order
 from ..cuda.kernels import KernelBackend
 from ..lattice import Lattice
 
-__all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "lanes_per_state", "run_engine"]
+__all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "lanes_per_state", "recursion_plan",
+           "run_engine"]
 
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
@@ -236,6 +237,18 @@ def lanes_per_state(max_states: int, max_degree: int, threads: int) -> int:
     return lanes
 
 
+def recursion_plan(shape: dict, max_span: int, itemsize: int, block_size: int | None, budget: int) -> tuple:
+    """``(lanes, block, mode, shared_bytes)`` of the recursion launch over a lattice of sizes ``shape``
+    (:func:`layout_shape`): the lanes a state takes (:func:`lanes_per_state`), the block -- enough threads for
+    the widest sequence's states times their lanes, and to stage its scores (:data:`STAGE` values a thread),
+    unless ``block_size`` is given -- and :func:`shared_plan`'s choice of shared memory within ``budget``."""
+    staging = -(-shape["max_columns"] // STAGE)
+    lanes = lanes_per_state(shape["max_states"], shape["max_degree"],
+                            default_block_size(max(shape["max_states"], staging)))
+    block = launch_block_size(block_size, max(shape["max_states"] * lanes, staging))
+    return (lanes, block, *shared_plan(shape, max_span, itemsize, block, budget))
+
+
 def posterior_launch(N: int, T: int, max_chunks: int) -> tuple:
     """``(frames per block, blocks, threads)`` of the posterior kernel: a
     block per sequence and frame (several frames a block past 2^20 blocks),
@@ -312,9 +325,9 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     rec_head, post_head, log_init, shape)`` -- each kernel's own leading
     arguments (those every engine kernel takes follow, see ``engine.cu``),
     the device ``log_init`` (None without a leak) and the sizes of the
-    lattice's arrays (``max_states``, ``max_columns``, ``max_chunks``).
-    What the recursions keep in shared memory is :func:`shared_plan`'s
-    choice.  Returns ``(loglike [N], post [T, C] or None)``."""
+    lattice's arrays (``max_states``, ``max_columns``, ``max_chunks``,
+    ``max_degree``).  The recursion's lanes, block and shared memory are
+    :func:`recursion_plan`'s.  Returns ``(loglike [N], post [T, C] or None)``."""
     X, lengths, dtype = check_inputs(backend, lat, X, lengths)
     max_span = int(lat.max_span)
     if leaky is not None and max_span > 1:
@@ -328,15 +341,9 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     if N == 0:
         return xp.zeros(0, dtype=dtype), post
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
-    # enough threads for the widest sequence's states (times the lanes a state takes), and to stage its scores
-    # (STAGE values a thread)
-    staging = -(-shape["max_columns"] // STAGE)
-    lanes = 1 if leaky is not None else lanes_per_state(shape["max_states"], shape["max_degree"],
-                                                         default_block_size(max(shape["max_states"], staging)))
-    block = launch_block_size(block_size, max(shape["max_states"] * lanes, staging))
+    lanes, block, mode, shared = recursion_plan(shape, max_span, dtype.itemsize, block_size, shared_budget(backend))
     r = _REAL[dtype]
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
-    mode, shared = shared_plan(shape, max_span, dtype.itemsize, block, shared_budget(backend))
     alpha = xp.empty((T + 1, S), dtype=dtype)
     beta = xp.empty((T + 1, S), dtype=dtype) if need_posteriors else np.uint64(0)
     offs = xp.empty((N, T + 1), dtype=np.float64)
