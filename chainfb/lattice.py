@@ -120,6 +120,13 @@ class Lattice:
         return np.repeat(np.arange(self.num_sequences, dtype=np.int64), np.diff(self.state_offsets))
 
     @cached_property
+    def _own_graphs(self) -> bool:
+        """Whether sequence ``n`` uses graph ``n`` of the batch, for every ``n``
+        (a numerator batch): instance ids are then the batch's own."""
+        g = self.batch.seq_to_graph
+        return len(g) == self.batch.num_graphs and bool((g == np.arange(len(g))).all())
+
+    @cached_property
     def _graph_states(self) -> np.ndarray:
         """``[S]``: each instance state's state in the batch."""
         g, so = self.batch.seq_to_graph, self.batch.state_offsets
@@ -134,13 +141,16 @@ class Lattice:
         batch = self.batch
         g, so = batch.seq_to_graph, batch.state_offsets
         N = self.num_sequences
-        # arcs of graph g in `order` are contiguous: graphs own contiguous states
-        arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
         seq = np.repeat(np.arange(N, dtype=np.int64), np.diff(self.arc_offsets))
-        shift = (self.state_offsets[:-1] - so[g])[seq]
+        if self._own_graphs:  # the instances are the batch's graphs, in order: its arcs and ids as they are
+            arc, shift, counts = order, 0, np.diff(ptr)
+        else:
+            # arcs of graph g in `order` are contiguous: graphs own contiguous states
+            arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
+            shift = (self.state_offsets[:-1] - so[g])[seq]
+            counts = np.diff(ptr)[self._graph_states]
         src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
         col = self.col_offsets[:-1][seq] + batch.columns()[2][arc]
-        counts = np.diff(ptr)[self._graph_states]
         return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts, batch.span[arc])
 
     @cached_property
