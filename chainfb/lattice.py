@@ -119,7 +119,7 @@ class Lattice:
         """``[S]``: the sequence of each instance state."""
         return np.repeat(np.arange(self.num_sequences, dtype=np.int64), np.diff(self.state_offsets))
 
-    @cached_property
+    @property
     def _own_graphs(self) -> bool:
         """Whether sequence ``n`` uses graph ``n`` of the batch, for every ``n``
         (a numerator batch): instance ids are then the batch's own."""
