@@ -170,8 +170,23 @@ def _bench(data, emulated) -> list:
     return out + _footer(data, "benchmark")
 
 
+def _sweep(data) -> list:
+    """The sweep's times: a row per case, engine and block, a column per shared-memory mode and arc table."""
+    cols = list(dict.fromkeys((r["mode"], r["table"]) for r in data["rows"]))
+    rows = {}
+    for r in data["rows"]:
+        key = (r["case"], r["engine"], r["block"] or "default")
+        rows.setdefault(key, {})[r["mode"], r["table"]] = r["ms"]
+    head = ["case", "engine", "block"] + [f"mode {m}" + (" + arc table" if t else "") + " ms" for m, t in cols]
+    body = [(*key, *(_num(got.get(c), "{:.3f}") if not isinstance(got.get(c), str) else got[c][:80] for c in cols))
+            for key, got in rows.items()]
+    return ["The recursion and posterior kernels alone (benchmarks/gpu_block_sweep.py): the launch the engine's "
+            "defaults should pick.", ""] + _table(head, body) + _footer(data, "case")
+
+
 SECTIONS = {"env": ("Environment", _env), "warm": ("CPU engine compiled", _warm), "tests": ("CUDA tests", _tests),
-            "sanitizer": ("Sanitizers", _sanitizer), "compare": ("GPU vs CPU", _compare), "bench": ("Benchmarks", None)}
+            "sanitizer": ("Sanitizers", _sanitizer), "compare": ("GPU vs CPU", _compare), "bench": ("Benchmarks", None),
+            "sweep": ("Engine launches", _sweep)}
 
 
 def render(results) -> str:

@@ -1,31 +1,34 @@
 """The engine kernels' time on the GPU benchmark's graphs for each block size and shared-memory mode: which
 launch the defaults should pick.
 
-For each case and each (threads per block, mode) the recursion and posterior kernels' device time (CuPy events
-around ``chainfb.engines.cuda.forward_backward`` on the compact scores, median of ``--repeat``); modes as in
-``chainfb/cuda/forward_backward.cuh`` (2: rows' ring and staged scores in shared memory, 1: the ring, 0: neither).
+For each case and each (threads per block, mode, arc table) the recursion and posterior kernels' device time (CuPy
+events around ``chainfb.engines.cuda.forward_backward`` on the compact scores, median of ``--repeat``); modes as in
+``chainfb/cuda/forward_backward.cuh`` (2: rows' ring and staged scores in shared memory, 1: the ring, 0: neither),
+each with and without the sequence's arcs copied to shared memory before the frame loop (``--tables 1,0``; a
+launch whose table does not fit records the error).
 Prints a table and writes ``--json FILE``.  Cases (``--cases``): ``ctc``, the CTC graphs of
 ``benchmarks/gpu_bench.py``'s shapes; ``rnnt``, ``multiblank``, ``tdt``, the step graphs of its RNN-T batch (B = 8,
 LibriSpeech-like lengths; big blanks [2, 4]; durations 0..4); ``den``, its LF-MMI denominator (128 sequences x 150
 frames, leaky HMM 0.1), on both engines.  The scores are random: the kernels' time does not depend on them.
 
-    python -m benchmarks.gpu_block_sweep [--json FILE] [--repeat 5] [--blocks 128,256,512,1024] [--modes 2,1,0]
-                                         [--cases ctc,rnnt,multiblank,tdt,den]
+    python -m benchmarks.gpu_block_sweep [--json FILE] [--repeat 5] [--blocks default,128,256,512,1024]
+                                         [--modes 2,1,0] [--tables 1,0] [--cases ctc,rnnt,multiblank,tdt,den]
+                                         [--deadline UNIX_TIME] [--emulate]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
+import time
 
 import numpy as np
 
 from .gpu_bench import CTC_SHAPES
 
 
-def ctc_case(cupy, T, N, C, S, seed):
+def ctc_case(xp, T, N, C, S, seed):
     """The CTC lattice of N random label sequences of length S and its compact float32 scores ``[T, cols]``."""
     from chainfb.ctc import _compile
 
@@ -33,11 +36,11 @@ def ctc_case(cupy, T, N, C, S, seed):
     lattice, score_map = _compile(np.full(N, S), rng.integers(1, C, N * S), 0)
     lp = rng.standard_normal((N, T, C)).astype(np.float32)
     lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
-    X = cupy.asarray(score_map.gather(np, lp, dtype=np.float32))
-    return lattice, X, cupy.full(N, T, dtype=np.int64), None
+    X = xp.asarray(score_map.gather(np, lp, dtype=np.float32))
+    return lattice, X, xp.full(N, T, dtype=np.int64), None
 
 
-def transducer_case(cupy, kind, seed):
+def transducer_case(xp, kind, seed):
     """The engine's lattice of the RNN-T benchmark batch for ``kind`` (rnnt, multiblank, tdt), random compact
     scores ``[steps, cols]`` and the steps per sequence."""
     from .bench_transducer import draw_shapes
@@ -48,73 +51,106 @@ def transducer_case(cupy, kind, seed):
     name = next(n for n in CASES if n.startswith(kind))
     layout = criterion_layout(name, int(U.max()) + 1, T, U, CASES[name])
     X = -np.abs(rng.standard_normal((layout.num_steps, layout.lat.num_columns))).astype(np.float32)
-    return layout.lat, cupy.asarray(X), cupy.asarray(layout.steps), None
+    return layout.lat, xp.asarray(X), xp.asarray(layout.steps), None
 
 
-def den_case_arrays(cupy, seed, N=128, T=150):
+def den_case_arrays(xp, seed, N=128, T=150):
     """The denominator's lattice of N sequences, random compact scores ``[T, N x pdfs]``, the lengths and the leak."""
     from .bench_engine import den_case
 
     den = den_case(np.random.default_rng(0))
     lat = den._lattice(N)
     X = np.random.default_rng(seed).standard_normal((T, lat.num_columns)).astype(np.float32)
-    return lat, cupy.asarray(X), cupy.full(N, T, dtype=np.int64), (0.1, den.log_init)
+    return lat, xp.asarray(X), xp.full(N, T, dtype=np.int64), (0.1, den.log_init)
 
 
-def cases(cupy, which):
-    """``(name, lattice, X, lengths, leaky)`` of the cases named in ``which``."""
+def cases(xp, which, emulate=False):
+    """``(name, lattice, X, lengths, leaky)`` of the cases named in ``which`` (arrays of ``xp``; ``emulate``: the
+    tiny CTC shapes of the emulated benchmark)."""
     if "ctc" in which:
-        for T, N, C, S in CTC_SHAPES["cuda"]:
-            yield (f"ctc T={T} N={N} C={C} S={S}", *ctc_case(cupy, T, N, C, S, T + S))
+        for T, N, C, S in CTC_SHAPES["emulated" if emulate else "cuda"]:
+            yield (f"ctc T={T} N={N} C={C} S={S}", *ctc_case(xp, T, N, C, S, T + S))
     for kind in ("rnnt", "multiblank", "tdt"):
         if kind in which:
-            yield (f"{kind} B=8 (the RNN-T benchmark's batch)", *transducer_case(cupy, kind, 0))
+            yield (f"{kind} B=8 (the RNN-T benchmark's batch)", *transducer_case(xp, kind, 0))
     if "den" in which:
-        yield ("den 128 x 150", *den_case_arrays(cupy, 0))
+        yield ("den 128 x 150", *den_case_arrays(xp, 0))
+
+
+def launches(engines, modes, tables, blocks):
+    """``(engine name, engine, mode, table, block)`` of every launch to time, the default block first."""
+    for ename, engine in engines:
+        for mode in modes:
+            for table in tables:
+                for block in blocks:
+                    yield ename, engine, mode, table, block
+
+
+def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), json_path=None) -> dict:
+    """Time every launch of :func:`launches` on each case of ``which`` at ``place`` (``benchmarks._gpu_place``);
+    returns ``{"rows": [...], "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the
+    default -- and ms or the error), written to ``json_path`` after each row; launches not started by ``deadline``
+    (Unix time) are listed as skipped."""
+    from chainfb.engines import cuda, cuda_shared
+
+    from ._gpu_place import write_json
+
+    xp = place.backend.xp
+    result = dict(rows=[], skipped=[], current=None)
+    defaults = cuda.MODES, cuda.ARC_TABLES
+    try:
+        for case, lattice, X, lengths, leaky in cases(xp, which, place.emulated):
+            engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
+            for ename, engine, mode, table, block in launches(engines, modes, tables, blocks):
+                key = f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'}"
+                if time.time() >= deadline:
+                    result["skipped"].append(key)
+                    continue
+                cuda.MODES = (mode, 0)  # the first that fits: this mode, else none
+                cuda.ARC_TABLES = (table,)
+                runs = []
+                try:
+                    for _ in range(repeat + 1):
+                        start, end = place.backend.event(), place.backend.event()
+                        start.record()
+                        engine.forward_backward(place.backend, lattice, X.copy(), lengths, leaky, block_size=block)
+                        end.record()
+                        runs.append(end.elapsed_ms(start))
+                    ms = statistics.median(runs[1:])
+                except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
+                    ms = f"{type(e).__name__}: {e}"[:300]
+                row = dict(case=case, engine=ename, mode=mode, table=table, block=block, ms=ms)
+                result["rows"].append(row)
+                print(row, flush=True)
+                if json_path:
+                    write_json(json_path, result)
+    finally:
+        cuda.MODES, cuda.ARC_TABLES = defaults
+    result.pop("current")
+    if json_path:
+        write_json(json_path, result)
+    return result
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--blocks", default="128,256,512,1024")
+    ap.add_argument("--blocks", default="default,128,256,512,1024",
+                    help="threads per block; 'default': the engine's own choice")
     ap.add_argument("--modes", default="2,1,0")
+    ap.add_argument("--tables", default="1,0")
     ap.add_argument("--cases", default="ctc,rnnt,multiblank,tdt,den")
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="Unix time after which no launch starts")
+    ap.add_argument("--emulate", action="store_true", help="the kernels' CPU emulation (PYTHONPATH=tests): checks "
+                    "the script; its times are not GPU times")
     args = ap.parse_args(argv)
-    import cupy
+    from ._gpu_place import make_place
 
-    from chainfb.cuda.kernels import cupy_backend
-    from chainfb.engines import cuda, cuda_shared
-
-    backend = cupy_backend()
-    blocks = [int(b) for b in args.blocks.split(",")]
-    modes = [int(m) for m in args.modes.split(",")]
-    out = []
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    for case, lattice, X, lengths, leaky in cases(cupy, set(args.cases.split(","))):
-        engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
-        for ename, engine in engines:
-            for mode in modes:
-                cuda.MODES = (mode, 0)  # the first that fits: this mode, else none
-                for block in blocks:
-                    runs = []
-                    try:
-                        for _ in range(args.repeat + 1):
-                            start.record()
-                            engine.forward_backward(backend, lattice, X.copy(), lengths, leaky, block_size=block)
-                            end.record()
-                            end.synchronize()
-                            runs.append(cupy.cuda.get_elapsed_time(start, end))
-                        ms = statistics.median(runs[1:])
-                    except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
-                        ms = f"{type(e).__name__}: {e}"
-                    row = dict(case=case, engine=ename, mode=mode, block=block, ms=ms)
-                    out.append(row)
-                    print(row, flush=True)
-    cuda.MODES = (2, 1, 0)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    place = make_place(args.emulate)
+    blocks = [None if b == "default" else int(b) for b in args.blocks.split(",")]
+    sweep(place, set(args.cases.split(",")), [int(m) for m in args.modes.split(",")],
+          [bool(int(t)) for t in args.tables.split(",")], blocks, args.repeat, args.deadline, args.json)
     return 0
 
 

@@ -17,7 +17,10 @@ finds too little of the time left is skipped and the reason recorded, a step tha
    the NumPy engine and torch score maps there, the test suite's reference, which needs no compiling) and the two
    20,000-frame posterior-sum checks;
 5. ``bench``: ``benchmarks/gpu_bench.py``, timings and peak memory against peers measured in the same run, with each
-   case's per-kernel device times (every traced launch in ``DIR/launches.json``).
+   case's per-kernel device times (every traced launch in ``DIR/launches.json``);
+6. ``sweep``: ``benchmarks/gpu_block_sweep.py``, the engine kernels alone on the benchmark graphs in each
+   shared-memory mode, with and without the arc table, at the engine's own block size (``--sweep-cases``,
+   ``--sweep-modes``, ``--sweep-blocks``): what decides the engine's default launch.
 
 The exit status is 0 whenever the run completed: failures are reported in the results, not as a crash.
 
@@ -48,13 +51,13 @@ from ._gpu_report import parse_junit, parse_sanitizer, render
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: the steps, in order, and their share of the time limit (what an earlier step leaves goes to the later ones)
-STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28}
+STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28, "sweep": 0.08}
 #: the least time each step is started with (seconds)
-MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20}
+MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20, "sweep": 15}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 #: each step's log under DIR/steps (the sanitizer step also writes sanitizer_<tool>.log)
 LOGS = {"env": "env.log", "warm": "warm.log", "tests": "tests.log", "sanitizer": "driver.log", "compare": "compare.log",
-        "bench": "bench.log"}
+        "bench": "bench.log", "sweep": "sweep.log"}
 RESERVE_S = 5  # kept back for writing the results
 now = time.time  # the clock of the time limit
 
@@ -210,6 +213,19 @@ class Check:
             return r, None, "error"
         return r, data, "ok" if not data.get("errors") and not data.get("skipped") else "failed"
 
+    def step_sweep(self, limit):
+        cases = self.args.sweep_cases or ("ctc" if self.args.emulate else "ctc,rnnt,multiblank,tdt,den")
+        cmd = self.py("gpu_block_sweep", "--json", self.path("sweep.json"), "--cases", cases, "--modes",
+                      self.args.sweep_modes, "--tables", "1,0", "--blocks", self.args.sweep_blocks, "--repeat",
+                      str(self.args.repeat or (1 if self.args.emulate else 3)), "--deadline",
+                      str(time.time() + limit - min(30.0, limit / 4)))
+        r = run_child(cmd, self.path("sweep.log"), limit)
+        data = read_json(self.path("sweep.json"))
+        if data is None:
+            return r, None, "error"
+        errors = [row for row in data["rows"] if isinstance(row["ms"], str)]
+        return r, data, "ok" if not errors and not data.get("skipped") else "failed"
+
     # -- the run -------------------------------------------------------------------------------------------
     def run(self, steps):
         if self.args.emulate:
@@ -353,6 +369,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sanitizer-tools", default=",".join(SANITIZER_TOOLS), help="default: %(default)s")
     ap.add_argument("--bench", help="the benchmarks to run (benchmarks/gpu_bench.py --only; default all)")
     ap.add_argument("--repeat", type=int, default=None, help="timed steps per benchmark case (default 5, emulated 1)")
+    ap.add_argument("--sweep-cases", help="gpu_block_sweep.py --cases (default all; emulated: ctc)")
+    ap.add_argument("--sweep-modes", default="2,0", help="gpu_block_sweep.py --modes (default %(default)s)")
+    ap.add_argument("--sweep-blocks", default="default", help="gpu_block_sweep.py --blocks (default %(default)s)")
     ap.add_argument("--compact", action="store_true", help="at the end keep steps.tar.gz, remove DIR/steps")
     ap.add_argument("--emulate", action="store_true", help="on the CPU through the kernels' emulation (tiny shapes)")
     ap.add_argument("--facts", help=argparse.SUPPRESS)  # the env step's own process: write the facts there

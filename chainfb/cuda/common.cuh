@@ -27,6 +27,11 @@
 // Every kernel is declared __launch_bounds__(CHAINFB_MAX_THREADS): the
 // compiler then keeps its register use low enough for 1024-thread blocks.
 #define CHAINFB_KERNEL __global__ __launch_bounds__(CHAINFB_MAX_THREADS)
+// The recursion kernels (a few large blocks, one per sequence and direction)
+// also declare that one block an SM is enough: without it the compiler may
+// halve their registers to fit two 1024-thread blocks on an SM of 2048
+// threads (sm_80: 32 registers and spills in the frame loop).
+#define CHAINFB_RECURSION_KERNEL __global__ __launch_bounds__(CHAINFB_MAX_THREADS, 1)
 
 // A statically sized shared-memory array `T name[n]`.  Host build: a host
 // compiler has no __shared__ storage, so the emulation hands each block its

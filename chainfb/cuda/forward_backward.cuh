@@ -291,10 +291,11 @@ __device__ __forceinline__ void merge_lanes(LogAcc<R>& acc, int n) {
 
 // Forward step of state s at frame t (the log-sum of its in-arcs, before the
 // frame's offset when every arc covers one frame); rows: the alpha rows, xs:
-// the score rows (column ids gc + in_col).
-template <typename R>
-__device__ __forceinline__ R alpha_state(int s, int t, int gs, int gc, const int* in_ptr, const int* in_src,
-                                         const R* in_lp, const int* in_col, const int* in_span, int M,
+// the score rows (column ids gc + in_col).  I: the type of the arcs' state,
+// column and span ids (int in the lattice's arrays, 16-bit in an ArcTable).
+template <typename R, typename I>
+__device__ __forceinline__ R alpha_state(int s, int t, int gs, int gc, const int* in_ptr, const I* in_src,
+                                         const R* in_lp, const I* in_col, const I* in_span, int M,
                                          const View<R>& rows, const View<R>& xs, const double* P, double Pt,
                                          bool staged, Lanes ln) {
   LogAcc<R> acc;
@@ -324,10 +325,10 @@ __device__ __forceinline__ R alpha_state(int s, int t, int gs, int gc, const int
 
 // Backward step of state s at frame t (before the frame's offset when every
 // arc covers one frame); reach = min(L - t, M), the longest span landing; x
-// [i - xoff]: frame t's score of column i.
-template <typename R>
+// [i - xoff]: frame t's score of column i; I as in alpha_state.
+template <typename R, typename I>
 __device__ __forceinline__ R beta_state(int s, int t, int reach, int gs, int gc, const int* out_ptr,
-                                        const int* out_dst, const R* out_lp, const int* out_col, const int* out_span,
+                                        const I* out_dst, const R* out_lp, const I* out_col, const I* out_span,
                                         const Ring<R>& rows, const R* x, int xoff, const double* Q, double Qt,
                                         bool staged, Lanes ln) {
   LogAcc<R> acc;
@@ -359,7 +360,56 @@ __device__ __forceinline__ R beta_state(int s, int t, int reach, int gs, int gc,
 //   1: the rows' ring in dynamic shared memory ([M + 1, W], W the sequence's
 //      states);
 //   2: as 1, and each frame's scores staged in shared memory one frame ahead
-//      (Staged): [M + 1, nc] score rows after the ring.
+//      (Staged): [M + 1, nc] score rows after the ring;
+//   plus kArcTable: the arcs the recursion reads every frame (into the
+//      sequence's states for the forward, out of them for the backward)
+//      copied once, before the frame loop, into an ArcTable after the
+//      mode's rows.  The sums read the same values in the same order, so
+//      every mode gives the same bits.
+constexpr int kArcTable = 4;
+
+// A sequence's arcs of one direction in shared memory, a CSR local to it:
+// state s0 + i's arcs are [ptr[i], ptr[i + 1]); arc k has weight lp[k], its
+// other state s0 + end[k], column c0 + col[k] and span span[k] (nullptr:
+// every arc spans one frame).  16-bit ids: the launcher uses a table only
+// when W and nc are at most 65536 and max_span below 65535 (a span outside
+// [0, 65535] is stored as 0 or 65535, which the recursion skips as it
+// skips the original).  Layout from base: lp [A] (R), ptr [W + 1] (int),
+// end, col and span [A] (u16), A the sequence's arcs.
+typedef unsigned short u16;
+template <typename R>
+struct ArcTable {
+  int* ptr;
+  R* lp;
+  u16 *end, *col, *span;
+};
+
+// Copy the arcs of states [s0, s1) -- CSR ptr / end / lp / col / span with
+// the SeqSpan's origins gs, gc (see SeqSpan) -- into an ArcTable at base.
+// The block's barrier after it (the rows' initialisation) publishes it.
+template <typename R>
+__device__ ArcTable<R> load_arc_table(R* base, int s0, int s1, int c0, int gs, int gc, const int* ptr,
+                                      const int* end, const R* lp, const int* col, const int* span) {
+  const int tid = threadIdx.x, nt = blockDim.x, W = s1 - s0;
+  const int a0 = ptr[s0 - gs], A = ptr[s1 - gs] - a0;
+  ArcTable<R> tb;
+  tb.lp = base;
+  tb.ptr = reinterpret_cast<int*>(base + A);
+  tb.end = reinterpret_cast<u16*>(tb.ptr + W + 1);
+  tb.col = tb.end + A;
+  tb.span = span ? tb.col + A : nullptr;
+  for (int i = tid; i <= W; i += nt) tb.ptr[i] = ptr[s0 - gs + i] - a0;
+  for (int k = tid; k < A; k += nt) {
+    tb.lp[k] = lp[a0 + k];
+    tb.end[k] = (u16)(gs + end[a0 + k] - s0);
+    tb.col[k] = (u16)(gc + col[a0 + k] - c0);
+    if (span) {
+      const int d = span[a0 + k];
+      tb.span[k] = (u16)(d < 0 ? 0 : (d > 65535 ? 65535 : d));
+    }
+  }
+  return tb;
+}
 
 // Normalised alphas of rows 0..L (alpha, and the offsets P_t in P [T + 1]),
 // loglike[n] = P_L + z and lz[n] = z; frames >= L of the sequence's columns
@@ -378,6 +428,8 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   const int L = clamp_len(length, T);
   const int M = (in_span && max_span > 1) ? max_span : 1;
   lanes = valid_lanes(lanes);
+  const bool table = (mode & kArcTable) != 0;
+  mode &= 3;
   const R ninf = Num<R>::neg_inf();
 
   // frames past the length never contribute (and the caller sees them as -inf)
@@ -389,6 +441,10 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   const View<R> rows{ring.p, ring.stride, ring.rows, ring.off};
   R* xs_buf = sm_dyn + (i64)(M + 1) * W;
   const View<R> xs = mode == 2 ? View<R>{xs_buf, nc, M + 1, c0} : View<R>{X, C, T, 0};
+  ArcTable<R> tb{};
+  if (table)
+    tb = load_arc_table<R>(sm_dyn + (mode ? (i64)(M + 1) * W : 0) + (mode == 2 ? (i64)(M + 1) * nc : 0), s0, s1, c0,
+                           gs, gc, in_ptr, in_src, in_lp, in_col, in_span);
   R mx = ninf;
   for (int s = s0 + tid; s < s1; s += nt) {
     const R v = log_init ? log_init[s - q.io] : (s == q.start ? R(0) : ninf);
@@ -424,7 +480,10 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
     for (int base = s0; base < s1; base += nt / lanes) {  // the same passes for every thread: lanes shuffle
       const int s = base + tid / lanes;
       const Lanes ln{tid % lanes, lanes, s < s1};
-      R v = alpha_state<R>(s, t, gs, gc, in_ptr, in_src, in_lp, in_col, in_span, M, rows, xs, P, Pt, mode == 2, ln);
+      R v = table ? alpha_state<R, u16>(s, t, s0, c0, tb.ptr, tb.end, tb.lp, tb.col, tb.span, M, rows, xs, P, Pt,
+                                        mode == 2, ln)
+                  : alpha_state<R, int>(s, t, gs, gc, in_ptr, in_src, in_lp, in_col, in_span, M, rows, xs, P, Pt,
+                                        mode == 2, ln);
       if (!ln.live || ln.lane) continue;
       if (!in_span) v -= (R)d;
       cur[s] = v;
@@ -463,10 +522,16 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
   const int L = clamp_len(length, T);
   const int M = (out_span && max_span > 1) ? max_span : 1;
   lanes = valid_lanes(lanes);
+  const bool table = (mode & kArcTable) != 0;
+  mode &= 3;
   const R ninf = Num<R>::neg_inf();
 
   const Ring<R> ring = mode ? Ring<R>{sm_dyn, W, M + 1, s0} : Ring<R>{beta, S, T + 1, 0};
   R* xb = sm_dyn + (i64)(M + 1) * W;  // mode 2: [2, nc] score rows
+  ArcTable<R> tb{};
+  if (table)
+    tb = load_arc_table<R>(sm_dyn + (mode ? (i64)(M + 1) * W : 0) + (mode == 2 ? (i64)(M + 1) * nc : 0), s0, s1, c0,
+                           gs, gc, out_ptr, out_dst, out_lp, out_col, M > 1 ? out_span : nullptr);
   R mx = ninf;
   R* bL = beta + (i64)L * S;
   for (int s = s0 + tid; s < s1; s += nt) {
@@ -507,8 +572,10 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     for (int base = s0; base < s1; base += nt / lanes) {  // as in forward_body
       const int s = base + tid / lanes;
       const Lanes ln{tid % lanes, lanes, s < s1};
-      R v = beta_state<R>(s, t, reach, gs, gc, out_ptr, out_dst, out_lp, out_col, M > 1 ? out_span : nullptr,
-                          ring, x, xoff, Q, Qt, mode == 2, ln);
+      R v = table ? beta_state<R, u16>(s, t, reach, s0, c0, tb.ptr, tb.end, tb.lp, tb.col, tb.span, ring, x, xoff, Q,
+                                       Qt, mode == 2, ln)
+                  : beta_state<R, int>(s, t, reach, gs, gc, out_ptr, out_dst, out_lp, out_col,
+                                       M > 1 ? out_span : nullptr, ring, x, xoff, Q, Qt, mode == 2, ln);
       if (!ln.live || ln.lane) continue;
       if (M == 1) v -= e;
       bc[s] = v;

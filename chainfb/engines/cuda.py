@@ -123,6 +123,7 @@ def _host_arrays(lat: Lattice) -> dict:
         "max_span": int(lat.max_span),
         "max_states": int(widths.max(initial=0)),
         "max_degree": int(max(np.diff(f.ptr).max(initial=0), np.diff(b.ptr).max(initial=0))),
+        "max_arcs": int(np.diff(f.ptr[lat.state_offsets]).max(initial=0)),
         "max_columns": int(np.diff(lat.col_offsets).max(initial=0)),
     }
 
@@ -201,22 +202,45 @@ def shared_budget(backend: KernelBackend) -> int:
 
 #: the shared-memory modes :func:`shared_plan` considers, best first
 MODES = (2, 1, 0)
+#: whether :func:`shared_plan` gives a mode the sequence's arcs in shared memory, in the order tried
+ARC_TABLES = (True, False)
+#: the flag of ``mode`` that adds the arc table (``kArcTable`` in forward_backward.cuh)
+ARC_TABLE = 4
+#: the most states or columns of a sequence, and the longest span plus one, an arc table's 16-bit ids hold
+_TABLE_IDS = 65536
+
+
+def arc_table_bytes(shape: dict, max_span: int, itemsize: int) -> int | None:
+    """Shared memory (bytes) of the widest sequence's arc table (forward_backward.cuh's ``ArcTable``: per arc its
+    weight and 16-bit end, column and, with spans, span; per state an int offset), or None when its ids do not
+    fit 16 bits."""
+    W, nc, A = shape["max_states"], shape["max_columns"], shape["max_arcs"]
+    if W > _TABLE_IDS or nc > _TABLE_IDS or max_span >= _TABLE_IDS - 1:
+        return None
+    return A * itemsize + 4 * (W + 1) + 2 * A * (3 if max_span > 1 else 2)
 
 
 def shared_plan(shape: dict, max_span: int, itemsize: int, block: int, budget: int) -> tuple:
     """``(mode, bytes)``: what a block of the recursions keeps in shared
     memory (forward_backward.cuh's ``mode``: 2 keeps the rows' ring and
-    stages each frame's scores, 1 keeps the ring, 0 neither) -- the first of
-    :data:`MODES` that fits ``budget`` -- and the dynamic shared memory it
-    then takes.  Every mode gives the same bits."""
+    stages each frame's scores, 1 keeps the ring, 0 neither; plus
+    :data:`ARC_TABLE` when it also copies its sequence's arcs there once)
+    -- the first of :data:`MODES` that fits ``budget``, with the arc table
+    first when :data:`ARC_TABLES` allows it and it fits -- and the dynamic
+    shared memory it then takes.  Every mode gives the same bits."""
     W, nc = shape["max_states"], shape["max_columns"]
     ring = (max_span + 1) * W * itemsize
     sizes = {2: ring + (max_span + 1) * nc * itemsize, 1: ring, 0: 0}
+    table = arc_table_bytes(shape, max_span, itemsize)
     for mode in MODES:
         if mode == 2 and nc > STAGE * block:
             continue  # a thread stages at most STAGE values of a row
-        if sizes[mode] <= budget or mode == 0:
-            return mode, sizes[mode]
+        for with_table in ARC_TABLES:
+            size = sizes[mode] + (table or 0) if with_table else sizes[mode]
+            if with_table and table is None:
+                continue
+            if size <= budget or (mode == 0 and not with_table):
+                return mode | (ARC_TABLE if with_table else 0), size
     raise ValueError(f"no shared-memory mode of {MODES} fits {budget} bytes")
 
 
@@ -375,7 +399,7 @@ def _instance_log_init(xp, lat: Lattice, log_init, dtype):
 
 def layout_shape(a: dict) -> dict:
     """The sizes :func:`run_engine` needs from a lattice's arrays."""
-    return {k: a[k] for k in ("max_states", "max_columns", "max_chunks", "max_degree")}
+    return {k: a[k] for k in ("max_states", "max_columns", "max_chunks", "max_degree", "max_arcs")}
 
 
 def chunk_args(a: dict, span: Array) -> list:

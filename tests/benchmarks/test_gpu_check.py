@@ -68,7 +68,7 @@ def test_emulated_run_writes_every_result(emulated_run):
     assert res["mode"] == "emulated"
     steps = res["steps"]
     assert list(steps) == list(gpu_check.STEPS)
-    for name in ("env", "warm", "tests", "sanitizer", "bench"):
+    for name in ("env", "warm", "tests", "sanitizer", "bench", "sweep"):
         assert steps[name]["status"] == "ok", (name, steps[name])
     assert steps["warm"]["data"]["errors"] == {}
     assert steps["compare"]["status"] in ("ok", "failed")  # differences are results, not errors
@@ -78,8 +78,23 @@ def test_emulated_run_writes_every_result(emulated_run):
     assert os.path.exists(out / "steps" / "junit_cuda.xml")
     md = (out / "results.md").read_text()
     for title in ("## Steps", "## Environment", "## CUDA tests", "## Sanitizers", "## GPU vs CPU", "## Benchmarks",
-                  "Emulated run"):
+                  "## Engine launches", "Emulated run"):
         assert title in md
+
+
+def test_emulated_run_sweeps_modes_and_arc_tables(emulated_run):
+    """The sweep step times each CTC graph in modes 2 and 0, each with and without the arc table, at the engine's
+    own block size."""
+    from benchmarks.gpu_bench import CTC_SHAPES
+
+    _, res, _ = emulated_run
+    rows = res["steps"]["sweep"]["data"]["rows"]
+    assert rows and all(isinstance(r["ms"], float) and r["ms"] > 0 and r["block"] is None for r in rows)
+    cases = {r["case"] for r in rows}
+    assert cases == {f"ctc T={T} N={N} C={C} S={S}" for T, N, C, S in CTC_SHAPES["emulated"]}
+    for case in cases:
+        got = {(r["mode"], r["table"]) for r in rows if r["case"] == case and r["engine"] == "cuda"}
+        assert got == {(2, True), (2, False), (0, True), (0, False)}
 
 
 def test_emulated_run_reaches_every_kernel(emulated_run):

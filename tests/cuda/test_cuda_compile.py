@@ -87,7 +87,8 @@ def test_sources_are_package_data():
 def test_kernels_fit_1024_thread_blocks(src, arch, tmp_path):
     """Every kernel (declared __launch_bounds__(1024)) can be launched with
     1024 threads: at most 64 registers per thread (64K per SM) and at most
-    48 KiB of static shared memory, read from ptxas' resource report."""
+    48 KiB of static shared memory, read from ptxas' resource report; the
+    recursion kernels spill no registers."""
     import re
 
     refs = ",\n".join(f"  (const void*)&{name}" for name in SOURCES[src])
@@ -103,6 +104,11 @@ def test_kernels_fit_1024_thread_blocks(src, arch, tmp_path):
     for regs, smem in used:
         assert int(regs) * 1024 <= 65536, report
         assert int(smem or 0) <= 48 * 1024, report
+    # the recursions' frame loop keeps its state in registers: no spills to local memory
+    spills = re.findall(r"Function properties for (\w+)\s+\d+ bytes stack frame, (\d+) bytes spill stores", report)
+    recursions = [(name, int(n)) for name, n in spills if "recursion" in name]
+    assert len(recursions) == sum("recursion" in name for name in SOURCES[src]), report
+    assert all(n == 0 for _, n in recursions), recursions
 
 
 _PROBE = r'''

@@ -172,7 +172,8 @@ def test_engine_deterministic_bitwise(be):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dtype):
     """The three places a block may keep its rows (device memory, a shared
-    ring, a shared ring with each frame's inputs staged) change where values
+    ring, a shared ring with each frame's inputs staged), each with or
+    without its sequence's arcs copied to shared memory, change where values
     live, not one operation."""
     import chainfb.engines.cuda as cuda_engine
     from chainfb.engines import cuda_shared
@@ -199,12 +200,25 @@ def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dt
     lengths[0] = 9
     block = 32 if case == "large" else None
     runs = {}
+    plans = []
+    launch = be.launch
+
+    def spy(name, grid, block, args, shared_mem=0):
+        if "_recursion" in name:
+            plans.append(int(args[-6]))  # the recursion's mode argument
+        return launch(name, grid, block, args, shared_mem=shared_mem)
+
+    monkeypatch.setattr(be, "launch", spy)
+    monkeypatch.setattr(cuda_engine, "SHARED_BYTES", 227 * 1024)
     for mode in (2, 1, 0):
-        monkeypatch.setattr(cuda_engine, "MODES", (mode, 0))
-        monkeypatch.setattr(cuda_engine, "SHARED_BYTES", 227 * 1024)
-        runs[mode] = run(be, lat, X.copy(), lengths, leaky=leaky, block_size=block)
-    for mode in (1, 0):
-        assert np.array_equal(runs[mode][0], runs[2][0]) and np.array_equal(runs[mode][1], runs[2][1])
+        for table in (True, False):
+            monkeypatch.setattr(cuda_engine, "MODES", (mode, 0))
+            monkeypatch.setattr(cuda_engine, "ARC_TABLES", (table,))
+            runs[mode, table] = run(be, lat, X.copy(), lengths, leaky=leaky, block_size=block)
+            assert plans[-1] == mode | (cuda_engine.ARC_TABLE if table else 0)
+    for key, got in runs.items():  # the same bits wherever a block keeps its rows, scores and arcs
+        assert np.array_equal(got[0], runs[2, False][0]) and np.array_equal(got[1], runs[2, False][1]), key
+    runs[2] = runs[2, False]
     ll, post = forward_backward_numpy(lat, X.astype(np.float64), lengths, leaky=leaky)
     tol = 1e-10 if dtype == np.float64 else 2e-5
     np.testing.assert_allclose(runs[2][0], ll, rtol=tol, atol=tol)
@@ -212,13 +226,19 @@ def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dt
 
 
 def test_shared_plan_chooses_the_most_that_fits():
-    from chainfb.engines.cuda import shared_plan
+    from chainfb.engines.cuda import ARC_TABLE, arc_table_bytes, shared_plan
 
-    shape = {"max_states": 100, "max_columns": 50}
-    assert shared_plan(shape, 1, 8, 32, 10**6) == (2, 2 * (100 + 50) * 8)
+    shape = {"max_states": 100, "max_columns": 50, "max_arcs": 300}
+    table = 300 * 8 + 4 * 101 + 2 * 300 * 2  # weights, state offsets, 16-bit ends and columns
+    assert arc_table_bytes(shape, 1, 8) == table
+    assert arc_table_bytes(shape, 3, 8) == table + 2 * 300  # and 16-bit spans
+    assert shared_plan(shape, 1, 8, 32, 10**6) == (2 | ARC_TABLE, 2 * (100 + 50) * 8 + table)
+    assert shared_plan(shape, 1, 8, 32, 2 * (100 + 50) * 8) == (2, 2 * (100 + 50) * 8)
     assert shared_plan(shape, 1, 8, 32, 2 * 100 * 8) == (1, 2 * 100 * 8)
     assert shared_plan(shape, 1, 8, 32, 100) == (0, 0)
-    assert shared_plan(dict(shape, max_columns=200), 1, 8, 32, 10**6)[0] == 1  # 200 > 4 values x 32 threads
+    assert shared_plan(dict(shape, max_columns=200), 1, 8, 32, 10**6)[0] == 1 | ARC_TABLE  # 200 > 4 values x 32
+    wide = dict(shape, max_states=70000)  # state ids past 16 bits: no table
+    assert arc_table_bytes(wide, 1, 8) is None and shared_plan(wide, 1, 8, 32, 10**7) == (2, 2 * (70000 + 50) * 8)
 
 
 def test_engine_forward_only_and_errors(be):
@@ -594,7 +614,7 @@ def test_emulation_under_asan(tmp_path):
     script = tmp_path / "asan_child.py"
     script.write_text(f"""
 import sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {os.path.dirname(os.path.abspath(__file__))!r}]
 import numpy as np
 import test_cuda_emulated as t
 from emulation import build, EmulatedBackend

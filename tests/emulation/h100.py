@@ -99,7 +99,10 @@ _FITS: dict = {}
 def recursion_time(lat, lengths, block: int, mode: int, lanes: int = 1) -> float:
     """Predicted seconds of a recursion launch over ``lat`` (``lengths``
     frames per sequence) with ``block`` threads in shared-memory ``mode``,
-    ``lanes`` threads a state."""
+    ``lanes`` threads a state.  A mode with the arc table
+    (:data:`chainfb.engines.cuda.ARC_TABLE`) is priced as the mode without
+    it: no device has measured the table, so the model claims no gain."""
+    mode &= 3
     if mode not in _FITS:
         _FITS[mode] = recursion_fit.fit(mode)[0]
     return recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes), _FITS[mode])
