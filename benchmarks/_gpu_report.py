@@ -184,9 +184,26 @@ def _sweep(data) -> list:
             "defaults should pick.", ""] + _table(head, body) + _footer(data, "case")
 
 
+def _profile(data) -> list:
+    """Per profiled step: its times, its heaviest kernels and the host's heaviest Python functions."""
+    out = ["host: the time to issue the step (no synchronisation); near the synchronised time, the GPU waits for "
+           "the host (benchmarks/gpu_profile.py; the whole profile in steps/profile/).", ""]
+    for c in data["cases"]:
+        if "error" in c:
+            out += [f"- **{c['case']}** raised: {c['error']}", ""]
+            continue
+        out += [f"#### {c['case']}", "", f"device {c['device_ms']:.3f} ms, host {c['host_ms']:.3f} ms, synchronised "
+                f"{c['synced_ms']:.3f} ms", ""]
+        if c["kernels"]:
+            out += _table(["kernel", "calls", "device ms"], [(n[:90], k, f"{ms:.4f}") for n, k, ms in c["kernels"][:6]])
+        out += _table(["Python function", "calls (5 steps)", "own ms a step", "cumulative ms a step"],
+                      [(n[:90], k, f"{tt:.4f}", f"{ct:.4f}") for n, k, tt, ct in c["python"][:8]])
+    return out + _footer(data, "case")
+
+
 SECTIONS = {"env": ("Environment", _env), "warm": ("CPU engine compiled", _warm), "tests": ("CUDA tests", _tests),
             "sanitizer": ("Sanitizers", _sanitizer), "compare": ("GPU vs CPU", _compare), "bench": ("Benchmarks", None),
-            "sweep": ("Engine launches", _sweep)}
+            "sweep": ("Engine launches", _sweep), "profile": ("Where a step's time goes", _profile)}
 
 
 def render(results) -> str:

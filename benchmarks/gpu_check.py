@@ -20,7 +20,10 @@ finds too little of the time left is skipped and the reason recorded, a step tha
    case's per-kernel device times (every traced launch in ``DIR/launches.json``);
 6. ``sweep``: ``benchmarks/gpu_block_sweep.py``, the engine kernels alone on the benchmark graphs in each
    shared-memory mode, with and without the arc table, at the engine's own block size (``--sweep-cases``,
-   ``--sweep-modes``, ``--sweep-blocks``): what decides the engine's default launch.
+   ``--sweep-modes``, ``--sweep-blocks``): what decides the engine's default launch;
+7. ``profile``: ``benchmarks/gpu_profile.py`` on the CTC shapes (chainfb's step and torch's) and an RNN-T step:
+   device, host-issue and synchronised times, every kernel, host op and the host's Python functions -- where a
+   step bound by the host spends it.
 
 The exit status is 0 whenever the run completed: failures are reported in the results, not as a crash.
 
@@ -51,13 +54,15 @@ from ._gpu_report import parse_junit, parse_sanitizer, render
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: the steps, in order, and their share of the time limit (what an earlier step leaves goes to the later ones)
-STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28, "sweep": 0.08}
+STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28, "sweep": 0.08,
+         "profile": 0.08}
 #: the least time each step is started with (seconds)
-MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20, "sweep": 15}
+MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20, "sweep": 15,
+               "profile": 15}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 #: each step's log under DIR/steps (the sanitizer step also writes sanitizer_<tool>.log)
 LOGS = {"env": "env.log", "warm": "warm.log", "tests": "tests.log", "sanitizer": "driver.log", "compare": "compare.log",
-        "bench": "bench.log", "sweep": "sweep.log"}
+        "bench": "bench.log", "sweep": "sweep.log", "profile": "profile.log"}
 RESERVE_S = 5  # kept back for writing the results
 now = time.time  # the clock of the time limit
 
@@ -225,6 +230,17 @@ class Check:
             return r, None, "error"
         errors = [row for row in data["rows"] if isinstance(row["ms"], str)]
         return r, data, "ok" if not errors and not data.get("skipped") else "failed"
+
+    def step_profile(self, limit):
+        cmd = self.py("gpu_profile", "--json", self.path("profile.json"), "--out", self.path("profile"), "--repeat",
+                      str(self.args.repeat or (2 if self.args.emulate else 10)), "--deadline",
+                      str(time.time() + limit - min(30.0, limit / 4)))
+        r = run_child(cmd, self.path("profile.log"), limit)
+        data = read_json(self.path("profile.json"))
+        if data is None:
+            return r, None, "error"
+        failed = any("error" in c for c in data["cases"]) or data.get("skipped")
+        return r, data, "failed" if failed else "ok"
 
     # -- the run -------------------------------------------------------------------------------------------
     def run(self, steps):

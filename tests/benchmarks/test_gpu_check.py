@@ -68,7 +68,7 @@ def test_emulated_run_writes_every_result(emulated_run):
     assert res["mode"] == "emulated"
     steps = res["steps"]
     assert list(steps) == list(gpu_check.STEPS)
-    for name in ("env", "warm", "tests", "sanitizer", "bench", "sweep"):
+    for name in ("env", "warm", "tests", "sanitizer", "bench", "sweep", "profile"):
         assert steps[name]["status"] == "ok", (name, steps[name])
     assert steps["warm"]["data"]["errors"] == {}
     assert steps["compare"]["status"] in ("ok", "failed")  # differences are results, not errors
@@ -78,8 +78,25 @@ def test_emulated_run_writes_every_result(emulated_run):
     assert os.path.exists(out / "steps" / "junit_cuda.xml")
     md = (out / "results.md").read_text()
     for title in ("## Steps", "## Environment", "## CUDA tests", "## Sanitizers", "## GPU vs CPU", "## Benchmarks",
-                  "## Engine launches", "Emulated run"):
+                  "## Engine launches", "## Where a step's time goes", "Emulated run"):
         assert title in md
+
+
+def test_emulated_run_profiles_the_ctc_steps(emulated_run):
+    """The profile step times and profiles chainfb's and torch's step at each emulated CTC shape, the Python
+    functions of chainfb's step among them."""
+    from benchmarks.gpu_bench import CTC_SHAPES
+
+    out, res, _ = emulated_run
+    data = res["steps"]["profile"]["data"]
+    names = [f"ctc T={T} N={N} C={C} S={S}" for T, N, C, S in CTC_SHAPES["emulated"]]
+    assert [c["case"] for c in data["cases"]] == [n + s for n in names for s in ("", " (torch)")]
+    for c in data["cases"]:
+        assert c["device_ms"] > 0 and c["host_ms"] > 0 and c["python"] and c["ops"], c["case"]
+    ours = next(c for c in data["cases"] if c["case"] == names[0])
+    assert any(op[0] == "_CriterionFunction" for op in ours["ops"])  # the loss's autograd function, a host op
+    assert any(row[0].startswith("ctc.py:") for row in ours["python"])  # chainfb.ctc's Python functions
+    assert (out / "steps" / "profile" / "profile.md").exists()
 
 
 def test_emulated_run_sweeps_modes_and_arc_tables(emulated_run):
