@@ -196,47 +196,42 @@ class Check:
         cpu = plain["cpu_s"] + sum(t.get("cpu_s", 0) for t in data["tools"].values())
         return dict(plain, seconds=time.time() - t0, cpu_s=round(cpu, 1)), data, "ok" if ok else "failed"
 
+    def script(self, step, module, limit, *args, margin=30.0):
+        """Step ``step``'s run of benchmarks/``module``.py with ``--json`` (``DIR/steps/<step>.json``), ``args`` and
+        ``--deadline`` (``margin`` seconds, at most a quarter of ``limit``, before the step's limit);
+        ``(run_child's record, the JSON it wrote or None)``."""
+        path = self.path(f"{step}.json")
+        cmd = self.py(module, "--json", path, *args, "--deadline", str(time.time() + limit - min(margin, limit / 4)))
+        r = run_child(cmd, self.path(LOGS[step]), limit)
+        return r, read_json(path)
+
     def step_compare(self, limit):
         extra = ["--long-frames", "300"] if self.args.emulate else []
-        cmd = self.py("gpu_compare", "--json", self.path("compare.json"), "--cpu-engine", "numpy", "--deadline",
-                      str(time.time() + limit - min(30.0, limit / 4)), *extra)
-        r = run_child(cmd, self.path("compare.log"), limit)
-        data = read_json(self.path("compare.json"))
+        r, data = self.script("compare", "gpu_compare", limit, "--cpu-engine", "numpy", *extra)
         if data is None:
             return r, None, "error"
         return r, data, "ok" if data.get("ok") else "failed"
 
     def step_bench(self, limit):
-        cmd = self.py("gpu_bench", "--json", self.path("bench.json"), "--launches",
-                      os.path.join(self.out, "launches.json"), "--repeat", str(self.args.repeat), "--deadline",
-                      str(time.time() + limit - min(60.0, limit / 4)))
-        if self.args.bench:
-            cmd += ["--only", self.args.bench]
-        r = run_child(cmd, self.path("bench.log"), limit)
-        data = read_json(self.path("bench.json"))
+        only = ["--only", self.args.bench] if self.args.bench else []
+        r, data = self.script("bench", "gpu_bench", limit, "--launches", os.path.join(self.out, "launches.json"),
+                              "--repeat", str(self.args.repeat), *only, margin=60.0)
         if data is None:
             return r, None, "error"
         return r, data, "ok" if not data.get("errors") and not data.get("skipped") else "failed"
 
     def step_sweep(self, limit):
         cases = self.args.sweep_cases or ("ctc" if self.args.emulate else "ctc,rnnt,multiblank,tdt,den")
-        cmd = self.py("gpu_block_sweep", "--json", self.path("sweep.json"), "--cases", cases, "--modes",
-                      self.args.sweep_modes, "--tables", "1,0", "--blocks", self.args.sweep_blocks, "--repeat",
-                      str(self.args.repeat or (1 if self.args.emulate else 3)), "--deadline",
-                      str(time.time() + limit - min(30.0, limit / 4)))
-        r = run_child(cmd, self.path("sweep.log"), limit)
-        data = read_json(self.path("sweep.json"))
+        r, data = self.script("sweep", "gpu_block_sweep", limit, "--cases", cases, "--modes", self.args.sweep_modes,
+                              "--tables", "1,0", "--blocks", self.args.sweep_blocks, "--repeat", str(self.args.repeat))
         if data is None:
             return r, None, "error"
         errors = [row for row in data["rows"] if isinstance(row["ms"], str)]
         return r, data, "ok" if not errors and not data.get("skipped") else "failed"
 
     def step_profile(self, limit):
-        cmd = self.py("gpu_profile", "--json", self.path("profile.json"), "--out", self.path("profile"), "--repeat",
-                      str(self.args.repeat or (2 if self.args.emulate else 10)), "--deadline",
-                      str(time.time() + limit - min(30.0, limit / 4)))
-        r = run_child(cmd, self.path("profile.log"), limit)
-        data = read_json(self.path("profile.json"))
+        r, data = self.script("profile", "gpu_profile", limit, "--out", self.path("profile"), "--repeat",
+                              str(self.args.repeat))
         if data is None:
             return r, None, "error"
         failed = any("error" in c for c in data["cases"]) or data.get("skipped")
