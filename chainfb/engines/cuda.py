@@ -186,10 +186,14 @@ def launch_block_size(block_size: int | None, max_width: int) -> int:
     return -(-block // 32) * 32
 
 
+#: the shared memory the engine kernels' static arrays may take (ptxas reports 3.5 KiB for the float64
+#: recursions; tests/cuda/test_cuda_compile.py checks every engine kernel against it): a block's dynamic
+#: shared memory is what its limit leaves beside them
+STATIC_SHARED = 4 * 1024
 #: dynamic shared memory a launch may use without a per-kernel opt-in (48 KiB
 #: less the kernels' static arrays); a backend with ``max_shared_mem`` (the
 #: device's opt-in limit) allows more
-SHARED_BYTES = 45 * 1024
+SHARED_BYTES = 48 * 1024 - STATIC_SHARED
 #: how many values of a row one thread stages (``kStage`` in forward_backward.cuh)
 STAGE = 4
 
@@ -197,7 +201,7 @@ STAGE = 4
 def shared_budget(backend: KernelBackend) -> int:
     """Dynamic shared memory (bytes) a block of the engine kernels may use on ``backend``."""
     limit = getattr(backend, "max_shared_mem", None)
-    return SHARED_BYTES if limit is None else max(SHARED_BYTES, int(limit) - 3 * 1024)
+    return SHARED_BYTES if limit is None else max(SHARED_BYTES, int(limit) - STATIC_SHARED)
 
 
 #: the shared-memory modes :func:`shared_plan` considers, best first
