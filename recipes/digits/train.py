@@ -4,6 +4,7 @@ checkpoints, results and plot."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -378,19 +379,33 @@ class _Net(nn.Module):
 
 
 def _distributed():
-    """``(rank, world_size)`` under ``torchrun`` (process group started), else ``(0, 1)``."""
+    """``(rank, world_size, started)`` under ``torchrun`` (the process group started here when ``started``), else
+    ``(0, 1, False)``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return 0, 1
+        return 0, 1, False
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    started = not dist.is_initialized()
+    if started:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
+    return dist.get_rank(), dist.get_world_size(), started
+
+
+def _leave(started: bool) -> None:
+    """Every process waits here for the others (rank 0 decodes and writes the results last); then the process
+    group this process started is destroyed (the caller has let its DistributedDataParallel go), so that no
+    process exits with the group's threads still running (a process that does may abort at exit: "terminate
+    called without an active exception")."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    if started:
+        dist.destroy_process_group()
 
 
 def _train(train_set, test_set, cfg, out_dir, resume, log):
-    rank, world = _distributed()
+    rank, world, started = _distributed()
     if rank:
         log = _silent
     torch.manual_seed(cfg.seed)
@@ -518,6 +533,10 @@ def _train(train_set, test_set, cfg, out_dir, resume, log):
         results = _results(cfg, history, train_set, test_set, device, world, graph_sizes())
         if history:
             write_outputs(out_dir, history, hyps, test_set, results)
+    if world > 1:
+        del model  # DistributedDataParallel holds the process group: let it go before the group is destroyed
+        gc.collect()
+        _leave(started)
     return results
 
 
