@@ -444,17 +444,22 @@ def test_a_signal_while_the_checkpoint_is_written_keeps_the_finished_epoch(tiny,
     real_save = torch.save
     monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _InterruptedWrites(f, sig)))
     before = signal.getsignal(signal.SIGTERM)
-    with terminate_as_interrupt():  # what python -m recipes.digits does: SIGTERM raises Terminated
-        with pytest.raises(Terminated if sig == "SIGTERM" else KeyboardInterrupt):
-            train(data["train"], data["test"], _tiny_cfg(epochs=2), out, log=lambda *_: None)
+    # Ctrl-C raises KeyboardInterrupt, whatever this process inherited (a background job starts with it ignored)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with terminate_as_interrupt():  # what python -m recipes.digits does: SIGTERM raises Terminated
+            with pytest.raises(Terminated if sig == "SIGTERM" else KeyboardInterrupt):
+                train(data["train"], data["test"], _tiny_cfg(epochs=2), out, log=lambda *_: None)
+        handlers_back = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     monkeypatch.undo()
     state = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
     assert state["epoch"] == 2  # the epoch that was being saved is kept, with its outputs
     assert len(json.load(open(os.path.join(out, "history.json")))) == 2
     assert json.load(open(os.path.join(out, "results.json")))["epochs"] == 2
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert handlers_back and signal.getsignal(signal.SIGTERM) is before  # the handlers are back
 
 
 def test_a_save_failing_half_way_leaves_the_previous_checkpoint(tiny, tmp_path, monkeypatch):
