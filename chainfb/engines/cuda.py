@@ -217,7 +217,8 @@ _TABLE_IDS = 65536
 def arc_table_bytes(shape: dict, max_span: int, itemsize: int) -> int | None:
     """Shared memory (bytes) of the widest sequence's arc table (forward_backward.cuh's ``ArcTable``: per arc its
     weight and 16-bit end, column and, with spans, span; per state an int offset), or None when its ids do not
-    fit 16 bits."""
+    fit 16 bits.  The lattice's arrays have spans exactly when ``max_span > 1`` (:func:`lattice_host_arrays`),
+    and the kernels copy them into the table then."""
     W, nc, A = shape["max_states"], shape["max_columns"], shape["max_arcs"]
     if W > _TABLE_IDS or nc > _TABLE_IDS or max_span >= _TABLE_IDS - 1:
         return None

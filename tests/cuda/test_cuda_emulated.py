@@ -241,6 +241,21 @@ def test_shared_plan_chooses_the_most_that_fits():
     assert arc_table_bytes(wide, 1, 8) is None and shared_plan(wide, 1, 8, 32, 10**7) == (2, 2 * (70000 + 50) * 8)
 
 
+def test_arc_tables_hold_spans_exactly_when_the_lattice_has_them():
+    """``arc_table_bytes`` counts the spans' 16-bit column when ``max_span > 1``; the kernels copy the span arrays
+    into the table whenever the lattice's arrays have them: the two must coincide."""
+    from chainfb.engines.cuda import lattice_host_arrays
+    from test_cuda_emulated_spans import span_fst
+
+    rng = np.random.default_rng(5)
+    for max_span in (1, 2, 3):
+        lat = Lattice.of(FstBatch([span_fst(rng, num_states=5, num_arcs=12, max_span=max_span) for _ in range(2)]))
+        a = lattice_host_arrays(lat)
+        assert lat.max_span == max_span
+        for k in ("in_span", "out_span", "ca_span"):
+            assert (a[k] is not None) == (max_span > 1), (max_span, k)
+
+
 def test_engine_forward_only_and_errors(be):
     rng = np.random.default_rng(6)
     lat = Lattice.of(FstBatch([random_fst(rng)]))
