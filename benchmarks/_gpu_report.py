@@ -178,8 +178,7 @@ def _sweep(data) -> list:
         key = (r["case"], r["engine"], r["block"] or "default")
         rows.setdefault(key, {})[r["mode"], r["table"]] = r["ms"]
     head = ["case", "engine", "block"] + [f"mode {m}" + (" + arc table" if t else "") + " ms" for m, t in cols]
-    body = [(*key, *(_num(got.get(c), "{:.3f}") if not isinstance(got.get(c), str) else got[c][:80] for c in cols))
-            for key, got in rows.items()]
+    body = [(*key, *(_num(got.get(c), "{:.3f}")[:80] for c in cols)) for key, got in rows.items()]
     return ["The recursion and posterior kernels alone (benchmarks/gpu_block_sweep.py): the launch the engine's "
             "defaults should pick.", ""] + _table(head, body) + _footer(data, "case")
 

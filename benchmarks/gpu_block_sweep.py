@@ -19,9 +19,9 @@ frames, leaky HMM 0.1), on both engines.  The scores are random: the kernels' ti
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -77,56 +77,54 @@ def cases(xp, which, emulate=False):
         yield ("den 128 x 150", *den_case_arrays(xp, 0))
 
 
-def launches(engines, modes, tables, blocks):
-    """``(engine name, engine, mode, table, block)`` of every launch to time, the default block first."""
-    for ename, engine in engines:
-        for mode in modes:
-            for table in tables:
-                for block in blocks:
-                    yield ename, engine, mode, table, block
+def launches(xp, which, emulate, modes, tables, blocks):
+    """``(name, (case, lattice, X, lengths, leaky, engine name, engine, mode, table, block))`` of every launch to
+    time: each case of ``which`` (built as it is reached) on each engine that reads it, in each mode, with and
+    without the arc table, at each block."""
+    from chainfb.engines import cuda, cuda_shared
+
+    for case, lattice, X, lengths, leaky in cases(xp, which, emulate):
+        engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
+        for ename, engine in engines:
+            for mode in modes:
+                for table in tables:
+                    for block in blocks:
+                        name = f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'}"
+                        yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block)
+
+
+def _launch(engine, backend, lattice, X, lengths, leaky, block):
+    """One forward-backward of ``engine`` (on a copy of ``X``: the engine masks frames past the lengths in place)."""
+    engine.forward_backward(backend, lattice, X.copy(), lengths, leaky, block_size=block)
 
 
 def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), json_path=None) -> dict:
-    """Time every launch of :func:`launches` on each case of ``which`` at ``place`` (``benchmarks._gpu_place``);
-    returns ``{"rows": [...], "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the
-    default -- and ms or the error), written to ``json_path`` after each row; launches not started by ``deadline``
-    (Unix time) are listed as skipped."""
-    from chainfb.engines import cuda, cuda_shared
+    """Time every launch of :func:`launches` at ``place`` (``benchmarks._gpu_place``); returns ``{"rows": [...],
+    "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the default -- and ms or the error),
+    written to ``json_path`` as it goes; launches not started by ``deadline`` (Unix time) are listed as
+    skipped."""
+    from chainfb.engines import cuda
 
-    from ._gpu_place import write_json
+    from ._gpu_place import until, write_json
 
-    xp = place.backend.xp
     result = dict(rows=[], skipped=[], current=None)
     defaults = cuda.MODES, cuda.ARC_TABLES
+    items = launches(place.backend.xp, which, place.emulated, modes, tables, blocks)
     try:
-        for case, lattice, X, lengths, leaky in cases(xp, which, place.emulated):
-            engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
-            for ename, engine, mode, table, block in launches(engines, modes, tables, blocks):
-                key = f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'}"
-                if time.time() >= deadline:
-                    result["skipped"].append(key)
-                    continue
-                cuda.MODES = (mode, 0)  # the first that fits: this mode, else none
-                cuda.ARC_TABLES = (table,)
-                runs = []
-                try:
-                    for _ in range(repeat + 1):
-                        start, end = place.backend.event(), place.backend.event()
-                        start.record()
-                        engine.forward_backward(place.backend, lattice, X.copy(), lengths, leaky, block_size=block)
-                        end.record()
-                        runs.append(end.elapsed_ms(start))
-                    ms = statistics.median(runs[1:])
-                except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
-                    ms = f"{type(e).__name__}: {e}"[:300]
-                row = dict(case=case, engine=ename, mode=mode, table=table, block=block, ms=ms)
-                result["rows"].append(row)
-                print(row, flush=True)
-                if json_path:
-                    write_json(json_path, result)
+        for _, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block) in until(
+                deadline, items, result, json_path):
+            cuda.MODES = (mode, 0)  # the first that fits: this mode, else none
+            cuda.ARC_TABLES = (table,)
+            launch = functools.partial(_launch, engine, place.backend, lattice, X, lengths, leaky, block)
+            try:
+                ms = statistics.median([place.timed_ms(launch)[1] for _ in range(repeat + 1)][1:])
+            except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
+                ms = f"{type(e).__name__}: {e}"[:300]
+            row = dict(case=case, engine=ename, mode=mode, table=table, block=block, ms=ms)
+            result["rows"].append(row)
+            print(row, flush=True)
     finally:
         cuda.MODES, cuda.ARC_TABLES = defaults
-    result.pop("current")
     if json_path:
         write_json(json_path, result)
     return result

@@ -30,7 +30,7 @@ import torch
 
 import chainfb
 
-from ._gpu_place import make_place, write_json
+from ._gpu_place import make_place, until, write_json
 from .gpu_bench import CTC_SHAPES, loss_step
 
 
@@ -144,7 +144,7 @@ def run(place, only, repeat, deadline=math.inf, json_path=None, out=None) -> dic
     """Profile every case of ``only`` on ``place`` (cases not started by ``deadline``, Unix time, are listed as
     skipped); ``{"device", "cases": [...], "skipped": [...]}``, written as it goes."""
     device = "the kernels' CPU emulation" if place.emulated else torch.cuda.get_device_name()
-    result = dict(device=device, cases=[], skipped=[])
+    result = dict(device=device, cases=[], skipped=[], current=None)
 
     def save():
         if json_path:
@@ -155,10 +155,7 @@ def run(place, only, repeat, deadline=math.inf, json_path=None, out=None) -> dic
             with open(os.path.join(out, "profile.md"), "w") as f:
                 f.write("\n".join(markdown(result["cases"], device)) + "\n")
 
-    for name, step in cases(place, only):
-        if time.time() >= deadline:
-            result["skipped"].append(name)
-            continue
+    for name, step in until(deadline, cases(place, only), result, json_path):
         scope = place.scope() if not name.endswith("(torch)") else contextlib.nullcontext()
         try:
             with scope:
