@@ -385,13 +385,17 @@ struct ArcTable {
 };
 
 // Copy the arcs of states [s0, s1) -- CSR ptr / end / lp / col / span with
-// the SeqSpan's origins gs, gc (see SeqSpan) -- into an ArcTable at base.
-// The block's barrier after it (the rows' initialisation) publishes it.
+// the SeqSpan's origins gs, gc (see SeqSpan) -- into an ArcTable in the
+// dynamic shared memory sm, after the rows of `mode` (the ring, [M + 1, W],
+// in modes 1 and 2; the staged scores, [M + 1, nc], in mode 2), as the
+// launcher sizes them.  The block's barrier after it (the rows'
+// initialisation) publishes it.
 template <typename R>
-__device__ ArcTable<R> load_arc_table(R* base, int s0, int s1, int c0, int gs, int gc, const int* ptr,
-                                      const int* end, const R* lp, const int* col, const int* span) {
+__device__ ArcTable<R> load_arc_table(R* sm, int mode, int M, int nc, int s0, int s1, int c0, int gs, int gc,
+                                      const int* ptr, const int* end, const R* lp, const int* col, const int* span) {
   const int tid = threadIdx.x, nt = blockDim.x, W = s1 - s0;
   const int a0 = ptr[s0 - gs], A = ptr[s1 - gs] - a0;
+  R* base = sm + (mode ? (i64)(M + 1) * W : 0) + (mode == 2 ? (i64)(M + 1) * nc : 0);
   ArcTable<R> tb;
   tb.lp = base;
   tb.ptr = reinterpret_cast<int*>(base + A);
@@ -429,7 +433,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   const int M = (in_span && max_span > 1) ? max_span : 1;
   lanes = valid_lanes(lanes);
   const bool table = (mode & kArcTable) != 0;
-  mode &= 3;
+  mode &= ~kArcTable;
   const R ninf = Num<R>::neg_inf();
 
   // frames past the length never contribute (and the caller sees them as -inf)
@@ -443,8 +447,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   const View<R> xs = mode == 2 ? View<R>{xs_buf, nc, M + 1, c0} : View<R>{X, C, T, 0};
   ArcTable<R> tb{};
   if (table)
-    tb = load_arc_table<R>(sm_dyn + (mode ? (i64)(M + 1) * W : 0) + (mode == 2 ? (i64)(M + 1) * nc : 0), s0, s1, c0,
-                           gs, gc, in_ptr, in_src, in_lp, in_col, in_span);
+    tb = load_arc_table<R>(sm_dyn, mode, M, nc, s0, s1, c0, gs, gc, in_ptr, in_src, in_lp, in_col, in_span);
   R mx = ninf;
   for (int s = s0 + tid; s < s1; s += nt) {
     const R v = log_init ? log_init[s - q.io] : (s == q.start ? R(0) : ninf);
@@ -523,15 +526,15 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
   const int M = (out_span && max_span > 1) ? max_span : 1;
   lanes = valid_lanes(lanes);
   const bool table = (mode & kArcTable) != 0;
-  mode &= 3;
+  mode &= ~kArcTable;
   const R ninf = Num<R>::neg_inf();
 
   const Ring<R> ring = mode ? Ring<R>{sm_dyn, W, M + 1, s0} : Ring<R>{beta, S, T + 1, 0};
   R* xb = sm_dyn + (i64)(M + 1) * W;  // mode 2: [2, nc] score rows
   ArcTable<R> tb{};
   if (table)
-    tb = load_arc_table<R>(sm_dyn + (mode ? (i64)(M + 1) * W : 0) + (mode == 2 ? (i64)(M + 1) * nc : 0), s0, s1, c0,
-                           gs, gc, out_ptr, out_dst, out_lp, out_col, M > 1 ? out_span : nullptr);
+    tb = load_arc_table<R>(sm_dyn, mode, M, nc, s0, s1, c0, gs, gc, out_ptr, out_dst, out_lp, out_col,
+                           M > 1 ? out_span : nullptr);
   R mx = ninf;
   R* bL = beta + (i64)L * S;
   for (int s = s0 + tid; s < s1; s += nt) {

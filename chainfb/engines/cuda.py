@@ -237,14 +237,13 @@ def shared_plan(shape: dict, max_span: int, itemsize: int, block: int, budget: i
     ring = (max_span + 1) * W * itemsize
     sizes = {2: ring + (max_span + 1) * nc * itemsize, 1: ring, 0: 0}
     table = arc_table_bytes(shape, max_span, itemsize)
+    tables = [t for t in ARC_TABLES if not t or table is not None]  # a table only where its ids fit
     for mode in MODES:
         if mode == 2 and nc > STAGE * block:
             continue  # a thread stages at most STAGE values of a row
-        for with_table in ARC_TABLES:
-            size = sizes[mode] + (table or 0) if with_table else sizes[mode]
-            if with_table and table is None:
-                continue
-            if size <= budget or (mode == 0 and not with_table):
+        for with_table in tables:
+            size = sizes[mode] + (table if with_table else 0)
+            if size <= budget:  # (mode 0 without a table takes none)
                 return mode | (ARC_TABLE if with_table else 0), size
     raise ValueError(f"no shared-memory mode of {MODES} fits {budget} bytes")
 

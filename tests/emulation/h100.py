@@ -102,7 +102,9 @@ def recursion_time(lat, lengths, block: int, mode: int, lanes: int = 1) -> float
     ``lanes`` threads a state.  A mode with the arc table
     (:data:`chainfb.engines.cuda.ARC_TABLE`) is priced as the mode without
     it: no device has measured the table, so the model claims no gain."""
-    mode &= 3
+    from chainfb.engines.cuda import ARC_TABLE
+
+    mode &= ~ARC_TABLE
     if mode not in _FITS:
         _FITS[mode] = recursion_fit.fit(mode)[0]
     return recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes), _FITS[mode])
