@@ -171,13 +171,15 @@ def _bench(data, emulated) -> list:
 
 
 def _sweep(data) -> list:
-    """The sweep's times: a row per case, engine and block, a column per shared-memory mode and arc table."""
+    """The sweep's times: a row per case, engine, block and cluster, a column per shared-memory mode and arc
+    table."""
     cols = list(dict.fromkeys((r["mode"], r["table"]) for r in data["rows"]))
     rows = {}
     for r in data["rows"]:
-        key = (r["case"], r["engine"], r["block"] or "default")
+        key = (r["case"], r["engine"], r["block"] or "default", r.get("cluster", 1))
         rows.setdefault(key, {})[r["mode"], r["table"]] = r["ms"]
-    head = ["case", "engine", "block"] + [f"mode {m}" + (" + arc table" if t else "") + " ms" for m, t in cols]
+    head = ["case", "engine", "block", "blocks a direction"] + [
+        f"mode {m}" + (" + arc table" if t else "") + " ms" for m, t in cols]
     body = [(*key, *(_num(got.get(c), "{:.3f}")[:80] for c in cols)) for key, got in rows.items()]
     return ["The recursion and posterior kernels alone (benchmarks/gpu_block_sweep.py): the launch the engine's "
             "defaults should pick.", ""] + _table(head, body) + _footer(data, "case")

@@ -13,7 +13,10 @@ emulation, and its times are not GPU times):
 - ``ctc``: ``chainfb.ctc_loss`` vs ``torch.nn.functional.ctc_loss`` on the device, (T, N, C, S) = (500, 16, 500,
   100), (2000, 8, 100, 1000), (4000, 1, 5000, 3000), (150, 64, 5000, 50), float32 log-softmax outputs, reduction
   mean, each shape twice: the same targets every step (chainfb's compiled graph cached per targets, as in
-  benchmarks/bench_ctc.py), and new targets every step, as in training (a graph compiled every step);
+  benchmarks/bench_ctc.py), and new targets every step, as in training (a graph compiled every step); and, on a
+  device with thread block clusters, each shape where the engine's ``cluster="auto"`` would spread a sequence over
+  several blocks (``chainfb.engines.cuda.auto_cluster``), once more with it (emulated: clusters of 2 at every
+  shape of several sequences);
 - ``rnnt``: ``chainfb.rnnt_loss`` vs torchaudio's ``rnnt_loss`` (reduction sum, blank 0): B = 8, V = 500 with the
   LibriSpeech-like lengths of benchmarks/bench_transducer.py, and B = 32, T = 500, U = 100, V = 1024;
 - ``durations``: ``tdt_loss`` (durations 0..4) and ``multiblank_rnnt_loss`` (big blanks [2, 4]) vs chainfb's own
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 import chainfb
+from chainfb.engines import cuda as cuda_engine
 
 from ._gpu_place import HostEvent, kernel_totals, make_place, until, write_json
 
@@ -155,6 +159,28 @@ def bench_ctc(b, place, emulate):
         b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step",
                cycling_step(chainfb.ctc_loss, lp, sets, il, tl),
                "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, sets, il, tl))
+        if N == 1 or not getattr(place.backend, "clusters", False):
+            continue  # (one sequence runs on the shared-graph kernels, which take one block a sequence)
+        cluster = 2 if emulate else "auto"
+        sms = int(getattr(place.backend, "multiprocessors", cuda_engine.DEFAULT_SMS))
+        if emulate or cuda_engine.auto_cluster({"max_states": 2 * S + 1}, N, 1, sms) > 1:
+            b.case("ctc", f"T={T} N={N} C={C} S={S}, cluster={cluster!r}",
+                   engine_default(loss_step(chainfb.ctc_loss, lp, targets, il, tl), cluster),
+                   "torch.nn.functional.ctc_loss", loss_step(F.ctc_loss, lp, targets, il, tl))
+
+
+def engine_default(step, cluster):
+    """``step`` run with the CUDA engine's default ``cluster`` set to ``cluster`` (put back after each call)."""
+
+    def run():
+        saved = cuda_engine.CLUSTER
+        cuda_engine.CLUSTER = cluster
+        try:
+            step()
+        finally:
+            cuda_engine.CLUSTER = saved
+
+    return run
 
 
 def _torchaudio_rnnt():

@@ -5,14 +5,17 @@ For each case and each (threads per block, mode, arc table) the recursion and po
 events around ``chainfb.engines.cuda.forward_backward`` on the compact scores, median of ``--repeat``); modes as in
 ``chainfb/cuda/forward_backward.cuh`` (2: rows' ring and staged scores in shared memory, 1: the ring, 0: neither),
 each with and without the sequence's arcs copied to shared memory before the frame loop (``--tables 1,0``; a
-launch whose table does not fit records the error).
+launch whose table does not fit records the error), and each direction of a sequence over a thread block cluster
+of 2, 4 or 8 blocks (``--clusters``, ``chainfb/cuda/cluster.cu``: mode 0 only, the per-sequence engine without the
+leaky HMM; a device before compute capability 9.0 records the error).
 Prints a table and writes ``--json FILE``.  Cases (``--cases``): ``ctc``, the CTC graphs of
 ``benchmarks/gpu_bench.py``'s shapes; ``rnnt``, ``multiblank``, ``tdt``, the step graphs of its RNN-T batch (B = 8,
 LibriSpeech-like lengths; big blanks [2, 4]; durations 0..4); ``den``, its LF-MMI denominator (128 sequences x 150
 frames, leaky HMM 0.1), on both engines.  The scores are random: the kernels' time does not depend on them.
 
     python -m benchmarks.gpu_block_sweep [--json FILE] [--repeat 5] [--blocks default,128,256,512,1024]
-                                         [--modes 2,1,0] [--tables 1,0] [--cases ctc,rnnt,multiblank,tdt,den]
+                                         [--modes 2,1,0] [--tables 1,0] [--clusters 1,2,4,8]
+                                         [--cases ctc,rnnt,multiblank,tdt,den]
                                          [--deadline UNIX_TIME] [--emulate]
 """
 
@@ -77,30 +80,37 @@ def cases(xp, which, emulate=False):
         yield ("den 128 x 150", *den_case_arrays(xp, 0))
 
 
-def launches(xp, which, emulate, modes, tables, blocks):
-    """``(name, (case, lattice, X, lengths, leaky, engine name, engine, mode, table, block))`` of every launch to
-    time: each case of ``which`` (built as it is reached) on each engine that reads it, in each mode, with and
-    without the arc table, at each block."""
+def launches(xp, which, emulate, modes, tables, blocks, clusters=(1,)):
+    """``(name, (case, lattice, X, lengths, leaky, engine name, engine, mode, table, block, cluster))`` of every
+    launch to time: each case of ``which`` (built as it is reached) on each engine that reads it, in each mode, with
+    and without the arc table, at each block, one block a direction or a cluster of ``cluster`` (mode 0 of the
+    per-sequence engine without a leak only)."""
     from chainfb.engines import cuda, cuda_shared
 
     for case, lattice, X, lengths, leaky in cases(xp, which, emulate):
         engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
         for ename, engine in engines:
-            for mode in modes:
-                for table in tables:
-                    for block in blocks:
-                        name = f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'}"
-                        yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block)
+            for cluster in clusters:
+                if cluster > 1 and (ename != "cuda" or leaky is not None):
+                    continue
+                for mode in modes if cluster == 1 else (0,):
+                    for table in tables:
+                        for block in blocks:
+                            name = (f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'}"
+                                    f" / cluster {cluster}")
+                            yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster)
 
 
-def _launch(engine, backend, lattice, X, lengths, leaky, block):
+def _launch(engine, backend, lattice, X, lengths, leaky, block, cluster):
     """One forward-backward of ``engine`` (on a copy of ``X``: the engine masks frames past the lengths in place)."""
-    engine.forward_backward(backend, lattice, X.copy(), lengths, leaky, block_size=block)
+    engine.forward_backward(backend, lattice, X.copy(), lengths, leaky, block_size=block, cluster=cluster)
 
 
-def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), json_path=None) -> dict:
+def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), json_path=None,
+          clusters=(1,)) -> dict:
     """Time every launch of :func:`launches` at ``place`` (``benchmarks._gpu_place``); returns ``{"rows": [...],
-    "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the default -- and ms or the error),
+    "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the default --, cluster and ms or the
+    error),
     written to ``json_path`` as it goes; launches not started by ``deadline`` (Unix time) are listed as
     skipped."""
     from chainfb.engines import cuda
@@ -109,18 +119,18 @@ def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), js
 
     result = dict(rows=[], skipped=[], current=None)
     defaults = cuda.MODES, cuda.ARC_TABLES
-    items = launches(place.backend.xp, which, place.emulated, modes, tables, blocks)
+    items = launches(place.backend.xp, which, place.emulated, modes, tables, blocks, clusters)
     try:
-        for _, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block) in until(
+        for _, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster) in until(
                 deadline, items, result, json_path):
             cuda.MODES = (mode, 0)  # the first that fits: this mode, else none
             cuda.ARC_TABLES = (table,)
-            launch = functools.partial(_launch, engine, place.backend, lattice, X, lengths, leaky, block)
+            launch = functools.partial(_launch, engine, place.backend, lattice, X, lengths, leaky, block, cluster)
             try:
                 ms = statistics.median([place.timed_ms(launch)[1] for _ in range(repeat + 1)][1:])
             except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
                 ms = f"{type(e).__name__}: {e}"[:300]
-            row = dict(case=case, engine=ename, mode=mode, table=table, block=block, ms=ms)
+            row = dict(case=case, engine=ename, mode=mode, table=table, block=block, cluster=cluster, ms=ms)
             result["rows"].append(row)
             print(row, flush=True)
     finally:
@@ -138,6 +148,7 @@ def main(argv=None) -> int:
                     help="threads per block; 'default': the engine's own choice")
     ap.add_argument("--modes", default="2,1,0")
     ap.add_argument("--tables", default="1,0")
+    ap.add_argument("--clusters", default="1", help="blocks a direction of a sequence (1, 2, 4, 8)")
     ap.add_argument("--cases", default="ctc,rnnt,multiblank,tdt,den")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="Unix time after which no launch starts")
     ap.add_argument("--emulate", action="store_true", help="the kernels' CPU emulation (PYTHONPATH=tests): checks "
@@ -148,7 +159,8 @@ def main(argv=None) -> int:
     place = make_place(args.emulate)
     blocks = [None if b == "default" else int(b) for b in args.blocks.split(",")]
     sweep(place, set(args.cases.split(",")), [int(m) for m in args.modes.split(",")],
-          [bool(int(t)) for t in args.tables.split(",")], blocks, args.repeat, args.deadline, args.json)
+          [bool(int(t)) for t in args.tables.split(",")], blocks, args.repeat, args.deadline, args.json,
+          [int(k) for k in args.clusters.split(",")])
     return 0
 
 

@@ -19,8 +19,9 @@ finds too little of the time left is skipped and the reason recorded, a step tha
 5. ``bench``: ``benchmarks/gpu_bench.py``, timings and peak memory against peers measured in the same run, with each
    case's per-kernel device times (every traced launch in ``DIR/launches.json``);
 6. ``sweep``: ``benchmarks/gpu_block_sweep.py``, the engine kernels alone on the benchmark graphs in each
-   shared-memory mode, with and without the arc table, at the engine's own block size (``--sweep-cases``,
-   ``--sweep-modes``, ``--sweep-blocks``): what decides the engine's default launch;
+   shared-memory mode, with and without the arc table, at the engine's own block size, with one block or a thread
+   block cluster of 2, 4 or 8 a direction (``--sweep-cases``, ``--sweep-modes``, ``--sweep-blocks``,
+   ``--sweep-clusters``): what decides the engine's default launch;
 7. ``profile``: ``benchmarks/gpu_profile.py`` on the CTC shapes (chainfb's step and torch's) and an RNN-T step:
    device, host-issue and synchronised times, every kernel, host op and the host's Python functions -- where a
    step bound by the host spends it.
@@ -54,7 +55,7 @@ from ._gpu_report import parse_junit, parse_sanitizer, render
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: the steps, in order, and their share of the time limit (what an earlier step leaves goes to the later ones)
-STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.28, "sweep": 0.08,
+STEPS = {"env": 0.04, "warm": 0.22, "tests": 0.16, "sanitizer": 0.20, "compare": 0.10, "bench": 0.24, "sweep": 0.12,
          "profile": 0.08}
 #: the least time each step is started with (seconds)
 MIN_SECONDS = {"env": 5, "warm": 20, "tests": 20, "sanitizer": 20, "compare": 15, "bench": 20, "sweep": 15,
@@ -223,7 +224,8 @@ class Check:
     def step_sweep(self, limit):
         cases = self.args.sweep_cases or ("ctc" if self.args.emulate else "ctc,rnnt,multiblank,tdt,den")
         r, data = self.script("sweep", "gpu_block_sweep", limit, "--cases", cases, "--modes", self.args.sweep_modes,
-                              "--tables", "1,0", "--blocks", self.args.sweep_blocks, "--repeat", str(self.args.repeat))
+                              "--tables", "1,0", "--blocks", self.args.sweep_blocks, "--clusters",
+                              self.args.sweep_clusters, "--repeat", str(self.args.repeat))
         if data is None:
             return r, None, "error"
         errors = [row for row in data["rows"] if isinstance(row["ms"], str)]
@@ -383,6 +385,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-cases", help="gpu_block_sweep.py --cases (default all; emulated: ctc)")
     ap.add_argument("--sweep-modes", default="2,0", help="gpu_block_sweep.py --modes (default %(default)s)")
     ap.add_argument("--sweep-blocks", default="default", help="gpu_block_sweep.py --blocks (default %(default)s)")
+    ap.add_argument("--sweep-clusters", default="1,2,4,8",
+                    help="gpu_block_sweep.py --clusters (default %(default)s)")
     ap.add_argument("--compact", action="store_true", help="at the end keep steps.tar.gz, remove DIR/steps")
     ap.add_argument("--emulate", action="store_true", help="on the CPU through the kernels' emulation (tiny shapes)")
     ap.add_argument("--facts", help=argparse.SUPPRESS)  # the env step's own process: write the facts there

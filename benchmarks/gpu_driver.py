@@ -4,7 +4,8 @@ driver for compute-sanitizer (memcheck, racecheck, synccheck).
 The kernels are those listed in ``chainfb.cuda.kernels.KERNELS``.  The driver runs
 
 - the engines per real type (``chainfb.engines.cuda`` and ``chainfb.engines.cuda_shared`` on float32 and float64
-  scores): graphs per sequence and one shared graph, arcs that span frames, the leaky HMM;
+  scores): graphs per sequence and one shared graph, arcs that span frames, the leaky HMM, and (on a device with
+  thread block clusters, compute capability 9.0 on) each direction of a sequence over a cluster of 2, 4 and 8 blocks;
 - the transducer score maps with a zero column (``chainfb.cuda.transducer_maps``, float32 and float64 logits);
 - every criterion on the device (the cases of ``benchmarks/_gpu_cases.py``: CTC, RNN-T per logits dtype, multi-blank,
   TDT, the denominator on both engines, ChainLoss, the simple and pruned losses, forced alignment, numerator graphs,
@@ -62,15 +63,20 @@ def _engine_calls(place):
                     X = rng.normal(size=(T, lat.num_columns)).astype(dtype)
                     name = f"{ename} {np.dtype(dtype).name} {lname}" + (" leaky" if leaky else "")
                     calls[name] = _engine_call(place, module, lat, X, lengths, leaky)
+            if "shared" not in lname and getattr(place.backend, "clusters", False):
+                for K in (2, 4, 8):
+                    X = rng.normal(size=(T, lat.num_columns)).astype(dtype)
+                    name = f"cuda {np.dtype(dtype).name} {lname}, clusters of {K}"
+                    calls[name] = _engine_call(place, per_sequence, lat, X, lengths, None, K)
     return calls
 
 
-def _engine_call(place, module, lat, X, lengths, leaky):
+def _engine_call(place, module, lat, X, lengths, leaky, cluster=1):
     def call():
         import numpy as np
 
         be = place.backend
-        ll, post = module.forward_backward(be, lat, be.xp.asarray(X), lengths, leaky=leaky)
+        ll, post = module.forward_backward(be, lat, be.xp.asarray(X), lengths, leaky=leaky, cluster=cluster)
         ll, post = (a.get() if hasattr(a, "get") else np.asarray(a) for a in (ll, post))
         if np.isnan(ll).any() or np.isnan(post).any() or not np.isfinite(ll[0]):
             raise AssertionError(f"loglike {ll}: NaN or an impossible first sequence")
@@ -130,7 +136,8 @@ def run(place) -> dict:
                 traceback.print_exc()
             cases.append(dict(name=name, ok=error is None, error=error, seconds=time.perf_counter() - t0,
                               kernels=sorted(k for k in counts if counts[k] != before.get(k, 0))))
-    missing = [k for k in KERNELS if k not in counts]
+    clusters = getattr(place.backend, "clusters", False)  # cluster.cu's kernels need them
+    missing = [k for k in KERNELS if k not in counts and (clusters or KERNELS[k] != "cluster.cu")]
     return dict(mode=place.name, cases=cases, launches=dict(sorted(counts.items())), kernels=list(KERNELS),
                 missing=missing, ok=not missing and all(c["ok"] for c in cases))
 

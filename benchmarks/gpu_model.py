@@ -26,7 +26,11 @@ kernels (``tests/emulation/h100.py``: the recursions by the refit of
 ``emulation.recursion_fit``, the posteriors and the maps by their bytes over
 fitted rates; column "H100 ms"), and the step as those kernels plus the
 time the same step measured outside its kernels, against the peer measured
-on that H100, with the measured ratio beside it.
+on that H100, with the measured ratio beside it.  The header also prices the
+CTC steps with each direction of a sequence over a thread block cluster
+(``cluster.cu``, not yet measured on a device): the recursion by the same
+refit, and the most its cluster barrier may add a frame for the step to meet
+the peer (``emulation.h100.cluster_report``).
 
     PYTHONPATH=tests python -m benchmarks.gpu_model [--cases ctc,rnnt,tdt,multiblank,den] [--device h200|h100]
 
@@ -248,6 +252,8 @@ def main(argv=None):
         print("#   " + line.strip())
     rates = fitted_map_rates()
     print(f"#   maps: bytes / {rates['gather']:.0f} (gather), / {rates['grad']:.0f} (gradient) bytes/ns")
+    for line in h100.cluster_report().splitlines():
+        print("#   " + line.strip())
     cases = set(args.cases.split(","))
     with tempfile.TemporaryDirectory() as d:
         be = EmulatedBackend(build(d), count=True)

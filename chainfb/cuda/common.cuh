@@ -116,6 +116,62 @@ __device__ __forceinline__ Work work_state(bool shared = false) {
 }  // namespace chainfb
 // ---- end: dynamic shared memory, work annotations, math routing ----
 
+// Thread block clusters (sm_90): a kernel declared CHAINFB_CLUSTER_KERNEL(K)
+// runs as clusters of K consecutive blocks, co-scheduled on the SMs of one
+// GPC.  cluster_rank() is the block's rank in its cluster; cluster_sync()
+// waits for every thread of the cluster, and orders the memory operations
+// before it (device and shared memory, the other blocks' included) before
+// those after it; cluster_map(p, r) is the address of p (in the block's
+// dynamic shared memory) in block r's shared memory, which a thread may read
+// and write like its own (distributed shared memory).  A block's shared
+// memory may be accessed by others only between two cluster_sync() calls
+// that every block of the cluster reaches.  Host build: emulate.h.  Device
+// code for architectures before sm_90 traps (only the cluster kernels call
+// these, and the launcher runs those only on sm_90 and later).
+#ifdef CHAINFB_EMULATE
+#define CHAINFB_CLUSTER_KERNEL(K) __global__
+namespace chainfb {
+__device__ __forceinline__ unsigned cluster_rank() { return ::cfb_emu::cluster_rank(); }
+__device__ __forceinline__ void cluster_sync() { ::cfb_emu::cluster_sync(); }
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+  return ::cfb_emu::cluster_map(p, rank);
+}
+}  // namespace chainfb
+#else
+#define CHAINFB_CLUSTER_KERNEL(K) __global__ __cluster_dims__(K, 1, 1) __launch_bounds__(CHAINFB_MAX_THREADS, 1)
+namespace chainfb {
+__device__ __forceinline__ unsigned cluster_rank() {
+#if __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
+  T* out;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+  return out;
+#else
+  __trap();
+  return p;
+#endif
+}
+}  // namespace chainfb
+#endif
+
 namespace chainfb {
 
 typedef long long i64;

@@ -31,6 +31,8 @@
 // mode and dynamic shared memory: see forward_backward.cuh (the launcher
 // sizes it for the widest sequence); fb_posteriors: [J] chunk sums of the
 // sequence with the most chunks.
+#ifndef CHAINFB_ENGINE_CU
+#define CHAINFB_ENGINE_CU
 #include "forward_backward.cuh"
 
 namespace chainfb {
@@ -86,3 +88,5 @@ CHAINFB_KERNEL void fb_posteriors(int N, int F, const int* state_off, const int*
 }
 
 }  // namespace chainfb
+
+#endif  // CHAINFB_ENGINE_CU

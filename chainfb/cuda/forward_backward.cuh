@@ -144,6 +144,45 @@ __device__ __forceinline__ R block_max(const R* part) {
   return m;
 }
 
+// The same over a group (see Group): K = 1, a block (put_warp_max /
+// block_max); K > 1, a cluster of K blocks, where lane 0 of each warp stores
+// the warp's largest value in slot rank * 32 + warp of `part` in every block
+// of the cluster (part [K * 32], in dynamic shared memory), and group_max
+// reads the K blocks' slots after the next cluster barrier.  The maximum
+// does not depend on the order, so every K gives the same value.
+template <typename R, int K>
+__device__ __forceinline__ void put_group_max(R v, R* part, int rank) {
+  if constexpr (K == 1) {
+    put_warp_max<R>(v, part);
+  } else {
+    for (int o = 16; o > 0; o >>= 1) v = max_nan<R>(v, __shfl_xor_sync(kFullWarp, v, o));
+    if ((threadIdx.x & 31u) == 0)
+      for (int r = 0; r < K; ++r) cluster_map(part, (unsigned)r)[rank * 32 + (int)(threadIdx.x >> 5)] = v;
+  }
+}
+
+template <typename R, int K>
+__device__ __forceinline__ R group_max(const R* part) {
+  if constexpr (K == 1) {
+    return block_max<R>(part);
+  } else {
+    const int lane = (int)(threadIdx.x & 31u), w = lane < (int)(blockDim.x >> 5) ? lane : 0;
+    R m = part[w];
+    for (int r = 1; r < K; ++r) m = max_nan<R>(m, part[r * 32 + w]);
+    for (int o = 16; o > 0; o >>= 1) m = max_nan<R>(m, __shfl_xor_sync(kFullWarp, m, o));
+    return m;
+  }
+}
+
+// The group's barrier: the block's (K = 1) or the cluster's.
+template <int K>
+__device__ __forceinline__ void group_sync() {
+  if constexpr (K == 1)
+    __syncthreads();
+  else
+    cluster_sync();
+}
+
 // The integer offset of a row whose largest value is m: floor(m); 0 when the
 // row has no finite value; NaN when m is NaN or +inf (the row cannot be
 // normalised: every later row, and the sequence's result, become NaN).
@@ -418,15 +457,28 @@ __device__ ArcTable<R> load_arc_table(R* sm, int mode, int M, int nc, int s0, in
 // Normalised alphas of rows 0..L (alpha, and the offsets P_t in P [T + 1]),
 // loglike[n] = P_L + z and lz[n] = z; frames >= L of the sequence's columns
 // of X are set to -inf.
-template <typename R>
+template <typename R, int K = 1>
 __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int* in_ptr, const int* in_src,
                              const R* in_lp, const int* in_col, const int* in_span, int max_span, i64 length, R* X,
                              int T, int C, R* alpha, int S, double* P, int mode, int lanes, const R* log_init,
                              R log_c, R* loglike, R* lz) {
   CHAINFB_SHARED_ARRAY(R, sm_max, 64);
   CHAINFB_SHARED_ARRAY(R, sm_sum, 256);
-  CHAINFB_DYNAMIC_SHARED(R, sm_dyn);
+  CHAINFB_DYNAMIC_SHARED(R, sm_top);
   const int tid = threadIdx.x, nt = blockDim.x;
+  // the group (Group): its threads gt of gn; the row maxima's partials [2, K * 32] (K > 1: first in the
+  // dynamic shared memory, what the mode keeps after them)
+  const int rank = K > 1 ? (int)cluster_rank() : 0, gt = rank * nt + tid, gn = K * nt, pw = K > 1 ? K * 32 : 32;
+  R* const parts = K > 1 ? sm_top : sm_max;
+  R* const sm_dyn = K > 1 ? sm_top + 2 * pw : sm_top;
+  if constexpr (K > 1) {
+    if (log_init) {  // not run by a cluster (the launcher never asks for it)
+      if (gt == 0) loglike[n] = lz[n] = Num<R>::nan();
+      return;
+    }
+    mode &= kArcTable;  // rows and scores in device memory
+    cluster_sync();     // every block of the cluster has started: its shared memory may be written
+  }
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc, W = s1 - s0;
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
@@ -438,7 +490,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
 
   // frames past the length never contribute (and the caller sees them as -inf)
   const i64 masked = (i64)(T - L) * nc;
-  for (i64 i = tid; i < masked; i += nt) X[(i64)(L + (int)(i / nc)) * C + c0 + (int)(i % nc)] = ninf;
+  for (i64 i = gt; i < masked; i += gn) X[(i64)(L + (int)(i / nc)) * C + c0 + (int)(i % nc)] = ninf;
 
   // the rows the recursion reads: the shared ring, or alpha itself; the scores: staged, or X
   const Ring<R> ring = mode ? Ring<R>{sm_dyn, W, M + 1, s0} : Ring<R>{alpha, S, T + 1, 0};
@@ -449,13 +501,13 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   if (table)
     tb = load_arc_table<R>(sm_dyn, mode, M, nc, s0, s1, c0, gs, gc, in_ptr, in_src, in_lp, in_col, in_span);
   R mx = ninf;
-  for (int s = s0 + tid; s < s1; s += nt) {
+  for (int s = s0 + gt; s < s1; s += gn) {
     const R v = log_init ? log_init[s - q.io] : (s == q.start ? R(0) : ninf);
     alpha[s] = v;
     if (mode) sm_dyn[s - s0] = v;
     mx = max_nan<R>(mx, v);
   }
-  if (tid == 0) P[0] = 0.0;
+  if (gt == 0) P[0] = 0.0;
   if (mode == 2 && L > 0) {
     Staged<R> x0;
     x0.load(X + c0, nc);
@@ -464,24 +516,24 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   if (log_init) {
     leak<R>(true, alpha, 0, mode ? sm_dyn : nullptr, log_init, q.io, log_c, s0, s1, sm_max, sm_sum, 1);
   } else {
-    put_warp_max<R>(mx, sm_max);
-    __syncthreads();
+    put_group_max<R, K>(mx, parts, rank);
+    group_sync<K>();
   }
 
   double Pt = 0.0;
   for (int t = 1; t <= L; ++t) {
     Staged<R> next;  // frame t's scores, for the frames after this one
     if (mode == 2 && t < L) next.load(X + (i64)t * C + c0, nc);
-    const double d = row_offset<R>(block_max<R>(sm_max + ((t - 1) & 1) * 32));
+    const double d = row_offset<R>(group_max<R, K>(parts + ((t - 1) & 1) * pw));
     Pt += d;
-    if (tid == 0) P[t] = Pt;
+    if (gt == 0) P[t] = Pt;
     R* cur = alpha + (i64)t * S;
     R* cur_sh = mode ? ring.row(t) : nullptr;
-    R* part = sm_max + (t & 1) * 32;
+    R* part = parts + (t & 1) * pw;
     mx = ninf;
-    if (mode < 2 && s0 + tid / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);  // the frame's first device read
-    for (int base = s0; base < s1; base += nt / lanes) {  // the same passes for every thread: lanes shuffle
-      const int s = base + tid / lanes;
+    if (mode < 2 && s0 + gt / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);  // the frame's first device read
+    for (int base = s0; base < s1; base += gn / lanes) {  // the same passes for every thread: lanes shuffle
+      const int s = base + gt / lanes;
       const Lanes ln{tid % lanes, lanes, s < s1};
       R v = table ? alpha_state<R, u16>(s, t, s0, c0, tb.ptr, tb.end, tb.lp, tb.col, tb.span, M, rows, xs, P, Pt,
                                         mode == 2, ln)
@@ -497,11 +549,12 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
     if (log_init) {
       leak<R>(true, cur, 0, cur_sh, log_init, q.io, log_c, s0, s1, part, sm_sum, lanes);
     } else {
-      put_warp_max<R>(mx, part);
-      __syncthreads();
+      put_group_max<R, K>(mx, part, rank);
+      group_sync<K>();
     }
   }
 
+  if (rank) return;  // (a cluster: its first block sums the last row, which the last barrier published)
   const R z = fixed_logsum<R>(alpha + (i64)L * S + s0, final_ + s0 - gs, s0, s1, sm_sum);
   if (tid == 0) {
     loglike[n] = (R)(Pt + (double)z);
@@ -511,15 +564,23 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
 
 // Normalised betas of rows L..0 (beta [(T + 1), S]) and their offsets Q_t in
 // Q [T + 1]; independent of the forward (the two run as blocks of one launch).
-template <typename R>
+template <typename R, int K = 1>
 __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr, const int* out_dst,
                           const R* out_lp, const int* out_col, const int* out_span, int max_span, i64 length,
                           const R* X, int T, int C, R* beta, int S, double* Q, int mode, int lanes,
                           const R* log_init, R log_c) {
   CHAINFB_SHARED_ARRAY(R, sm_max, 64);
   CHAINFB_SHARED_ARRAY(R, sm_sum, 64);
-  CHAINFB_DYNAMIC_SHARED(R, sm_dyn);
+  CHAINFB_DYNAMIC_SHARED(R, sm_top);
   const int tid = threadIdx.x, nt = blockDim.x;
+  const int rank = K > 1 ? (int)cluster_rank() : 0, gt = rank * nt + tid, gn = K * nt, pw = K > 1 ? K * 32 : 32;
+  R* const parts = K > 1 ? sm_top : sm_max;  // as in forward_body
+  R* const sm_dyn = K > 1 ? sm_top + 2 * pw : sm_top;
+  if constexpr (K > 1) {
+    if (log_init) return;
+    mode &= kArcTable;
+    cluster_sync();
+  }
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc, W = s1 - s0;
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
@@ -537,13 +598,13 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
                            M > 1 ? out_span : nullptr);
   R mx = ninf;
   R* bL = beta + (i64)L * S;
-  for (int s = s0 + tid; s < s1; s += nt) {
+  for (int s = s0 + gt; s < s1; s += gn) {
     const R v = final_[s - gs];
     bL[s] = v;
     if (mode) ring.row(L)[s - s0] = v;
     mx = max_nan<R>(mx, v);
   }
-  if (tid == 0) Q[L] = 0.0;
+  if (gt == 0) Q[L] = 0.0;
   if (mode == 2 && L > 0) {
     Staged<R> x0;
     x0.load(X + (i64)(L - 1) * C + c0, nc);
@@ -553,8 +614,8 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     leak<R>(false, bL, 0, mode ? ring.row(L) : nullptr, log_init, q.io, log_c, s0, s1, sm_max + (L & 1) * 32,
             sm_sum, 1);
   } else {
-    put_warp_max<R>(mx, sm_max + (L & 1) * 32);
-    __syncthreads();
+    put_group_max<R, K>(mx, parts + (L & 1) * pw, rank);
+    group_sync<K>();
   }
 
   double Qt = 0.0;  // Q_{t+1} at the top of each frame, Q_t after its offset
@@ -562,8 +623,8 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     Staged<R> next;  // frame t - 1's scores, for the next step
     if (mode == 2 && t > 0) next.load(X + (i64)(t - 1) * C + c0, nc);
     const double Qn = Qt;
-    Qt = Qn + row_offset<R>(block_max<R>(sm_max + ((t + 1) & 1) * 32));
-    if (tid == 0) Q[t] = Qt;
+    Qt = Qn + row_offset<R>(group_max<R, K>(parts + ((t + 1) & 1) * pw));
+    if (gt == 0) Q[t] = Qt;
     const int reach = L - t < M ? L - t : M;  // the longest span landing by frame L
     const R* x = mode == 2 ? xb + (t & 1) * (i64)nc : X + (i64)t * C;
     const int xoff = mode == 2 ? c0 : 0;
@@ -571,9 +632,9 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     R* bc_sh = mode ? ring.row(t) : nullptr;
     const R e = (R)(Qt - Qn);
     mx = ninf;
-    if (mode < 2 && s0 + tid / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);
-    for (int base = s0; base < s1; base += nt / lanes) {  // as in forward_body
-      const int s = base + tid / lanes;
+    if (mode < 2 && s0 + gt / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);
+    for (int base = s0; base < s1; base += gn / lanes) {  // as in forward_body
+      const int s = base + gt / lanes;
       const Lanes ln{tid % lanes, lanes, s < s1};
       R v = table ? beta_state<R, u16>(s, t, reach, s0, c0, tb.ptr, tb.end, tb.lp, tb.col, tb.span, ring, x, xoff, Q,
                                        Qt, mode == 2, ln)
@@ -586,12 +647,12 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
       mx = max_nan<R>(mx, v);
     }
     if (mode == 2 && t > 0) next.store(xb + ((t - 1) & 1) * (i64)nc, nc);
-    R* pm = sm_max + (t & 1) * 32;
+    R* pm = parts + (t & 1) * pw;
     if (log_init) {
       leak<R>(false, bc, 0, bc_sh, log_init, q.io, log_c, s0, s1, pm, sm_sum, lanes);
     } else {
-      put_warp_max<R>(mx, pm);
-      __syncthreads();
+      put_group_max<R, K>(mx, pm, rank);
+      group_sync<K>();
     }
   }
 }

@@ -19,6 +19,11 @@ A *kernel backend* is what the CUDA engines (:mod:`chainfb.engines.cuda`,
 ``max_shared_mem`` (optional)
     the most shared memory a block may have on the device (the engines
     assume 48 KiB without it).
+``clusters`` (optional)
+    whether it runs the kernels declared with thread block clusters
+    (``cluster.cu``: compute capability 9.0 or later; False without it).
+``multiprocessors`` (optional)
+    the device's SMs (the engines assume 132 without it).
 ``cache_key()``
     a hashable key of where arrays made now live and are ordered (device
     and stream): device copies cached on a lattice are kept per key (see
@@ -44,6 +49,7 @@ from typing import Any, Protocol
 __all__ = [
     "SOURCES",
     "KERNELS",
+    "MIN_COMPUTE",
     "source_dir",
     "load_source",
     "nvrtc_options",
@@ -59,6 +65,8 @@ __all__ = [
 #: Kernel files (compiled separately) and the instantiations each provides.
 SOURCES = {
     "engine.cu": [f"chainfb::fb_{k}<{r}>" for k in ("recursion", "posteriors") for r in ("float", "double")],
+    # thread block clusters: built only for devices of compute capability 9.0 and later
+    "cluster.cu": [f"chainfb::fb_cluster_recursion<{r}, {k}>" for r in ("float", "double") for k in (2, 4, 8)],
     "shared_graph.cu": [
         f"chainfb::fb_shared_{k}<{r}>" for k in ("recursion", "posteriors") for r in ("float", "double")
     ],
@@ -71,6 +79,10 @@ SOURCES = {
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))
     ],
 }
+
+#: the least compute capability (major * 10 + minor) a source's kernels compile for; the others compile for
+#: every architecture chainfb supports (sm_80 on)
+MIN_COMPUTE = {"cluster.cu": 90}
 
 #: kernel name -> source file
 KERNELS = {name: src for src, names in SOURCES.items() for name in names}
@@ -238,6 +250,16 @@ class CupyBackend:
         if got is None:
             got = self._shared_limits[dev.id] = int(dev.attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
         return got
+
+    @property
+    def clusters(self) -> bool:
+        """Whether the current device runs thread block clusters (compute capability 9.0 or later)."""
+        return int(self.xp.cuda.Device().compute_capability) >= 90
+
+    @property
+    def multiprocessors(self) -> int:
+        """The current device's SMs."""
+        return int(self.xp.cuda.Device().attributes["MultiProcessorCount"])
 
     def launch(self, name: str, grid: int, block: int, args: Sequence[Any], shared_mem: int = 0) -> None:
         """Run kernel ``name`` on ``grid`` blocks of ``block`` threads with

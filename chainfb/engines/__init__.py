@@ -33,7 +33,7 @@ parametrised from it).
 
 The CUDA engines take the kernel backend to run on as their first argument,
 ``forward_backward(backend, lat, X, lengths, leaky=None,
-need_posteriors=True, block_size=None)`` (backend interface in
+need_posteriors=True, block_size=None, cluster=1)`` (backend interface in
 :mod:`chainfb.cuda.kernels`; ``X`` and the results are ``backend.xp``
 arrays); :func:`forward_backward` here resolves it once, with
 :func:`chainfb.cuda.kernels.backend_for`.

@@ -277,6 +277,70 @@ def recursion_plan(shape: dict, max_span: int, itemsize: int, block_size: int | 
     return (lanes, block, *shared_plan(shape, max_span, itemsize, block, budget))
 
 
+#: the blocks a direction of a sequence may take as a thread block cluster (``cluster.cu``'s instantiations; 1:
+#: one block, ``engine.cu``)
+CLUSTERS = (1, 2, 4, 8)
+#: the ``cluster`` of :func:`forward_backward` when none is given: 1 (one block a direction) until a device has
+#: measured clusters; ``"auto"`` would take :func:`auto_cluster`'s
+CLUSTER: int | str = 1
+#: the SMs :func:`auto_cluster` assumes of a backend that does not say (``multiprocessors``): an H100's or H200's
+DEFAULT_SMS = 132
+
+
+def auto_cluster(shape: dict, N: int, lanes: int, sms: int) -> int:
+    """The cluster size ``cluster="auto"`` takes: 1 where one block gives every state a thread of its own (the
+    widest sequence's states times their lanes at most 1024); else the smallest of 2, 4, 8 whose blocks of 256
+    threads cover them (8 at most), halved until the ``2 N`` clusters fit the device's ``sms`` SMs at once
+    (the cost model's choice at the GPU benchmark's long CTC shapes: docs/gpu.md)."""
+    width = shape["max_states"] * lanes
+    if width <= 1024:
+        return 1
+    k = next((k for k in CLUSTERS[1:] if k * 256 >= width), CLUSTERS[-1])
+    while k > 1 and 2 * N * k > sms:
+        k //= 2
+    return k
+
+
+def cluster_plan(shape: dict, max_span: int, itemsize: int, block_size: int | None, budget: int,
+                 cluster: int) -> tuple:
+    """``(lanes, block, mode, shared_bytes)`` of the recursion launch with each direction of a sequence spread
+    over a cluster of ``cluster`` blocks (``cluster.cu``): the lanes of :func:`recursion_plan` (the same for
+    every launch of a lattice, so every cluster size gives the same bits), a block of enough threads for the
+    widest sequence's states times their lanes over the ``cluster`` blocks (unless ``block_size`` is given),
+    the rows in device memory (mode 0) with the arc table where it fits ``budget`` beside the row maxima's
+    partials, ``[2, cluster * 32]`` values."""
+    lanes = recursion_plan(shape, max_span, itemsize, None, budget)[0]
+    block = launch_block_size(block_size, -(-shape["max_states"] * lanes // cluster))
+    partials = 2 * cluster * 32 * itemsize
+    table = arc_table_bytes(shape, max_span, itemsize)
+    if ARC_TABLES[0] and table is not None and partials + table <= budget:
+        return lanes, block, ARC_TABLE, partials + table
+    return lanes, block, 0, partials
+
+
+def check_cluster(backend: KernelBackend, cluster: int | str, leaky: tuple[float, Array] | None,
+                  layout: Callable[..., tuple]) -> int | str:
+    """``cluster`` as an int of :data:`CLUSTERS` (or ``"auto"``), checked against what the launch can do: blocks
+    of a cluster need a backend that runs them (``backend.clusters``: a device of compute capability 9.0 or later)
+    and the per-sequence kernels without the leaky HMM.  ``"auto"`` stays ``"auto"`` where all of these hold (the
+    launcher then takes :func:`auto_cluster`'s size), else it is 1."""
+    if isinstance(cluster, str) and cluster == "auto":
+        ok = getattr(backend, "clusters", False) and leaky is None and layout is _lattice_layout
+        return "auto" if ok else 1
+    if isinstance(cluster, bool) or not isinstance(cluster, (int, np.integer)) or int(cluster) not in CLUSTERS:
+        raise ValueError(f"cluster: expected one of {CLUSTERS} or 'auto', got {cluster!r}")
+    cluster = int(cluster)
+    if cluster > 1:
+        if not getattr(backend, "clusters", False):
+            raise ValueError(f"cluster: {cluster} blocks a sequence need thread block clusters (compute "
+                             f"capability 9.0 or later); this device has none")
+        if leaky is not None:
+            raise ValueError("cluster: the leaky HMM runs with one block a sequence (cluster=1)")
+        if layout is not _lattice_layout:
+            raise ValueError("cluster: only the per-sequence kernels (the cuda engine) run as clusters")
+    return cluster
+
+
 def posterior_launch(N: int, T: int, max_chunks: int) -> tuple:
     """``(frames per block, blocks, threads)`` of the posterior kernel: a
     block per sequence and frame (several frames a block past 2^20 blocks),
@@ -343,7 +407,7 @@ def check_log_init(xp: ModuleType, log_init: Array, S: int, dtype: DTypeLike) ->
 
 def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, leaky: tuple[float, Array] | None,
                need_posteriors: bool, block_size: int | None,
-               layout: Callable[..., tuple]) -> tuple[Array, Array | None]:
+               layout: Callable[..., tuple], cluster: int | str = 1) -> tuple[Array, Array | None]:
     """The engine protocol on ``backend`` through a pair of kernels:
     ``chainfb::{prefix}_recursion`` (a block per sequence and direction: the
     forward and the backward run at the same time) and
@@ -355,7 +419,10 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     the device ``log_init`` (None without a leak) and the sizes of the
     lattice's arrays (``max_states``, ``max_columns``, ``max_chunks``,
     ``max_degree``).  The recursion's lanes, block and shared memory are
-    :func:`recursion_plan`'s.  Returns ``(loglike [N], post [T, C] or None)``."""
+    :func:`recursion_plan`'s, or with ``cluster`` > 1 (a cluster of blocks a
+    direction, ``cluster.cu``) :func:`cluster_plan`'s.  Returns ``(loglike
+    [N], post [T, C] or None)``."""
+    cluster = check_cluster(backend, cluster, leaky, layout)
     X, lengths, dtype = check_inputs(backend, lat, X, lengths)
     max_span = int(lat.max_span)
     if leaky is not None and max_span > 1:
@@ -369,7 +436,17 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     if N == 0:
         return xp.zeros(0, dtype=dtype), post
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
-    lanes, block, mode, shared = recursion_plan(shape, max_span, dtype.itemsize, block_size, shared_budget(backend))
+    if cluster == "auto":
+        lanes = recursion_plan(shape, max_span, dtype.itemsize, None, shared_budget(backend))[0]
+        cluster = auto_cluster(shape, N, lanes, int(getattr(backend, "multiprocessors", DEFAULT_SMS)))
+    if cluster > 1:
+        lanes, block, mode, shared = cluster_plan(shape, max_span, dtype.itemsize, block_size,
+                                                  shared_budget(backend), cluster)
+        kernel, grid = f"chainfb::fb_cluster_recursion<{_REAL[dtype]}, {cluster}>", cluster * N
+    else:
+        lanes, block, mode, shared = recursion_plan(shape, max_span, dtype.itemsize, block_size,
+                                                    shared_budget(backend))
+        kernel, grid = f"chainfb::{prefix}_recursion<{_REAL[dtype]}>", N
     r = _REAL[dtype]
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
     alpha = xp.empty((T + 1, S), dtype=dtype)
@@ -380,7 +457,7 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     lz = xp.empty(N, dtype=dtype)
     i32 = np.int32
     rows = [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs]
-    backend.launch(f"chainfb::{prefix}_recursion<{r}>", N * (2 if need_posteriors else 1), block,
+    backend.launch(kernel, grid * (2 if need_posteriors else 1), block,
                    [i32(N)] + rec_head + rows + [i32(mode), i32(lanes), init, log_c, loglike, lz], shared_mem=shared)
     if not need_posteriors:
         return loglike, None
@@ -425,8 +502,9 @@ def _lattice_layout(backend, lat: Lattice, dtype, leaky):
 
 def forward_backward(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array,
                      leaky: tuple[float, Array] | None = None, need_posteriors: bool = True,
-                     block_size: int | None = None) -> tuple[Array, Array | None]:
-    """Forward-backward over a lattice through the kernels of ``engine.cu``.
+                     block_size: int | None = None, cluster: int | str | None = None) -> tuple[Array, Array | None]:
+    """Forward-backward over a lattice through the kernels of ``engine.cu``
+    (``cluster.cu`` for the recursion with ``cluster`` > 1).
 
     Same contract as :func:`chainfb.engines.numpy_log.forward_backward`, on
     ``backend``'s arrays.
@@ -446,13 +524,20 @@ def forward_backward(backend: KernelBackend, lat: Lattice, X: Array, lengths: Ar
     need_posteriors : bool
     block_size : threads per block (1..1024, rounded up to a multiple of
         32), or None for :func:`default_block_size` of the widest sequence.
+    cluster : 1, 2, 4 or 8 -- the blocks each direction of a sequence takes
+        (a thread block cluster: compute capability 9.0 or later, no leaky
+        HMM; the same bits as 1) --, ``"auto"`` (:func:`auto_cluster`'s
+        size where clusters can run, else 1), or None for :data:`CLUSTER`
+        (1: no device has measured clusters yet;
+        ``benchmarks/gpu_block_sweep.py`` does).
 
     Returns
     -------
     loglike : ``backend.xp`` ``[N]`` (dtype of ``X``)
     posteriors : ``backend.xp`` ``[T, C]`` or None
     """
-    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _lattice_layout)
+    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _lattice_layout,
+                      CLUSTER if cluster is None else cluster)
 
 
 def best_path(lat: Lattice, X: Array, lengths: Array) -> tuple:

@@ -88,9 +88,11 @@ def _shared_layout(backend, lat: Lattice, dtype, leaky):
 
 def forward_backward(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array,
                      leaky: tuple[float, Array] | None = None, need_posteriors: bool = True,
-                     block_size: int | None = None) -> tuple[Array, Array | None]:
+                     block_size: int | None = None, cluster: int = 1) -> tuple[Array, Array | None]:
     """Forward-backward of a lattice whose sequences all use one graph,
     through the kernels of ``shared_graph.cu`` on ``backend``: parameters and
     return values as :func:`chainfb.engines.cuda.forward_backward` (``X [T,
-    C]`` with ``C = N * K``, ``K`` the graph's distinct pdfs)."""
-    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _shared_layout)
+    C]`` with ``C = N * K``, ``K`` the graph's distinct pdfs), but for
+    ``cluster``: these kernels run one block a sequence (1; any other value
+    is a ``ValueError``)."""
+    return run_engine(backend, lat, X, lengths, leaky, need_posteriors, block_size, _shared_layout, cluster)

@@ -103,3 +103,29 @@ def test_current_kernels_priced_from_the_h100():
            + sum(h100.map_time(k, sum(moved[f"transducer_{k}"]), rates) for k in ("gather", "grad")))
     measured = h100.STEPS_H100["rnnt B=8 V=500"][2]
     assert 0.8 <= got * 1e3 / measured <= 1.25, (got, measured)
+
+
+def test_a_cluster_is_priced_as_its_threads_over_one_block_s_frame():
+    """A cluster of K blocks of B threads (cluster.cu) gives each thread the states a block of K * B threads would,
+    with the frame's fixed costs of one B-thread block: at T = 2000, N = 8, S = 1000 (2,001 states, one block
+    carries two a thread) each cluster size halves or better the busiest thread's states and the priced recursion;
+    the step's margin over the peer (the most the cluster barrier may add a frame) is what the report prints, and
+    it is negative where the step is bound by the host (T = 500, N = 16)."""
+    from emulation import h100, shapes
+    from emulation import recursion_fit as rf
+
+    lat, lengths, _ = shapes.ctc_lattice(2000, 8, 100, 1000)
+    one = rf.recursion_blocks(lat, lengths, 1024)
+    for K, B in ((2, 1024), (4, 512), (8, 256)):
+        got = rf.recursion_blocks(lat, lengths, B, 1, K)
+        wide = rf.recursion_blocks(lat, lengths, K * B)
+        np.testing.assert_array_equal(got[:, :3], wide[:, :3])  # the busiest thread of K * B threads
+        assert (got[:, 3] == B // 32).all() and (got[:, 2] == 1).all() and (one[:, 2] == 2).all()
+    rows = {(r["case"], r["cluster"]): r for r in h100.cluster_rows()}
+    long = [rows["ctc T=2000 N=8 C=100 S=1000", K] for K in (2, 4, 8)]
+    assert [r["block"] for r in long] == [1024, 512, 256]
+    assert all(r["recursion_ms"] < 0.7 * r["one_block_ms"] and r["meets_if_s_ns"] > 0 for r in long)
+    assert rows["ctc T=500 N=16 C=500 S=100", 2]["meets_if_s_ns"] < 0
+    assert ("ctc T=150 N=64 C=5000 S=50", 2) not in rows  # 256 clusters of 2 do not fit 132 SMs at once
+    assert ("ctc T=4000 N=1 C=5000 S=3000", 2) not in rows  # one sequence: the shared-graph kernels
+    assert "not measured" in h100.cluster_report()

@@ -99,9 +99,10 @@ def test_emulated_run_profiles_the_ctc_steps(emulated_run):
     assert (out / "steps" / "profile" / "profile.md").exists()
 
 
-def test_emulated_run_sweeps_modes_and_arc_tables(emulated_run):
+def test_emulated_run_sweeps_modes_arc_tables_and_clusters(emulated_run):
     """The sweep step times each CTC graph in modes 2 and 0, each with and without the arc table, at the engine's
-    own block size."""
+    own block size, and over thread block clusters of 2, 4 and 8 blocks a direction (mode 0, with and without the
+    table)."""
     from benchmarks.gpu_bench import CTC_SHAPES
 
     _, res, _ = emulated_run
@@ -110,8 +111,10 @@ def test_emulated_run_sweeps_modes_and_arc_tables(emulated_run):
     cases = {r["case"] for r in rows}
     assert cases == {f"ctc T={T} N={N} C={C} S={S}" for T, N, C, S in CTC_SHAPES["emulated"]}
     for case in cases:
-        got = {(r["mode"], r["table"]) for r in rows if r["case"] == case and r["engine"] == "cuda"}
-        assert got == {(2, True), (2, False), (0, True), (0, False)}
+        got = {(r["mode"], r["table"], r["cluster"]) for r in rows if r["case"] == case and r["engine"] == "cuda"}
+        assert got == {(2, True, 1), (2, False, 1), (0, True, 1), (0, False, 1)} | {
+            (0, t, k) for t in (True, False) for k in (2, 4, 8)}
+        assert {r["cluster"] for r in rows if r["engine"] == "cuda_shared"} == {1}
 
 
 def test_emulated_run_reaches_every_kernel(emulated_run):
@@ -158,6 +161,9 @@ def test_emulated_run_benchmarks_and_kernel_times(emulated_run):
     assert any("shape" in a for r in traced for a in r["args"]) and any("value" in a for r in traced for a in r["args"])
     ctc = next(b for b in data["benchmarks"] if b["name"] == "ctc")
     assert all("ms" in c["peer"] and "time_ratio" in c for c in ctc["cases"])  # torch's CTC on the CPU here
+    clustered = [c for c in ctc["cases"] if c["case"].endswith("cluster=2")]  # the engine's default set to 2
+    assert clustered and all(any(k["name"].startswith("chainfb::fb_cluster_recursion<float, 2>")
+                                 for k in c["kernels"]) for c in clustered)
 
 
 # ---------------------------------------------------------------------------------------------- the parts

@@ -225,6 +225,139 @@ def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dt
     np.testing.assert_allclose(runs[2][1], post, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("case", ["plain", "spans", "large", "nan", "lanes"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_engine_clusters_give_the_same_bits(be, monkeypatch, case, dtype):
+    """Each direction of a sequence over a cluster of 2, 4 or 8 blocks
+    (cluster.cu) reads the same values in the same order as one block with
+    its rows in device memory: the same bits, with and without the arc
+    table, whatever the lengths (zero included), spans, lanes or NaN."""
+    import chainfb.engines.cuda as cuda_engine
+
+    rng = np.random.default_rng(12)
+    if case == "spans":
+        from test_cuda_emulated_spans import span_fst
+
+        lat = Lattice.of(FstBatch([span_fst(rng, num_states=6, num_arcs=20, max_span=3) for _ in range(3)]))
+    elif case == "large":  # more states than the cluster's threads: each thread strides over several
+        lat = Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=40, num_pdfs=120) for _ in range(2)]))
+    elif case == "lanes":  # few states of many arcs: several lanes a state
+        lat = Lattice.of(FstBatch([random_fst(rng, num_states=6, num_arcs=150, num_pdfs=4) for _ in range(2)]))
+    else:
+        lat = Lattice.of(FstBatch([random_fst(rng, num_states=20, num_arcs=120, num_pdfs=4) for _ in range(3)]))
+    X = rng.normal(size=(9, lat.num_columns)).astype(dtype)
+    lengths = rng.integers(0, 10, lat.num_sequences)
+    lengths[0], lengths[-1] = 9, 0
+    if case == "nan":
+        lengths[1] = 9
+        X[4, lat.col_offsets[1]] = np.nan  # sequence 1's NaN stays in sequence 1
+    launches = []
+    launch = be.launch
+
+    def spy(name, grid, block, args, shared_mem=0):
+        if "_recursion" in name:
+            launches.append((name, grid, int(args[-6]), int(args[-5])))  # name, grid, mode, lanes
+        return launch(name, grid, block, args, shared_mem=shared_mem)
+
+    monkeypatch.setattr(be, "launch", spy)
+    monkeypatch.setattr(cuda_engine, "MODES", (0,))
+    block = 32
+    monkeypatch.setattr(cuda_engine, "ARC_TABLES", (False,))
+    ref = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=block)
+    if case == "lanes":
+        assert launches[-1][3] > 1
+    N = lat.num_sequences
+    for K in (2, 4, 8):
+        for table in (True, False):
+            monkeypatch.setattr(cuda_engine, "ARC_TABLES", (table,))
+            got = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=block, cluster=K)
+            assert launches[-1][:3] == (f"chainfb::fb_cluster_recursion<{'double' if dtype == np.float64 else 'float'}"
+                                        f", {K}>", 2 * N * K, cuda_engine.ARC_TABLE if table else 0)
+            assert launches[-1][3] == launches[0][3]  # the lanes of one block
+            assert np.array_equal(got[0], ref[0], equal_nan=True), (K, table)
+            assert np.array_equal(got[1], ref[1], equal_nan=True), (K, table)
+    ll, post = forward_backward_numpy(lat, X.astype(np.float64), lengths)
+    tol = 1e-10 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(ref[0], ll, rtol=tol, atol=tol)
+    np.testing.assert_allclose(ref[1], post, rtol=tol, atol=tol)
+    if case == "nan":
+        assert np.isnan(ref[0][1]) and np.isfinite(ref[0][0])
+
+
+def test_auto_cluster_covers_the_states_with_blocks_of_256_that_fit_the_sms():
+    from chainfb.engines.cuda import auto_cluster
+
+    def shape(states):
+        return {"max_states": states}
+
+    assert auto_cluster(shape(1024), 8, 1, 132) == 1  # one block gives each state a thread
+    assert auto_cluster(shape(2001), 8, 1, 132) == 8  # CTC, S = 1000: 8 x 256 threads; 128 blocks on 132 SMs
+    assert auto_cluster(shape(2001), 16, 1, 132) == 4  # 32 sequence directions: 4 blocks each fit
+    assert auto_cluster(shape(600), 2, 2, 132) == 8  # 1200 lanes
+    assert auto_cluster(shape(6001), 1, 1, 132) == 8  # the most a cluster takes
+    assert auto_cluster(shape(6001), 64, 1, 132) == 1  # 128 directions fill the SMs already
+    assert auto_cluster(shape(1500), 8, 1, 132) == 8 and auto_cluster(shape(1025), 30, 1, 132) == 2
+
+
+def test_cluster_auto_and_the_module_default(be, monkeypatch):
+    """``cluster="auto"`` launches :func:`auto_cluster`'s size where clusters can run (the same bits as one
+    block) and one block where they cannot (the leaky HMM, the shared-graph engine, a device without them);
+    ``cluster=None`` takes the module's default, one block."""
+    import chainfb.engines.cuda as cuda_engine
+    from chainfb.engines import cuda_shared
+
+    rng = np.random.default_rng(14)
+    lat = Lattice.of(FstBatch([random_fst(rng, num_states=40, num_arcs=90, num_pdfs=4) for _ in range(2)]))
+    X = rng.normal(size=(6, lat.num_columns))
+    lengths = np.array([6, 4])
+    names = []
+    launch = be.launch
+
+    def spy(name, grid, block, args, shared_mem=0):
+        names.append((name, grid))
+        return launch(name, grid, block, args, shared_mem=shared_mem)
+
+    monkeypatch.setattr(be, "launch", spy)
+    ref = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
+    assert names[-2][0] == "chainfb::fb_recursion<double>"  # the module default: one block
+    monkeypatch.setattr(cuda_engine, "auto_cluster", lambda shape, N, lanes, sms: 4)
+    got = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32, cluster="auto")
+    assert names[-2] == ("chainfb::fb_cluster_recursion<double, 4>", 2 * 2 * 4)
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    monkeypatch.setattr(cuda_engine, "CLUSTER", "auto")
+    lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
+    assert names[-2][0] == "chainfb::fb_cluster_recursion<double, 4>"
+    leaky = (0.1, np.log(np.full(lat.num_states, 0.05)))
+    lattice_forward_backward(be, lat, X.copy(), lengths, leaky=leaky, cluster="auto")
+    assert names[-2][0] == "chainfb::fb_recursion<double>"
+    shared = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12)], np.zeros(2, dtype=np.int64)))
+    cuda_shared.forward_backward(be, shared, rng.normal(size=(6, shared.num_columns)), lengths, cluster="auto")
+    assert names[-2][0] == "chainfb::fb_shared_recursion<double>"
+
+
+def test_cluster_argument_is_checked(be):
+    from chainfb.engines import cuda_shared
+
+    rng = np.random.default_rng(13)
+    lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12) for _ in range(2)]))
+    X = rng.normal(size=(4, lat.num_columns))
+    lengths = np.array([4, 3])
+    for bad in (3, 0, 16, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="cluster: expected one of"):
+            lattice_forward_backward(be, lat, X.copy(), lengths, cluster=bad)
+    with pytest.raises(ValueError, match="cluster: the leaky HMM"):
+        lattice_forward_backward(be, lat, X.copy(), lengths, leaky=(0.1, np.zeros(lat.num_states)), cluster=2)
+
+    class NoClusters:  # a backend (a device before compute capability 9.0) without clusters
+        xp, launch, cache_key = be.xp, be.launch, be.cache_key
+
+    with pytest.raises(ValueError, match="compute capability 9.0"):
+        lattice_forward_backward(NoClusters(), lat, X.copy(), lengths, cluster=2)
+    shared = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12)], np.zeros(2, dtype=np.int64)))
+    with pytest.raises(ValueError, match="per-sequence kernels"):
+        cuda_shared.forward_backward(be, shared, rng.normal(size=(4, shared.num_columns)), lengths, cluster=2)
+
+
 def test_shared_plan_chooses_the_most_that_fits():
     from chainfb.engines.cuda import ARC_TABLE, arc_table_bytes, shared_plan
 
@@ -640,6 +773,8 @@ for block in (1, 3, 8):
     X = rng.normal(size=(5, lat.num_columns))
     t._compare(be, lat, X, np.array([5, 2, 0]), block=block)
     t._compare(be, lat, X, np.array([5, 2, 0]), block=block, leaky=(0.1, np.log(np.full(lat.num_states, 0.2))))
+    for K in (2, 8):  # a sequence's direction over a cluster of blocks
+        t.lattice_forward_backward(be, lat, X.copy(), np.array([5, 2, 0]), block_size=block, cluster=K)
 for kind in ("f16", "bf16", "f32", "f64"):
     for M in (0, 2):
         logits, args, C, rows, zc = t._case(rng, M=M)

@@ -48,6 +48,23 @@ def test_launch_limits(selftest):
     assert b"1024" in selftest.lib.cfb_last_error()
 
 
+def test_clusters_share_memory_and_a_barrier(selftest):
+    """A kernel declared with thread block clusters of 2: the two blocks of a
+    cluster write into each other's shared memory and meet at the cluster's
+    barrier; misusing either is an error, not a hang or a stray write."""
+    n, grid = 8, 6
+    out = np.zeros(grid * n, dtype=np.float32)
+    selftest.launch("cfb_selftest::cluster_exchange", grid, n, [out, np.int32(0), np.int32(0)], shared_mem=4 * n)
+    partner = np.arange(grid) ^ 1  # block 2c + r's partner is 2c + 1 - r
+    np.testing.assert_array_equal(out.reshape(grid, n), 1000 * partner[:, None] + np.arange(n)[None, :])
+    with pytest.raises(RuntimeError, match="the other barrier"):
+        selftest.launch("cfb_selftest::cluster_exchange", 2, n, [out, np.int32(1), np.int32(0)], shared_mem=4 * n)
+    with pytest.raises(RuntimeError, match="outside the dynamic shared memory"):
+        selftest.launch("cfb_selftest::cluster_exchange", 2, n, [out, np.int32(0), np.int32(1)], shared_mem=4 * n)
+    with pytest.raises(RuntimeError, match="dividing the grid"):
+        selftest.launch("cfb_selftest::cluster_exchange", 3, n, [out, np.int32(0), np.int32(0)], shared_mem=4 * n)
+
+
 def test_blocks_run_in_random_order(selftest):
     order = np.full(64, -1, dtype=np.int32)
     counter = np.zeros(1, dtype=np.int32)

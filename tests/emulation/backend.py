@@ -119,6 +119,9 @@ class EmulatedBackend:
     """
 
     xp = np
+    #: it runs the kernels declared with thread block clusters (``cluster.cu``), as a device of compute
+    #: capability 9.0 does
+    clusters = True
 
     def __init__(self, library: str, record_to: str | None = None, count: bool = False):
         self.record_to = record_to  # a directory: every launch is also written there (see emulate_replay.cpp)

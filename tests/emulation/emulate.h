@@ -27,6 +27,15 @@
 //   - launch limits: 1..1024 threads per block, 1..2^31-1 blocks, at most
 //     48 KiB of static shared memory per block and 227 KiB of static and
 //     dynamic shared memory together.
+// Thread block clusters (a kernel declared with __cluster_dims__(K, 1, 1),
+// sm_90; its launch entry gives K): blocks K c .. K c + K - 1 form cluster
+// c and always run in the same group; cluster_sync() is the cluster's
+// barrier (every live thread of its K blocks), cluster_rank() a block's
+// rank in it, and cluster_map(p, r) maps a pointer into the block's dynamic
+// shared memory to the same place in block r's (distributed shared
+// memory).  A block whose threads wait at both barriers at once, or that
+// maps a pointer outside its dynamic shared memory or to a rank outside the
+// cluster, is an error.
 // It also counts the work the kernels annotate (CHAINFB_WORK, common.cuh):
 // per block its phases, per category the span (the sum over phases of the
 // largest count of any one thread in the phase), a weighted span and the
@@ -107,6 +116,7 @@ struct Stats {
 
 struct Launch {
   uint3 grid_dim{1, 1, 1}, block_dim{1, 1, 1};
+  unsigned cluster_dim = 1;  // blocks a cluster
   std::size_t dynamic_shared = 0;
   void (*body)(void*) = nullptr;  // runs the kernel in the current fiber
   void* body_arg = nullptr;
@@ -126,8 +136,19 @@ inline Fiber* g_cur = nullptr;  // the running fiber
 inline bool g_counting = false;
 inline double g_weights[kMaxWork] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
+// The blocks of one thread block cluster and its barrier.
+struct Cluster {
+  std::vector<Block*> blocks;  // by rank
+  unsigned arrived = 0;        // blocks whose every live thread waits at cluster_sync()
+  char sync[2] = {0, 0};       // TSan: as Block::sync
+  long long barriers = 0;
+};
+
 struct Block {
   unsigned index = 0;
+  Cluster* cluster = nullptr;  // with cluster_dim > 1
+  unsigned rank = 0;           // in its cluster
+  int barrier_kind = 0;        // what its waiting threads wait at: 0 nothing, 1 __syncthreads, 2 cluster_sync
   uint3 idx{0, 0, 0};
   unsigned threads = 0;
   std::unique_ptr<Fiber[]> fibers;
@@ -238,6 +259,20 @@ inline void finish_block(Block* b) {
 inline std::string describe_deadlock(Block* b);
 inline std::string warp_waits_for(const Fiber* f);
 
+// Every thread of `b` waiting at a barrier goes on: the phase ends.
+inline void release_barrier(Block* b) {
+  end_phase(b);
+  ++b->barriers;
+  b->barrier_kind = 0;
+  b->queue.swap(b->at_barrier);
+  b->at_barrier.clear();
+  b->head = 0;
+  Rng& r = g_launch->rng;
+  for (std::size_t i = b->queue.size(); i > 1; --i) std::swap(b->queue[i - 1], b->queue[r.below(i)]);
+  for (Fiber* f : b->queue) f->state = St::Ready;
+  make_ready(b);
+}
+
 // Called when no fiber of `b` is queued or running: start its next phase,
 // finish it, or report that it can go no further.
 inline void advance(Block* b) {
@@ -247,16 +282,18 @@ inline void advance(Block* b) {
   }
   if (b->at_barrier.size() == b->live) {
     if (b->exited > 0)
-      fail("__syncthreads() reached after a thread of " + block_name(b) + " had exited", false);
-    end_phase(b);
-    ++b->barriers;
-    b->queue.swap(b->at_barrier);
-    b->at_barrier.clear();
-    b->head = 0;
-    Rng& r = g_launch->rng;
-    for (std::size_t i = b->queue.size(); i > 1; --i) std::swap(b->queue[i - 1], b->queue[r.below(i)]);
-    for (Fiber* f : b->queue) f->state = St::Ready;
-    make_ready(b);
+      fail(std::string(b->barrier_kind == 2 ? "cluster_sync()" : "__syncthreads()") + " reached after a thread of " +
+               block_name(b) + " had exited",
+           false);
+    if (b->barrier_kind == 2) {  // the block waits for the rest of its cluster
+      Cluster* c = b->cluster;
+      if (++c->arrived < c->blocks.size()) return;
+      c->arrived = 0;
+      ++c->barriers;
+      for (Block* m : c->blocks) release_barrier(m);
+      return;
+    }
+    release_barrier(b);
     return;
   }
   fail(describe_deadlock(b), true);
@@ -289,20 +326,43 @@ inline void yield(Fiber* f) {
 
 // ------------------------------------------------------------ CUDA surface
 
-inline void syncthreads() {
+// Wait at a barrier of `kind` (1: the block's, 2: its cluster's).
+inline void barrier(int kind) {
   IgnoreScope ignore;
   Fiber* f = g_cur;
   Block* b = f->blk;
+  const std::string what = kind == 2 ? "cluster_sync()" : "__syncthreads()";
   const std::string waiting = warp_waits_for(f);
   if (!waiting.empty())
-    abort_launch("deadlock in " + block_name(b) + ": " + thread_name(f) + " waits at __syncthreads() while " +
-                 waiting);
-  char* edge = &b->sync[b->barriers & 1];
+    abort_launch("deadlock in " + block_name(b) + ": " + thread_name(f) + " waits at " + what + " while " + waiting);
+  if (kind == 2 && !b->cluster) abort_launch("cluster_sync() in a kernel launched without clusters");
+  if (b->barrier_kind && b->barrier_kind != kind)
+    abort_launch("deadlock in " + block_name(b) + ": " + thread_name(f) + " waits at " + what +
+                 " while other threads of the block wait at the other barrier");
+  b->barrier_kind = kind;
+  char* edge = kind == 2 ? &b->cluster->sync[b->cluster->barriers & 1] : &b->sync[b->barriers & 1];
   tsan_release(edge);
   f->state = St::Barrier;
   b->at_barrier.push_back(f);
   yield(f);
   tsan_acquire(edge);
+}
+
+inline void syncthreads() { barrier(1); }
+inline void cluster_sync() { barrier(2); }
+inline unsigned cluster_rank() { return g_cur->blk->rank; }
+
+// `p` (in the calling block's dynamic shared memory) at the same place in
+// the dynamic shared memory of block `rank` of its cluster.
+template <class T>
+inline T* cluster_map(T* p, unsigned rank) {
+  Block* b = g_cur->blk;
+  const auto* at = reinterpret_cast<const unsigned char*>(p);
+  if (!b->cluster || rank >= b->cluster->blocks.size())
+    abort_launch("cluster_map: rank " + std::to_string(rank) + " outside the cluster of " + block_name(b));
+  if (at < b->dynamic || at >= b->dynamic + g_launch->dynamic_shared)
+    abort_launch("cluster_map: a pointer outside the dynamic shared memory of " + block_name(b));
+  return reinterpret_cast<T*>(b->cluster->blocks[rank]->dynamic + (at - b->dynamic));
 }
 
 inline void fiber_exit(Fiber* f);
@@ -392,7 +452,8 @@ struct LaunchConfig {
   unsigned grid, block;
   std::size_t shared_mem;  // dynamic shared memory per block, bytes
   bool count;
-  Stats* stats;  // filled when counting
+  Stats* stats;          // filled when counting
+  unsigned cluster = 1;  // blocks a cluster (the kernel's __cluster_dims__)
 };
 
 inline void release_block(Block* b) {
@@ -427,6 +488,27 @@ inline void run_group(Launch& L, const std::vector<unsigned>& order, unsigned fi
       b->queue.push_back(f);
     }
     blocks.push_back(std::move(b));
+  }
+  std::vector<std::unique_ptr<Cluster>> clusters;  // the group holds whole clusters (launch() orders it so)
+  if (L.cluster_dim > 1) {
+    for (auto& b : blocks) {
+      const unsigned c = b->index / L.cluster_dim;
+      Cluster* cl = nullptr;
+      for (auto& k : clusters)
+        if (k->blocks[0]->index / L.cluster_dim == c) cl = k.get();
+      if (!cl) {
+        clusters.push_back(std::make_unique<Cluster>());
+        cl = clusters.back().get();
+      }
+      cl->blocks.push_back(b.get());
+    }
+    for (auto& cl : clusters) {
+      std::sort(cl->blocks.begin(), cl->blocks.end(), [](Block* x, Block* y) { return x->index < y->index; });
+      for (unsigned r = 0; r < cl->blocks.size(); ++r) {
+        cl->blocks[r]->cluster = cl.get();
+        cl->blocks[r]->rank = r;
+      }
+    }
   }
   init_main_context(&L.main);
   try {
@@ -471,6 +553,9 @@ inline std::string launch(const LaunchConfig& c, void (*body)(void*), void* arg)
   if (c.block < 1 || c.block > kMaxThreads)
     return "block size " + std::to_string(c.block) + " outside 1.." + std::to_string(kMaxThreads);
   if (c.grid < 1 || c.grid > 0x7fffffffu) return "grid size " + std::to_string(c.grid) + " outside 1..2^31-1";
+  if (c.cluster < 1 || c.cluster > 8 || c.grid % c.cluster)
+    return "a cluster of " + std::to_string(c.cluster) + " blocks for a grid of " + std::to_string(c.grid) +
+           " (1..8 blocks, dividing the grid)";
   if (c.shared_mem > kMaxShared)
     return std::to_string(c.shared_mem) + " bytes of dynamic shared memory per block (limit " +
            std::to_string(kMaxShared) + " with the static)";
@@ -480,7 +565,8 @@ inline std::string launch(const LaunchConfig& c, void (*body)(void*), void* arg)
   std::lock_guard<std::mutex> lock(launch_mutex());
   IgnoreScope ignore;
   const unsigned env_seed = env_unsigned("CHAINFB_EMULATE_SEED", 12345u);
-  const unsigned concurrent = std::max(1u, env_unsigned("CHAINFB_EMULATE_CONCURRENT_BLOCKS", 4u));
+  const unsigned wanted = std::max(1u, env_unsigned("CHAINFB_EMULATE_CONCURRENT_BLOCKS", 4u));
+  const unsigned concurrent = (wanted + c.cluster - 1) / c.cluster * c.cluster;  // whole clusters
   Launch L;
   L.grid_dim = {c.grid, 1, 1};
   L.block_dim = {c.block, 1, 1};
@@ -499,9 +585,17 @@ inline std::string launch(const LaunchConfig& c, void (*body)(void*), void* arg)
     L.stats->phases.assign(c.grid, 0);
     L.stats->span_weighted.assign(c.grid, 0.0);
   }
-  std::vector<unsigned> order(c.grid);
-  std::iota(order.begin(), order.end(), 0u);
-  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[L.rng.below(i)]);
+  L.cluster_dim = c.cluster;
+  // the blocks in a random order, a cluster's together (in a random order among themselves)
+  std::vector<unsigned> clusters(c.grid / c.cluster), order;
+  std::iota(clusters.begin(), clusters.end(), 0u);
+  for (std::size_t i = clusters.size(); i > 1; --i) std::swap(clusters[i - 1], clusters[L.rng.below(i)]);
+  order.reserve(c.grid);
+  for (unsigned k : clusters) {
+    const std::size_t first = order.size();
+    for (unsigned r = 0; r < c.cluster; ++r) order.push_back(k * c.cluster + r);
+    for (std::size_t i = c.cluster; i > 1; --i) std::swap(order[first + i - 1], order[first + L.rng.below(i)]);
+  }
   g_launch = &L;
   g_counting = c.count;
   g_math = math;
@@ -541,6 +635,7 @@ inline T atomic_add(T* p, T v) {
 #define __forceinline__ inline
 #define __restrict__
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 
 inline constexpr int warpSize = 32;
 

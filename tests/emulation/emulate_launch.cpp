@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cluster.cu"
 #include "engine.cu"
 #include "shared_graph.cu"
 #include "transducer.cu"
@@ -59,10 +60,13 @@ static_assert(chainfb::kWorkShuffle == cfb_emu::kShuffleWork, "the category the 
 struct Entry {
   const char* name;
   Runner fn;
+  unsigned cluster = 1;  // the kernel's __cluster_dims__
 };
 
 #define CFB_ENTRY(NAME, ...) \
   Entry { NAME, [](const cfb_emu::LaunchConfig& c, void** a) { return run(&__VA_ARGS__, c, a); } }
+#define CFB_CLUSTER_ENTRY(NAME, K, ...) \
+  Entry { NAME, [](const cfb_emu::LaunchConfig& c, void** a) { return run(&__VA_ARGS__, c, a); }, K }
 
 using chainfb::BF16;
 using chainfb::F16;
@@ -72,6 +76,12 @@ const Entry kTable[] = {
     CFB_ENTRY("chainfb::fb_recursion<double>", chainfb::fb_recursion<double>),
     CFB_ENTRY("chainfb::fb_posteriors<float>", chainfb::fb_posteriors<float>),
     CFB_ENTRY("chainfb::fb_posteriors<double>", chainfb::fb_posteriors<double>),
+    CFB_CLUSTER_ENTRY("chainfb::fb_cluster_recursion<float, 2>", 2, chainfb::fb_cluster_recursion<float, 2>),
+    CFB_CLUSTER_ENTRY("chainfb::fb_cluster_recursion<float, 4>", 4, chainfb::fb_cluster_recursion<float, 4>),
+    CFB_CLUSTER_ENTRY("chainfb::fb_cluster_recursion<float, 8>", 8, chainfb::fb_cluster_recursion<float, 8>),
+    CFB_CLUSTER_ENTRY("chainfb::fb_cluster_recursion<double, 2>", 2, chainfb::fb_cluster_recursion<double, 2>),
+    CFB_CLUSTER_ENTRY("chainfb::fb_cluster_recursion<double, 4>", 4, chainfb::fb_cluster_recursion<double, 4>),
+    CFB_CLUSTER_ENTRY("chainfb::fb_cluster_recursion<double, 8>", 8, chainfb::fb_cluster_recursion<double, 8>),
     CFB_ENTRY("chainfb::fb_shared_recursion<float>", chainfb::fb_shared_recursion<float>),
     CFB_ENTRY("chainfb::fb_shared_recursion<double>", chainfb::fb_shared_recursion<double>),
     CFB_ENTRY("chainfb::fb_shared_posteriors<float>", chainfb::fb_shared_posteriors<float>),
@@ -97,6 +107,7 @@ const Entry kTable[] = {
     CFB_ENTRY("cfb_selftest::warp_misuse", cfb_selftest::warp_misuse),
     CFB_ENTRY("cfb_selftest::warp_handoff", cfb_selftest::warp_handoff),
     CFB_ENTRY("cfb_selftest::dynamic_shared", cfb_selftest::dynamic_shared),
+    CFB_CLUSTER_ENTRY("cfb_selftest::cluster_exchange", 2, cfb_selftest::cluster_exchange),
     CFB_ENTRY("cfb_selftest::math_funcs<float>", cfb_selftest::math_funcs<float>),
     CFB_ENTRY("cfb_selftest::math_funcs<double>", cfb_selftest::math_funcs<double>),
 #endif
@@ -115,7 +126,7 @@ extern "C" int cfb_launch_ex(const char* name, unsigned grid, unsigned block, un
   for (const Entry& e : kTable) {
     if (std::strcmp(e.name, name) == 0) {
       cfb_emu::Stats stats;
-      last_error = e.fn(cfb_emu::LaunchConfig{name, grid, block, shared_mem, count != 0, &stats}, args);
+      last_error = e.fn(cfb_emu::LaunchConfig{name, grid, block, shared_mem, count != 0, &stats, e.cluster}, args);
       if (count) {
         last_stats = std::move(stats);
         have_stats = true;

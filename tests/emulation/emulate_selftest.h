@@ -188,7 +188,27 @@ CHAINFB_KERNEL void dynamic_shared(float* out, int static_doubles) {
   out[blockIdx.x * 2 * n + n + t] = dyn[t];
 }
 
-// Num<R>'s exp_, log_, log1p_ of x[i], i over the grid's threads:
+// a cluster of 2 blocks (cluster_map, cluster_sync): each block writes
+// 1000 * its block + thread into slot `thread` of the other block's dynamic
+// shared memory; after the cluster's barrier each thread reads its own slot.
+// With `mix` the block's thread 0 waits at __syncthreads() while the others
+// wait at the cluster's barrier: an error.  With `outside` a thread maps a
+// pointer that is not in its dynamic shared memory: an error.
+CHAINFB_CLUSTER_KERNEL(2) void cluster_exchange(float* out, int mix, int outside) {
+  CHAINFB_DYNAMIC_SHARED(float, dyn);
+  CHAINFB_SHARED_ARRAY(float, fixed, 1);
+  const unsigned r = chainfb::cluster_rank(), t = threadIdx.x;
+  chainfb::cluster_sync();
+  if (outside && t == 0) chainfb::cluster_map(fixed, 1u - r)[0] = 1.0f;
+  chainfb::cluster_map(dyn, 1u - r)[t] = (float)(1000 * blockIdx.x + t);
+  if (mix && t == 0)
+    __syncthreads();
+  else
+    chainfb::cluster_sync();
+  out[blockIdx.x * blockDim.x + t] = dyn[t];
+}
+
+
 // out [3, n] (exp, log, log1p)
 template <typename R>
 CHAINFB_KERNEL void math_funcs(const R* x, int n, R* out) {

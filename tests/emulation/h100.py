@@ -36,7 +36,7 @@ from . import recursion_fit
 from .recursion_fit import LAUNCH_NS, POSTERIORS_H100
 
 __all__ = ["STEPS_H100", "MAPS_H100", "posterior_rate", "map_rates", "recursion_time", "posterior_time",
-           "map_time", "report"]
+           "map_time", "report", "cluster_rows", "cluster_report"]
 
 #: benchmark case -> (chainfb step ms, peer step ms, chainfb kernels ms), one H100 80GB HBM3, torch 2.11 +
 #: CUDA 13, median of 5 steps (``benchmarks/gpu_check.sh OUT --steps env,tests,compare,bench --bench
@@ -110,6 +110,63 @@ def recursion_time(lat, lengths, block: int, mode: int, lanes: int = 1) -> float
     return recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes), _FITS[mode])
 
 
+def cluster_rows(shapes_=None, clusters=(2, 4, 8)) -> list:
+    """The CTC benchmark steps with each direction of a sequence over a thread block cluster (cluster.cu), priced
+    as far as measurements go: per shape and cluster size, at the block the engine plans for it
+    (:func:`chainfb.engines.cuda.cluster_plan`, the shape's lanes), the recursion by the mode-0 refit with the
+    cluster's threads (:func:`~emulation.recursion_fit.recursion_blocks`), plus the posteriors and the step's
+    measured remainder as in :data:`STEPS_H100`.  No device has run a cluster: the cost of its barrier over one
+    block's (a cluster-wide barrier and the row maxima pushed to the other blocks' shared memory) is unknown, so
+    each row gives the step without it and the largest extra time per frame (``s``) at which the step still meets
+    the peer's time, and at which the cluster still beats one block in mode 0.  Rows: dicts with ``case, cluster,
+    block, one_block_ms`` (the recursion, one block, mode 0), ``recursion_ms`` (s = 0), ``step_ratio`` (s = 0),
+    ``meets_if_s_ns``, ``beats_one_block_if_s_ns``; shapes whose 2N clusters do not fit 132 SMs at once are
+    left out, and those of one sequence (the step runs the shared-graph kernels there)."""
+    from chainfb.engines import cuda as cuda_engine
+
+    from . import shapes
+
+    if 0 not in _FITS:
+        _FITS[0] = recursion_fit.fit(0)[0]
+    p = _FITS[0]
+    rows = []
+    for shape in shapes_ or shapes.CTC_SHAPES:
+        T, N, C, S = shape
+        name = f"ctc T={T} N={N} C={C} S={S}"
+        if name not in STEPS_H100 or N == 1:
+            continue  # (one sequence runs on the shared-graph kernels, which take one block a sequence)
+        lat, lengths, _ = shapes.ctc_lattice(*shape)
+        step, peer, measured = STEPS_H100[name]
+        rest = step - measured
+        post = posterior_time(int(lengths.max()), lat.num_states) * 1e3
+        shape_ = cuda_engine.layout_shape(cuda_engine.lattice_host_arrays(lat))
+        lanes, one, _, _ = cuda_engine.recursion_plan(shape_, 1, 4, None, 227 * 1024)
+        base = recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, one, lanes), p) * 1e3
+        frames = float(np.max(lengths))
+        for K in clusters:
+            if 2 * N * K > 132:
+                continue
+            block = cuda_engine.cluster_plan(shape_, 1, 4, None, 227 * 1024, K)[1]
+            rec = recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes, K), p) * 1e3
+            rows.append(dict(case=name, cluster=K, block=block, one_block_ms=base, recursion_ms=rec,
+                             step_ratio=(rec + post + rest) / peer,
+                             meets_if_s_ns=(peer - rest - post - rec) / frames * 1e6,
+                             beats_one_block_if_s_ns=(base - rec) / frames * 1e6))
+    return rows
+
+
+def cluster_report() -> str:
+    """:func:`cluster_rows` as text."""
+    lines = ["thread block clusters (cluster.cu), not measured on a device: recursion by the mode-0 refit, s = the "
+             "cluster barrier's extra time a frame over a block's"]
+    for r in cluster_rows():
+        lines.append(f"  {r['case']}: {r['cluster']} blocks of {r['block']}: recursion {r['recursion_ms']:.3f} ms + "
+                     f"s per frame (one block, mode 0: {r['one_block_ms']:.3f} ms); step {r['step_ratio']:.2f}x the "
+                     f"peer at s = 0; meets the peer if s <= {r['meets_if_s_ns']:.0f} ns, beats one block if s <= "
+                     f"{r['beats_one_block_if_s_ns']:.0f} ns")
+    return "\n".join(lines)
+
+
 def report() -> str:
     """The posterior fit against its points, as text."""
     rate = posterior_rate()
@@ -122,3 +179,4 @@ def report() -> str:
 
 if __name__ == "__main__":
     print(report())
+    print(cluster_report())

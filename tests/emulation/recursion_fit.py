@@ -64,7 +64,7 @@ RNNT_H100 = 0.889
 LAUNCH_NS = 5000.0
 
 
-def recursion_blocks(lat, lengths, block: int, lanes: int = 1) -> np.ndarray:
+def recursion_blocks(lat, lengths, block: int, lanes: int = 1, cluster: int = 1) -> np.ndarray:
     """``[2N, 4]``: per block of the recursion launch (each sequence's forward,
     then its backward) its frames, the most arc terms and the most states a
     thread takes in a frame, and its warps -- groups of ``lanes`` threads
@@ -72,11 +72,14 @@ def recursion_blocks(lat, lengths, block: int, lanes: int = 1) -> np.ndarray:
     every ``lanes``-th arc of its state.  With several lanes a state, the
     merge of their sums (``log2(lanes)`` shuffle steps) is counted as that
     many arc terms: an assumption, not a fitted cost (the sweep had one lane
-    a state)."""
+    a state).  With ``cluster`` > 1 (cluster.cu) a direction's threads are
+    the ``cluster * block`` threads of its cluster, and each row is one of
+    its ``cluster`` blocks (the same for each: the busiest thread of the
+    group, the warps of one block)."""
     state_off = lat.state_offsets
     in_deg, out_deg = np.diff(lat.fwd.ptr), np.diff(lat.bwd.ptr)
     L = np.asarray(lengths, dtype=np.float64)
-    groups = max(1, block // lanes)
+    groups = max(1, cluster * block // lanes)
     rows = []
     for deg in (in_deg, out_deg):
         for n in range(lat.num_sequences):
