@@ -42,6 +42,41 @@ class TestCudaKernels(OnCUDA):
             assert np.array_equal(runs[1][0].get(), ll) and np.array_equal(runs[1][1].get(), post)
 
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_clusters_give_the_bits_of_one_block(self, dtype):
+        """Each direction of a sequence over a thread block cluster (cluster.cu) on the device: the same bits as
+        one block with its rows in device memory, for 2, 4 and 8 blocks, with and without the arc table (a
+        device before compute capability 9.0 refuses them)."""
+        import cupy
+
+        import chainfb.engines.cuda as cuda_engine
+        from chainfb.testing import numerator_like_fst
+
+        backend = cupy_backend()
+        rng = np.random.default_rng(9)
+        lat = Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=60, num_pdfs=200) for _ in range(3)]))
+        X = cupy.asarray(rng.normal(scale=3.0, size=(80, lat.num_columns)).astype(dtype))
+        lengths = np.array([80, 41, 0])
+        if not backend.clusters:
+            with pytest.raises(ValueError, match="compute capability 9.0"):
+                cuda_engine.forward_backward(backend, lat, X.copy(), lengths, cluster=2)
+            return
+        saved = cuda_engine.MODES, cuda_engine.ARC_TABLES
+        try:
+            cuda_engine.MODES, cuda_engine.ARC_TABLES = (0,), (False,)
+            ref = [a.get() for a in cuda_engine.forward_backward(backend, lat, X.copy(), lengths, block_size=64)]
+            for table in (True, False):
+                cuda_engine.ARC_TABLES = (table,)
+                for K in (2, 4, 8):
+                    got = cuda_engine.forward_backward(backend, lat, X.copy(), lengths, block_size=64, cluster=K)
+                    assert np.array_equal(got[0].get(), ref[0]) and np.array_equal(got[1].get(), ref[1]), (K, table)
+        finally:
+            cuda_engine.MODES, cuda_engine.ARC_TABLES = saved
+        ll, post = forward_backward_numpy(lat, X.get().astype(np.float64), lengths)
+        tol = 1e-9 if dtype == np.float64 else 2e-4
+        np.testing.assert_allclose(ref[0], ll, rtol=tol, atol=tol)
+        np.testing.assert_allclose(ref[1], post, rtol=tol, atol=tol)
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
     def test_shared_graph_kernels_match_numpy_and_lattice_kernels(self, dtype):
         import cupy
 
