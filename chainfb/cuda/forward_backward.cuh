@@ -35,7 +35,10 @@
 // with T, and the integer terms are exact.  Each row's maximum is a
 // block-wide reduction (warp shuffles, one partial per warp in shared
 // memory) whose result is read after the frame's barrier: no extra barrier
-// per frame.
+// per frame.  (A direction may also run on a thread block cluster of K
+// blocks, cluster.cu: the block's threads, barrier and reduction become the
+// cluster's -- the bodies' template parameter K, put_group_max / group_max /
+// group_sync -- and every sum stays the same.)
 //
 // One more step keeps long inputs exact where the states alive at a frame
 // are far apart (a numerator graph under scores of 1e4: a state that stayed
@@ -144,7 +147,7 @@ __device__ __forceinline__ R block_max(const R* part) {
   return m;
 }
 
-// The same over a group (see Group): K = 1, a block (put_warp_max /
+// The same over a group of threads: K = 1, a block (put_warp_max /
 // block_max); K > 1, a cluster of K blocks, where lane 0 of each warp stores
 // the warp's largest value in slot rank * 32 + warp of `part` in every block
 // of the cluster (part [K * 32], in dynamic shared memory), and group_max
@@ -466,8 +469,9 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   CHAINFB_SHARED_ARRAY(R, sm_sum, 256);
   CHAINFB_DYNAMIC_SHARED(R, sm_top);
   const int tid = threadIdx.x, nt = blockDim.x;
-  // the group (Group): its threads gt of gn; the row maxima's partials [2, K * 32] (K > 1: first in the
-  // dynamic shared memory, what the mode keeps after them)
+  // the group (the block, or the cluster of K blocks: cluster.cu): this thread is gt of its gn threads; the
+  // row maxima's partials [2, 32] in static shared memory, or [2, K * 32] first in the dynamic shared memory
+  // (K > 1; what the mode keeps comes after them)
   const int rank = K > 1 ? (int)cluster_rank() : 0, gt = rank * nt + tid, gn = K * nt, pw = K > 1 ? K * 32 : 32;
   R* const parts = K > 1 ? sm_top : sm_max;
   R* const sm_dyn = K > 1 ? sm_top + 2 * pw : sm_top;

@@ -78,7 +78,8 @@ def test_emulated_run_writes_every_result(emulated_run):
     assert os.path.exists(out / "steps" / "junit_cuda.xml")
     md = (out / "results.md").read_text()
     for title in ("## Steps", "## Environment", "## CUDA tests", "## Sanitizers", "## GPU vs CPU", "## Benchmarks",
-                  "## Engine launches", "## Where a step's time goes", "Emulated run"):
+                  "## Engine launches", "## Where a step's time goes", "Emulated run",
+                  "The fastest launch of each case and engine"):
         assert title in md
 
 
