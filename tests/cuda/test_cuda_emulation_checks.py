@@ -124,6 +124,8 @@ def _run_kernels(be):
     X = rng.normal(size=(5, lat.num_columns))
     t._compare(be, lat, X, np.array([5, 2, 0]), block=4, leaky=(0.1, np.log(np.full(lat.num_states, 0.2))))
     t._compare(be, lat, X, np.array([5, 3, 1]), block=8, dtype=np.float32, rtol=2e-5, atol=2e-6)
+    for K in (2, 4):  # each direction over a cluster of blocks: its barrier and distributed shared memory
+        t.lattice_forward_backward(be, lat, X.copy(), np.array([5, 2, 0]), block_size=32, cluster=K)
     logits, args, C, rows, zc = t._case(rng, M=2)
     x = t._as_input(logits, "f16")
     Xe, lse = t.transducer_gather(be, x, num_rows=rows, num_columns=C, zero_col=zc, threads_per_row=4,
