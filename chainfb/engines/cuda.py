@@ -439,15 +439,15 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     if cluster == "auto":
         lanes = recursion_plan(shape, max_span, dtype.itemsize, None, shared_budget(backend))[0]
         cluster = auto_cluster(shape, N, lanes, int(getattr(backend, "multiprocessors", DEFAULT_SMS)))
-    if cluster > 1:
+    r = _REAL[dtype]
+    if cluster > 1:  # each direction on `cluster` blocks
         lanes, block, mode, shared = cluster_plan(shape, max_span, dtype.itemsize, block_size,
                                                   shared_budget(backend), cluster)
-        kernel, grid = f"chainfb::fb_cluster_recursion<{_REAL[dtype]}, {cluster}>", cluster * N
+        kernel, blocks = f"chainfb::fb_cluster_recursion<{r}, {cluster}>", cluster * N
     else:
         lanes, block, mode, shared = recursion_plan(shape, max_span, dtype.itemsize, block_size,
                                                     shared_budget(backend))
-        kernel, grid = f"chainfb::{prefix}_recursion<{_REAL[dtype]}>", N
-    r = _REAL[dtype]
+        kernel, blocks = f"chainfb::{prefix}_recursion<{r}>", N
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
     alpha = xp.empty((T + 1, S), dtype=dtype)
     beta = xp.empty((T + 1, S), dtype=dtype) if need_posteriors else np.uint64(0)
@@ -457,7 +457,7 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     lz = xp.empty(N, dtype=dtype)
     i32 = np.int32
     rows = [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs]
-    backend.launch(kernel, grid * (2 if need_posteriors else 1), block,
+    backend.launch(kernel, blocks * (2 if need_posteriors else 1), block,
                    [i32(N)] + rec_head + rows + [i32(mode), i32(lanes), init, log_c, loglike, lz], shared_mem=shared)
     if not need_posteriors:
         return loglike, None
