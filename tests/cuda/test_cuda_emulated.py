@@ -9,6 +9,8 @@ import paths  # tests/paths.py: the repository's and the tests' folders
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from chainfb import Fst, FstBatch, Lattice
 from chainfb.cuda.kernels import KERNELS
@@ -282,6 +284,30 @@ def test_engine_clusters_give_the_same_bits(be, monkeypatch, case, dtype):
     np.testing.assert_allclose(ref[1], post, rtol=tol, atol=tol)
     if case == "nan":
         assert np.isnan(ref[0][1]) and np.isfinite(ref[0][0])
+
+
+@settings(max_examples=15, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), K=st.sampled_from([2, 4, 8]), block=st.sampled_from([32, 64]),
+       table=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]), holes=st.integers(0, 3))
+def test_clusters_match_one_block_property(be, monkeypatch, seed, K, block, table, dtype, holes):
+    """Random graphs, lengths and block sizes, with NaN, +inf and -inf placed among the scores: a cluster of K
+    blocks a direction gives the bits of one block (which the tests above hold to the NumPy engine)."""
+    import chainfb.engines.cuda as cuda_engine
+
+    rng = np.random.default_rng(seed)
+    fsts = [random_fst(rng, num_states=int(rng.integers(1, 40)), num_arcs=int(rng.integers(1, 120)),
+                       num_pdfs=int(rng.integers(1, 6))) for _ in range(int(rng.integers(1, 4)))]
+    lat = Lattice.of(FstBatch(fsts))
+    T = int(rng.integers(1, 9))
+    X = rng.normal(scale=3.0, size=(T, lat.num_columns)).astype(dtype)
+    for _ in range(holes):  # a non-finite score somewhere
+        X[rng.integers(T), rng.integers(lat.num_columns)] = rng.choice([np.nan, np.inf, -np.inf])
+    lengths = rng.integers(0, T + 1, lat.num_sequences)
+    monkeypatch.setattr(cuda_engine, "MODES", (0,))
+    monkeypatch.setattr(cuda_engine, "ARC_TABLES", (table,))
+    ref = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=block)
+    got = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=block, cluster=K)
+    assert np.array_equal(got[0], ref[0], equal_nan=True) and np.array_equal(got[1], ref[1], equal_nan=True)
 
 
 def test_auto_cluster_covers_the_states_with_blocks_of_256_that_fit_the_sms():
