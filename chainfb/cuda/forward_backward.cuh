@@ -188,11 +188,13 @@ __device__ __forceinline__ void group_sync() {
 
 // The integer offset of a row whose largest value is m: floor(m); 0 when the
 // row has no finite value; NaN when m is NaN or +inf (the row cannot be
-// normalised: every later row, and the sequence's result, become NaN).
+// normalised: every later row, and the sequence's result, become NaN).  A
+// zero offset is +0 whatever the sign of m's zero (+ 0.0), so the offset
+// does not depend on which of two equal maxima a reduction kept.
 template <typename R>
 __device__ __forceinline__ double row_offset(R m) {
   if (m != m || m == -Num<R>::neg_inf()) return Num<double>::nan();
-  return m > Num<R>::neg_inf() ? floor((double)m) : 0.0;
+  return m > Num<R>::neg_inf() ? floor((double)m) + 0.0 : 0.0;
 }
 
 // Log-sum-exp of the whole block (every thread calls it with its own
