@@ -21,13 +21,13 @@
 // every block's row to the others).  The row's largest value, which the
 // next frame's offset needs, is a maximum over the cluster: each warp
 // pushes its largest value into every block's shared memory
-// (put_group_max, distributed shared memory), and after the barrier each
-// block reads the K blocks' partials locally (group_max).  Each state's sum
+// (Group::put_max, distributed shared memory), and after the barrier each
+// block reads the K blocks' partials locally (Group::max).  Each state's sum
 // reads the same values in the same order as in fb_recursion, and a maximum
 // does not depend on the order of its terms, so every K gives the same bits.
 // The first block of the forward's cluster sums the last row (loglike, lz).
 // The leaky HMM is not run here (its per-frame sums are block-wide): the
-// launcher never asks for it.
+// launcher refuses it, and a call with it gets NaN.
 //
 // Grid: 2N clusters of K blocks (N: forward only): cluster c < N runs
 // sequence c's forward, cluster N + n sequence n's backward.  Dynamic shared
@@ -46,7 +46,13 @@ void fb_cluster_recursion(int N, const int* state_off, const int* col_off, const
                           R* beta, int S, double* offs, double* qoffs, int mode, int lanes, const R* log_init,
                           R log_c, R* loglike, R* lz) {
   const int b = (int)(blockIdx.x / (unsigned)K), n = b < N ? b : b - N;
+  if (log_init) {  // the leaky HMM is refused by the launcher: a NaN result, never a block-wide sum
+    if (b < N && blockIdx.x % (unsigned)K == 0 && threadIdx.x == 0) loglike[n] = lz[n] = Num<R>::nan();
+    return;
+  }
+  cluster_sync();  // every block of the cluster has started: its shared memory may be written
   const SeqSpan q = lattice_span(n, state_off, col_off, start, nullptr, nullptr);
+  mode &= kArcTable;  // rows and scores in device memory (a ring in shared memory would hold one block's states)
   if (b < N)
     forward_body<R, K>(q, n, final_, in_ptr, in_src, in_lp, in_col, in_span, max_span, lengths[n], X, T, C, alpha,
                        S, offs + (i64)n * (T + 1), mode, lanes, log_init, log_c, loglike, lz);

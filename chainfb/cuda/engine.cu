@@ -55,12 +55,12 @@ __device__ __forceinline__ SeqSpan lattice_span(int n, const int* state_off, con
 }
 
 template <typename R>
-CHAINFB_RECURSION_KERNEL void fb_recursion(int N, const int* state_off, const int* col_off, const int* start, const R* final_,
-                                 const int* in_ptr, const int* in_src, const R* in_lp, const int* in_col,
-                                 const int* in_span, const int* out_ptr, const int* out_dst, const R* out_lp,
-                                 const int* out_col, const int* out_span, int max_span, const i64* lengths, R* X,
-                                 int T, int C, R* alpha, R* beta, int S, double* offs, double* qoffs, int mode,
-                                 int lanes, const R* log_init, R log_c, R* loglike, R* lz) {
+CHAINFB_RECURSION_KERNEL
+void fb_recursion(int N, const int* state_off, const int* col_off, const int* start, const R* final_, const int* in_ptr,
+                  const int* in_src, const R* in_lp, const int* in_col, const int* in_span, const int* out_ptr,
+                  const int* out_dst, const R* out_lp, const int* out_col, const int* out_span, int max_span,
+                  const i64* lengths, R* X, int T, int C, R* alpha, R* beta, int S, double* offs, double* qoffs,
+                  int mode, int lanes, const R* log_init, R log_c, R* loglike, R* lz) {
   const int b = blockIdx.x, n = b < N ? b : b - N;
   const SeqSpan q = lattice_span(n, state_off, col_off, start, nullptr, nullptr);
   if (b < N)

@@ -37,8 +37,8 @@
 // memory) whose result is read after the frame's barrier: no extra barrier
 // per frame.  (A direction may also run on a thread block cluster of K
 // blocks, cluster.cu: the block's threads, barrier and reduction become the
-// cluster's -- the bodies' template parameter K, put_group_max / group_max /
-// group_sync -- and every sum stays the same.)
+// cluster's -- the bodies' template parameter K, see Group -- and every sum
+// stays the same.)
 //
 // One more step keeps long inputs exact where the states alive at a frame
 // are far apart (a numerator graph under scores of 1e4: a state that stayed
@@ -147,44 +147,68 @@ __device__ __forceinline__ R block_max(const R* part) {
   return m;
 }
 
-// The same over a group of threads: K = 1, a block (put_warp_max /
-// block_max); K > 1, a cluster of K blocks, where lane 0 of each warp stores
-// the warp's largest value in slot rank * 32 + warp of `part` in every block
-// of the cluster (part [K * 32], in dynamic shared memory), and group_max
-// reads the K blocks' slots after the next cluster barrier.  The maximum
-// does not depend on the order, so every K gives the same value.
+// The threads that run one direction of a sequence: its block (K = 1), or
+// a cluster of K blocks (K > 1, cluster.cu), whose K * blockDim.x threads
+// stride over the states as one block of that many would (thread t of the
+// group is thread t % blockDim.x of the block of rank t / blockDim.x).  A
+// row's maximum is reduced over the group: each warp's largest value goes to
+// a slot of `parts` -- K > 1: slot rank * 32 + warp in every block of the
+// cluster (distributed shared memory) -- two sets of slots by the frame's
+// parity, read after the frame's barrier (the block's or the cluster's).  A
+// maximum does not depend on the order of its terms, so every K gives the
+// same value.
 template <typename R, int K>
-__device__ __forceinline__ void put_group_max(R v, R* part, int rank) {
-  if constexpr (K == 1) {
-    put_warp_max<R>(v, part);
-  } else {
-    for (int o = 16; o > 0; o >>= 1) v = max_nan<R>(v, __shfl_xor_sync(kFullWarp, v, o));
-    if ((threadIdx.x & 31u) == 0)
-      for (int r = 0; r < K; ++r) cluster_map(part, (unsigned)r)[rank * 32 + (int)(threadIdx.x >> 5)] = v;
-  }
-}
+struct Group {
+  int rank;  // the block's rank in its cluster (0: one block)
+  int t, n;  // this thread's index in the group; the group's threads
+  R* parts;  // [2, K * 32]: the block's static [2, 32] array, or (K > 1) the head of the dynamic shared memory
 
-template <typename R, int K>
-__device__ __forceinline__ R group_max(const R* part) {
-  if constexpr (K == 1) {
-    return block_max<R>(part);
-  } else {
-    const int lane = (int)(threadIdx.x & 31u), w = lane < (int)(blockDim.x >> 5) ? lane : 0;
-    R m = part[w];
-    for (int r = 1; r < K; ++r) m = max_nan<R>(m, part[r * 32 + w]);
-    for (int o = 16; o > 0; o >>= 1) m = max_nan<R>(m, __shfl_xor_sync(kFullWarp, m, o));
-    return m;
-  }
-}
+  __device__ Group(R* static_parts, R* dynamic)
+      : rank(K > 1 ? (int)cluster_rank() : 0),
+        t(rank * (int)blockDim.x + (int)threadIdx.x),
+        n(K * (int)blockDim.x),
+        parts(K > 1 ? dynamic : static_parts) {}
 
-// The group's barrier: the block's (K = 1) or the cluster's.
-template <int K>
-__device__ __forceinline__ void group_sync() {
-  if constexpr (K == 1)
-    __syncthreads();
-  else
-    cluster_sync();
-}
+  // What the rows' mode may use of the dynamic shared memory `dyn`: all of
+  // it, or (K > 1) what follows the slots.
+  __device__ R* after_slots(R* dyn) const { return K > 1 ? dyn + 2 * K * 32 : dyn; }
+
+  // The slots of frames of this parity.
+  __device__ R* slots(int parity) const { return parts + (parity & 1) * K * 32; }
+
+  // Every thread gives its largest value of the frame.
+  __device__ void put_max(R v, int parity) const {
+    if constexpr (K == 1) {
+      put_warp_max<R>(v, slots(parity));
+    } else {
+      for (int o = 16; o > 0; o >>= 1) v = max_nan<R>(v, __shfl_xor_sync(kFullWarp, v, o));
+      if ((threadIdx.x & 31u) == 0)
+        for (int r = 0; r < K; ++r) cluster_map(slots(parity), (unsigned)r)[rank * 32 + (int)(threadIdx.x >> 5)] = v;
+    }
+  }
+
+  // The group's largest value of a frame, after the barrier that followed put_max.
+  __device__ R max(int parity) const {
+    if constexpr (K == 1) {
+      return block_max<R>(slots(parity));
+    } else {
+      const R* p = slots(parity);
+      const int lane = (int)(threadIdx.x & 31u), w = lane < (int)(blockDim.x >> 5) ? lane : 0;
+      R m = p[w];
+      for (int r = 1; r < K; ++r) m = max_nan<R>(m, p[r * 32 + w]);
+      for (int o = 16; o > 0; o >>= 1) m = max_nan<R>(m, __shfl_xor_sync(kFullWarp, m, o));
+      return m;
+    }
+  }
+
+  // The group's barrier.
+  __device__ void sync() const {
+    if constexpr (K == 1)
+      __syncthreads();
+    else
+      cluster_sync();
+  }
+};
 
 // The integer offset of a row whose largest value is m: floor(m); 0 when the
 // row has no finite value; NaN when m is NaN or +inf (the row cannot be
@@ -470,21 +494,9 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   CHAINFB_SHARED_ARRAY(R, sm_max, 64);
   CHAINFB_SHARED_ARRAY(R, sm_sum, 256);
   CHAINFB_DYNAMIC_SHARED(R, sm_top);
-  const int tid = threadIdx.x, nt = blockDim.x;
-  // the group (the block, or the cluster of K blocks: cluster.cu): this thread is gt of its gn threads; the
-  // row maxima's partials [2, 32] in static shared memory, or [2, K * 32] first in the dynamic shared memory
-  // (K > 1; what the mode keeps comes after them)
-  const int rank = K > 1 ? (int)cluster_rank() : 0, gt = rank * nt + tid, gn = K * nt, pw = K > 1 ? K * 32 : 32;
-  R* const parts = K > 1 ? sm_top : sm_max;
-  R* const sm_dyn = K > 1 ? sm_top + 2 * pw : sm_top;
-  if constexpr (K > 1) {
-    if (log_init) {  // not run by a cluster (the launcher never asks for it)
-      if (gt == 0) loglike[n] = lz[n] = Num<R>::nan();
-      return;
-    }
-    mode &= kArcTable;  // rows and scores in device memory
-    cluster_sync();     // every block of the cluster has started: its shared memory may be written
-  }
+  const int tid = threadIdx.x;
+  const Group<R, K> g(sm_max, sm_top);
+  R* const sm_dyn = g.after_slots(sm_top);
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc, W = s1 - s0;
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
@@ -496,7 +508,7 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
 
   // frames past the length never contribute (and the caller sees them as -inf)
   const i64 masked = (i64)(T - L) * nc;
-  for (i64 i = gt; i < masked; i += gn) X[(i64)(L + (int)(i / nc)) * C + c0 + (int)(i % nc)] = ninf;
+  for (i64 i = g.t; i < masked; i += g.n) X[(i64)(L + (int)(i / nc)) * C + c0 + (int)(i % nc)] = ninf;
 
   // the rows the recursion reads: the shared ring, or alpha itself; the scores: staged, or X
   const Ring<R> ring = mode ? Ring<R>{sm_dyn, W, M + 1, s0} : Ring<R>{alpha, S, T + 1, 0};
@@ -507,39 +519,38 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
   if (table)
     tb = load_arc_table<R>(sm_dyn, mode, M, nc, s0, s1, c0, gs, gc, in_ptr, in_src, in_lp, in_col, in_span);
   R mx = ninf;
-  for (int s = s0 + gt; s < s1; s += gn) {
+  for (int s = s0 + g.t; s < s1; s += g.n) {
     const R v = log_init ? log_init[s - q.io] : (s == q.start ? R(0) : ninf);
     alpha[s] = v;
     if (mode) sm_dyn[s - s0] = v;
     mx = max_nan<R>(mx, v);
   }
-  if (gt == 0) P[0] = 0.0;
+  if (g.t == 0) P[0] = 0.0;
   if (mode == 2 && L > 0) {
     Staged<R> x0;
     x0.load(X + c0, nc);
     x0.store(xs_buf, nc);
   }
   if (log_init) {
-    leak<R>(true, alpha, 0, mode ? sm_dyn : nullptr, log_init, q.io, log_c, s0, s1, sm_max, sm_sum, 1);
+    leak<R>(true, alpha, 0, mode ? sm_dyn : nullptr, log_init, q.io, log_c, s0, s1, g.slots(0), sm_sum, 1);
   } else {
-    put_group_max<R, K>(mx, parts, rank);
-    group_sync<K>();
+    g.put_max(mx, 0);
+    g.sync();
   }
 
   double Pt = 0.0;
   for (int t = 1; t <= L; ++t) {
     Staged<R> next;  // frame t's scores, for the frames after this one
     if (mode == 2 && t < L) next.load(X + (i64)t * C + c0, nc);
-    const double d = row_offset<R>(group_max<R, K>(parts + ((t - 1) & 1) * pw));
+    const double d = row_offset<R>(g.max(t - 1));
     Pt += d;
-    if (gt == 0) P[t] = Pt;
+    if (g.t == 0) P[t] = Pt;
     R* cur = alpha + (i64)t * S;
     R* cur_sh = mode ? ring.row(t) : nullptr;
-    R* part = parts + (t & 1) * pw;
     mx = ninf;
-    if (mode < 2 && s0 + gt / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);  // the frame's first device read
-    for (int base = s0; base < s1; base += gn / lanes) {  // the same passes for every thread: lanes shuffle
-      const int s = base + gt / lanes;
+    if (mode < 2 && s0 + g.t / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);  // the frame's first device read
+    for (int base = s0; base < s1; base += g.n / lanes) {  // the same passes for every thread: lanes shuffle
+      const int s = base + g.t / lanes;
       const Lanes ln{tid % lanes, lanes, s < s1};
       R v = table ? alpha_state<R, u16>(s, t, s0, c0, tb.ptr, tb.end, tb.lp, tb.col, tb.span, M, rows, xs, P, Pt,
                                         mode == 2, ln)
@@ -553,14 +564,14 @@ __device__ void forward_body(const SeqSpan& q, int n, const R* final_, const int
     }
     if (mode == 2 && t < L) next.store(xs_buf + (i64)(t % (M + 1)) * nc, nc);
     if (log_init) {
-      leak<R>(true, cur, 0, cur_sh, log_init, q.io, log_c, s0, s1, part, sm_sum, lanes);
+      leak<R>(true, cur, 0, cur_sh, log_init, q.io, log_c, s0, s1, g.slots(t), sm_sum, lanes);
     } else {
-      put_group_max<R, K>(mx, part, rank);
-      group_sync<K>();
+      g.put_max(mx, t);
+      g.sync();
     }
   }
 
-  if (rank) return;  // (a cluster: its first block sums the last row, which the last barrier published)
+  if (g.rank) return;  // (a cluster: its first block sums the last row, which the last barrier published)
   const R z = fixed_logsum<R>(alpha + (i64)L * S + s0, final_ + s0 - gs, s0, s1, sm_sum);
   if (tid == 0) {
     loglike[n] = (R)(Pt + (double)z);
@@ -578,15 +589,9 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
   CHAINFB_SHARED_ARRAY(R, sm_max, 64);
   CHAINFB_SHARED_ARRAY(R, sm_sum, 64);
   CHAINFB_DYNAMIC_SHARED(R, sm_top);
-  const int tid = threadIdx.x, nt = blockDim.x;
-  const int rank = K > 1 ? (int)cluster_rank() : 0, gt = rank * nt + tid, gn = K * nt, pw = K > 1 ? K * 32 : 32;
-  R* const parts = K > 1 ? sm_top : sm_max;  // as in forward_body
-  R* const sm_dyn = K > 1 ? sm_top + 2 * pw : sm_top;
-  if constexpr (K > 1) {
-    if (log_init) return;
-    mode &= kArcTable;
-    cluster_sync();
-  }
+  const int tid = threadIdx.x;
+  const Group<R, K> g(sm_max, sm_top);
+  R* const sm_dyn = g.after_slots(sm_top);
   const int s0 = q.s0, s1 = q.s1, gs = q.gs, gc = q.gc, W = s1 - s0;
   const int c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(length, T);
@@ -604,24 +609,23 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
                            M > 1 ? out_span : nullptr);
   R mx = ninf;
   R* bL = beta + (i64)L * S;
-  for (int s = s0 + gt; s < s1; s += gn) {
+  for (int s = s0 + g.t; s < s1; s += g.n) {
     const R v = final_[s - gs];
     bL[s] = v;
     if (mode) ring.row(L)[s - s0] = v;
     mx = max_nan<R>(mx, v);
   }
-  if (gt == 0) Q[L] = 0.0;
+  if (g.t == 0) Q[L] = 0.0;
   if (mode == 2 && L > 0) {
     Staged<R> x0;
     x0.load(X + (i64)(L - 1) * C + c0, nc);
     x0.store(xb + ((L - 1) & 1) * (i64)nc, nc);
   }
   if (log_init) {
-    leak<R>(false, bL, 0, mode ? ring.row(L) : nullptr, log_init, q.io, log_c, s0, s1, sm_max + (L & 1) * 32,
-            sm_sum, 1);
+    leak<R>(false, bL, 0, mode ? ring.row(L) : nullptr, log_init, q.io, log_c, s0, s1, g.slots(L), sm_sum, 1);
   } else {
-    put_group_max<R, K>(mx, parts + (L & 1) * pw, rank);
-    group_sync<K>();
+    g.put_max(mx, L);
+    g.sync();
   }
 
   double Qt = 0.0;  // Q_{t+1} at the top of each frame, Q_t after its offset
@@ -629,8 +633,8 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     Staged<R> next;  // frame t - 1's scores, for the next step
     if (mode == 2 && t > 0) next.load(X + (i64)(t - 1) * C + c0, nc);
     const double Qn = Qt;
-    Qt = Qn + row_offset<R>(group_max<R, K>(parts + ((t + 1) & 1) * pw));
-    if (gt == 0) Q[t] = Qt;
+    Qt = Qn + row_offset<R>(g.max(t + 1));
+    if (g.t == 0) Q[t] = Qt;
     const int reach = L - t < M ? L - t : M;  // the longest span landing by frame L
     const R* x = mode == 2 ? xb + (t & 1) * (i64)nc : X + (i64)t * C;
     const int xoff = mode == 2 ? c0 : 0;
@@ -638,9 +642,9 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
     R* bc_sh = mode ? ring.row(t) : nullptr;
     const R e = (R)(Qt - Qn);
     mx = ninf;
-    if (mode < 2 && s0 + gt / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);
-    for (int base = s0; base < s1; base += gn / lanes) {  // as in forward_body
-      const int s = base + gt / lanes;
+    if (mode < 2 && s0 + g.t / lanes < s1) CHAINFB_WORK(kWorkMemoryWait, 1);
+    for (int base = s0; base < s1; base += g.n / lanes) {  // as in forward_body
+      const int s = base + g.t / lanes;
       const Lanes ln{tid % lanes, lanes, s < s1};
       R v = table ? beta_state<R, u16>(s, t, reach, s0, c0, tb.ptr, tb.end, tb.lp, tb.col, tb.span, ring, x, xoff, Q,
                                        Qt, mode == 2, ln)
@@ -653,12 +657,11 @@ __device__ void beta_body(const SeqSpan& q, const R* final_, const int* out_ptr,
       mx = max_nan<R>(mx, v);
     }
     if (mode == 2 && t > 0) next.store(xb + ((t - 1) & 1) * (i64)nc, nc);
-    R* pm = parts + (t & 1) * pw;
     if (log_init) {
-      leak<R>(false, bc, 0, bc_sh, log_init, q.io, log_c, s0, s1, pm, sm_sum, lanes);
+      leak<R>(false, bc, 0, bc_sh, log_init, q.io, log_c, s0, s1, g.slots(t), sm_sum, lanes);
     } else {
-      put_group_max<R, K>(mx, pm, rank);
-      group_sync<K>();
+      g.put_max(mx, t);
+      g.sync();
     }
   }
 }

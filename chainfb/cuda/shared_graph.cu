@@ -63,13 +63,13 @@ __device__ __forceinline__ bool shared_span(SeqSpan* q, int n, const int* start,
 
 // Block n < N: sequence n's forward; block N + n: its backward (as engine.cu).
 template <typename R>
-CHAINFB_RECURSION_KERNEL void fb_shared_recursion(int N, const int* start, const R* final_, const int* in_ptr,
-                                        const int* in_src, const R* in_lp, const int* in_col, const int* in_span,
-                                        const int* out_ptr, const int* out_dst, const R* out_lp, const int* out_col,
-                                        const int* out_span, int max_span, int Sg, int K, int init_per_seq,
-                                        const i64* lengths, R* X, int T, int C, R* alpha, R* beta, int S,
-                                        double* offs, double* qoffs, int mode, int lanes, const R* log_init,
-                                        R log_c, R* loglike, R* lz) {
+CHAINFB_RECURSION_KERNEL
+void fb_shared_recursion(int N, const int* start, const R* final_, const int* in_ptr, const int* in_src,
+                         const R* in_lp, const int* in_col, const int* in_span, const int* out_ptr, const int* out_dst,
+                         const R* out_lp, const int* out_col, const int* out_span, int max_span, int Sg, int K,
+                         int init_per_seq, const i64* lengths, R* X, int T, int C, R* alpha, R* beta, int S,
+                         double* offs, double* qoffs, int mode, int lanes, const R* log_init, R log_c, R* loglike,
+                         R* lz) {
   const int b = blockIdx.x, n = b < N ? b : b - N;
   SeqSpan q;
   if (!shared_span(&q, n, start, Sg, K, 0, 0, S, C, init_per_seq)) return;
