@@ -14,9 +14,8 @@ emulation, and its times are not GPU times):
   100), (2000, 8, 100, 1000), (4000, 1, 5000, 3000), (150, 64, 5000, 50), float32 log-softmax outputs, reduction
   mean, each shape twice: the same targets every step (chainfb's compiled graph cached per targets, as in
   benchmarks/bench_ctc.py), and new targets every step, as in training (a graph compiled every step); and, on a
-  device with thread block clusters, each shape where the engine's ``cluster="auto"`` would spread a sequence over
-  several blocks (``chainfb.engines.cuda.auto_cluster``), once more with it (emulated: clusters of 2 at every
-  shape of several sequences);
+  device with thread block clusters, each shape of several sequences once more with the engine's default
+  ``cluster="auto"`` (``chainfb.engines.cuda.auto_cluster``: one block where that suffices; emulated: clusters of 2);
 - ``rnnt``: ``chainfb.rnnt_loss`` vs torchaudio's ``rnnt_loss`` (reduction sum, blank 0): B = 8, V = 500 with the
   LibriSpeech-like lengths of benchmarks/bench_transducer.py, and B = 32, T = 500, U = 100, V = 1024;
 - ``durations``: ``tdt_loss`` (durations 0..4) and ``multiblank_rnnt_loss`` (big blanks [2, 4]) vs chainfb's own
@@ -159,11 +158,8 @@ def bench_ctc(b, place, emulate):
         b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step",
                cycling_step(chainfb.ctc_loss, lp, sets, il, tl),
                "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, sets, il, tl))
-        if N == 1 or not getattr(place.backend, "clusters", False):
-            continue  # (one sequence runs on the shared-graph kernels, which take one block a sequence)
-        cluster = 2 if emulate else "auto"
-        sms = int(getattr(place.backend, "multiprocessors", cuda_engine.DEFAULT_SMS))
-        if emulate or cuda_engine.auto_cluster({"max_states": 2 * S + 1}, N, 1, sms) > 1:
+        if N > 1 and getattr(place.backend, "clusters", False):  # (one sequence: the shared-graph kernels)
+            cluster = 2 if emulate else "auto"
             b.case("ctc", f"T={T} N={N} C={C} S={S}, cluster={cluster!r}",
                    engine_default(loss_step(chainfb.ctc_loss, lp, targets, il, tl), cluster),
                    "torch.nn.functional.ctc_loss", loss_step(F.ctc_loss, lp, targets, il, tl))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import statistics
 import sys
 
@@ -90,15 +91,11 @@ def launches(xp, which, emulate, modes, tables, blocks, clusters=(1,)):
     for case, lattice, X, lengths, leaky in cases(xp, which, emulate):
         engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
         for ename, engine in engines:
-            for cluster in clusters:
-                if cluster > 1 and (ename != "cuda" or leaky is not None):
-                    continue
-                for mode in modes if cluster == 1 else (0,):
-                    for table in tables:
-                        for block in blocks:
-                            name = (f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'}"
-                                    f" / cluster {cluster}")
-                            yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster)
+            runs = [(k, m) for k in clusters for m in (modes if k == 1 else (0,))
+                    if k == 1 or (ename == "cuda" and leaky is None)]  # (blocks a direction, mode)
+            for (cluster, mode), table, block in itertools.product(runs, tables, blocks):
+                name = f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'} / K {cluster}"
+                yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster)
 
 
 def _launch(engine, backend, lattice, X, lengths, leaky, block, cluster):

@@ -489,26 +489,18 @@ inline void run_group(Launch& L, const std::vector<unsigned>& order, unsigned fi
     }
     blocks.push_back(std::move(b));
   }
-  std::vector<std::unique_ptr<Cluster>> clusters;  // the group holds whole clusters (launch() orders it so)
-  if (L.cluster_dim > 1) {
-    for (auto& b : blocks) {
-      const unsigned c = b->index / L.cluster_dim;
-      Cluster* cl = nullptr;
-      for (auto& k : clusters)
-        if (k->blocks[0]->index / L.cluster_dim == c) cl = k.get();
-      if (!cl) {
-        clusters.push_back(std::make_unique<Cluster>());
-        cl = clusters.back().get();
-      }
-      cl->blocks.push_back(b.get());
+  // a cluster's K blocks are next to each other in the group (launch() orders them so); by rank in it
+  std::vector<std::unique_ptr<Cluster>> clusters;
+  const unsigned K = L.cluster_dim;
+  for (std::size_t i = 0; K > 1 && i < blocks.size(); ++i) {
+    if (i % K == 0) {
+      clusters.push_back(std::make_unique<Cluster>());
+      clusters.back()->blocks.resize(K);
     }
-    for (auto& cl : clusters) {
-      std::sort(cl->blocks.begin(), cl->blocks.end(), [](Block* x, Block* y) { return x->index < y->index; });
-      for (unsigned r = 0; r < cl->blocks.size(); ++r) {
-        cl->blocks[r]->cluster = cl.get();
-        cl->blocks[r]->rank = r;
-      }
-    }
+    Block* b = blocks[i].get();
+    b->cluster = clusters.back().get();
+    b->rank = b->index % K;
+    b->cluster->blocks[b->rank] = b;
   }
   init_main_context(&L.main);
   try {
