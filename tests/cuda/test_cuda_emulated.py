@@ -170,6 +170,20 @@ def test_engine_deterministic_bitwise(be):
         np.testing.assert_allclose(post, runs[0][1], rtol=4e-16, atol=0)
 
 
+def _bits_lattice(rng, case):
+    """The lattice of a same-bits case: ``spans`` (arcs spanning up to 3 frames), ``large`` (more states and columns
+    than threads), ``lanes`` (few states of many arcs: several lanes a state) or plain random graphs."""
+    if case == "spans":
+        from test_cuda_emulated_spans import span_fst
+
+        return Lattice.of(FstBatch([span_fst(rng, num_states=6, num_arcs=20, max_span=3) for _ in range(3)]))
+    if case == "large":
+        return Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=40, num_pdfs=120) for _ in range(2)]))
+    if case == "lanes":
+        return Lattice.of(FstBatch([random_fst(rng, num_states=6, num_arcs=150, num_pdfs=4) for _ in range(2)]))
+    return Lattice.of(FstBatch([random_fst(rng, num_states=20, num_arcs=120, num_pdfs=4) for _ in range(3)]))
+
+
 @pytest.mark.parametrize("case", ["plain", "spans", "leaky", "shared", "large"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dtype):
@@ -187,14 +201,8 @@ def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dt
         f = random_fst(rng, num_states=30, num_arcs=200, num_pdfs=5)
         lat = Lattice.of(FstBatch([f], np.zeros(3, dtype=np.int64)))
         run = cuda_shared.forward_backward
-    elif case == "spans":
-        from test_cuda_emulated_spans import span_fst
-
-        lat = Lattice.of(FstBatch([span_fst(rng, num_states=6, num_arcs=20, max_span=3) for _ in range(3)]))
-    elif case == "large":  # more states and columns than threads: every thread stages several values
-        lat = Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=40, num_pdfs=120) for _ in range(2)]))
-    else:
-        lat = Lattice.of(FstBatch([random_fst(rng, num_states=20, num_arcs=120, num_pdfs=4) for _ in range(3)]))
+    else:  # "large": every thread stages several values
+        lat = _bits_lattice(rng, case)
         if case == "leaky":
             leaky = (0.1, np.log(np.full(lat.num_states, 0.05)))
     X = rng.normal(size=(9, lat.num_columns)).astype(dtype)
@@ -237,16 +245,7 @@ def test_engine_clusters_give_the_same_bits(be, monkeypatch, case, dtype):
     import chainfb.engines.cuda as cuda_engine
 
     rng = np.random.default_rng(12)
-    if case == "spans":
-        from test_cuda_emulated_spans import span_fst
-
-        lat = Lattice.of(FstBatch([span_fst(rng, num_states=6, num_arcs=20, max_span=3) for _ in range(3)]))
-    elif case == "large":  # more states than the cluster's threads: each thread strides over several
-        lat = Lattice.of(FstBatch([numerator_like_fst(rng, num_phones=40, num_pdfs=120) for _ in range(2)]))
-    elif case == "lanes":  # few states of many arcs: several lanes a state
-        lat = Lattice.of(FstBatch([random_fst(rng, num_states=6, num_arcs=150, num_pdfs=4) for _ in range(2)]))
-    else:
-        lat = Lattice.of(FstBatch([random_fst(rng, num_states=20, num_arcs=120, num_pdfs=4) for _ in range(3)]))
+    lat = _bits_lattice(rng, case)  # "large": each of the cluster's threads strides over several states
     X = rng.normal(size=(9, lat.num_columns)).astype(dtype)
     lengths = rng.integers(0, 10, lat.num_sequences)
     lengths[0], lengths[-1] = 9, 0
