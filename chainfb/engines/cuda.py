@@ -265,15 +265,20 @@ def lanes_per_state(max_states: int, max_degree: int, threads: int) -> int:
     return lanes
 
 
+def state_lanes(shape: dict) -> int:
+    """The lanes a state of a lattice of sizes ``shape`` (:func:`layout_shape`) takes in every recursion launch
+    over it (:func:`lanes_per_state`, for the block its states and the staging of its scores ask for)."""
+    wanted = default_block_size(max(shape["max_states"], -(-shape["max_columns"] // STAGE)))
+    return lanes_per_state(shape["max_states"], shape["max_degree"], wanted)
+
+
 def recursion_plan(shape: dict, max_span: int, itemsize: int, block_size: int | None, budget: int) -> tuple:
     """``(lanes, block, mode, shared_bytes)`` of the recursion launch over a lattice of sizes ``shape``
-    (:func:`layout_shape`): the lanes a state takes (:func:`lanes_per_state`), the block -- enough threads for
+    (:func:`layout_shape`): the lanes a state takes (:func:`state_lanes`), the block -- enough threads for
     the widest sequence's states times their lanes, and to stage its scores (:data:`STAGE` values a thread),
     unless ``block_size`` is given -- and :func:`shared_plan`'s choice of shared memory within ``budget``."""
-    staging = -(-shape["max_columns"] // STAGE)
-    lanes = lanes_per_state(shape["max_states"], shape["max_degree"],
-                            default_block_size(max(shape["max_states"], staging)))
-    block = launch_block_size(block_size, max(shape["max_states"] * lanes, staging))
+    lanes = state_lanes(shape)
+    block = launch_block_size(block_size, max(shape["max_states"] * lanes, -(-shape["max_columns"] // STAGE)))
     return (lanes, block, *shared_plan(shape, max_span, itemsize, block, budget))
 
 
@@ -304,12 +309,12 @@ def auto_cluster(shape: dict, N: int, lanes: int, sms: int) -> int:
 def cluster_plan(shape: dict, max_span: int, itemsize: int, block_size: int | None, budget: int,
                  cluster: int) -> tuple:
     """``(lanes, block, mode, shared_bytes)`` of the recursion launch with each direction of a sequence spread
-    over a cluster of ``cluster`` blocks (``cluster.cu``): the lanes of :func:`recursion_plan` (the same for
+    over a cluster of ``cluster`` blocks (``cluster.cu``): the lanes of :func:`state_lanes` (the same for
     every launch of a lattice, so every cluster size gives the same bits), a block of enough threads for the
     widest sequence's states times their lanes over the ``cluster`` blocks (unless ``block_size`` is given),
     the rows in device memory (mode 0) with the arc table where it fits ``budget`` beside the row maxima's
     partials, ``[2, cluster * 32]`` values."""
-    lanes = recursion_plan(shape, max_span, itemsize, None, budget)[0]
+    lanes = state_lanes(shape)
     block = launch_block_size(block_size, -(-shape["max_states"] * lanes // cluster))
     partials = 2 * cluster * 32 * itemsize
     table = arc_table_bytes(shape, max_span, itemsize)
@@ -437,8 +442,7 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
         return xp.zeros(0, dtype=dtype), post
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
     if cluster == "auto":
-        lanes = recursion_plan(shape, max_span, dtype.itemsize, None, shared_budget(backend))[0]
-        cluster = auto_cluster(shape, N, lanes, int(getattr(backend, "multiprocessors", DEFAULT_SMS)))
+        cluster = auto_cluster(shape, N, state_lanes(shape), int(getattr(backend, "multiprocessors", DEFAULT_SMS)))
     r = _REAL[dtype]
     if cluster > 1:  # each direction on `cluster` blocks
         lanes, block, mode, shared = cluster_plan(shape, max_span, dtype.itemsize, block_size,
