@@ -96,18 +96,21 @@ def map_time(kind: str, nbytes: float, rates: dict) -> float:
 _FITS: dict = {}
 
 
-def recursion_time(lat, lengths, block: int, mode: int, lanes: int = 1) -> float:
+def recursion_time(lat, lengths, block: int, mode: int, lanes: int = 1, cluster: int = 1) -> float:
     """Predicted seconds of a recursion launch over ``lat`` (``lengths``
     frames per sequence) with ``block`` threads in shared-memory ``mode``,
-    ``lanes`` threads a state.  A mode with the arc table
-    (:data:`chainfb.engines.cuda.ARC_TABLE`) is priced as the mode without
-    it: no device has measured the table, so the model claims no gain."""
+    ``lanes`` threads a state, ``cluster`` blocks a direction (the cluster's
+    barrier priced as a block's: see :func:`cluster_rows`).  A mode with the
+    arc table (:data:`chainfb.engines.cuda.ARC_TABLE`) is priced as the mode
+    without it: no device has measured the table, so the model claims no
+    gain."""
     from chainfb.engines.cuda import ARC_TABLE
 
     mode &= ~ARC_TABLE
     if mode not in _FITS:
         _FITS[mode] = recursion_fit.fit(mode)[0]
-    return recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes), _FITS[mode])
+    blocks = recursion_fit.recursion_blocks(lat, lengths, block, lanes, cluster)
+    return recursion_fit.predict(blocks, _FITS[mode])
 
 
 def cluster_rows(shapes_=None, clusters=(2, 4, 8)) -> list:
@@ -126,9 +129,6 @@ def cluster_rows(shapes_=None, clusters=(2, 4, 8)) -> list:
 
     from . import shapes
 
-    if 0 not in _FITS:
-        _FITS[0] = recursion_fit.fit(0)[0]
-    p = _FITS[0]
     rows = []
     for shape in shapes_ or shapes.CTC_SHAPES:
         T, N, C, S = shape
@@ -141,13 +141,13 @@ def cluster_rows(shapes_=None, clusters=(2, 4, 8)) -> list:
         post = posterior_time(int(lengths.max()), lat.num_states) * 1e3
         shape_ = cuda_engine.layout_shape(cuda_engine.lattice_host_arrays(lat))
         lanes, one, _, _ = cuda_engine.recursion_plan(shape_, 1, 4, None, 227 * 1024)
-        base = recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, one, lanes), p) * 1e3
+        base = recursion_time(lat, lengths, one, 0, lanes) * 1e3
         frames = float(np.max(lengths))
         for K in clusters:
             if 2 * N * K > 132:
                 continue
             block = cuda_engine.cluster_plan(shape_, 1, 4, None, 227 * 1024, K)[1]
-            rec = recursion_fit.predict(recursion_fit.recursion_blocks(lat, lengths, block, lanes, K), p) * 1e3
+            rec = recursion_time(lat, lengths, block, 0, lanes, K) * 1e3
             rows.append(dict(case=name, cluster=K, block=block, one_block_ms=base, recursion_ms=rec,
                              step_ratio=(rec + post + rest) / peer,
                              meets_if_s_ns=(peer - rest - post - rec) / frames * 1e6,
