@@ -64,7 +64,7 @@ def _engine_calls(place):
                     name = f"{ename} {np.dtype(dtype).name} {lname}" + (" leaky" if leaky else "")
                     calls[name] = _engine_call(place, module, lat, X, lengths, leaky)
             if "shared" not in lname and getattr(place.backend, "clusters", False):
-                for K in (2, 4, 8):
+                for K in per_sequence.CLUSTERS[1:]:
                     X = rng.normal(size=(T, lat.num_columns)).astype(dtype)
                     name = f"cuda {np.dtype(dtype).name} {lname}, clusters of {K}"
                     calls[name] = _engine_call(place, per_sequence, lat, X, lengths, None, K)
