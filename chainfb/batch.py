@@ -129,13 +129,18 @@ class FstBatch:
             ]
         return self._fsts
 
-    def with_sequences(self, seq_to_graph: Ints) -> FstBatch:
+    def with_sequences(self, seq_to_graph: Ints, share_memo: bool = True) -> FstBatch:
         """A batch over the same graphs with another sequence-to-graph map
         ``[N]``: the packed arrays and the per-graph memo of :meth:`cache` are
-        shared, not copied."""
+        shared, not copied (``share_memo`` False: the new batch starts its
+        own per-graph memo -- for a batch that this batch's memo will itself
+        keep, which must not hold that memo: the two would make a reference
+        cycle)."""
         out = object.__new__(FstBatch)
         out.__dict__.update(self.__dict__)
         out._memo = Memo()
+        if not share_memo:
+            out._graph_memo = Memo()
         out.seq_to_graph = _check_seq_to_graph(seq_to_graph, self.num_graphs)
         return out
 

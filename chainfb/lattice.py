@@ -171,7 +171,9 @@ class Lattice:
         if self.graph is None:
             raise ValueError("lat: every sequence must use one graph")
         g = self.graph
-        return self.batch.cache(("lattice", "graph", g), lambda: Lattice(self.batch.with_sequences(np.array([g]))))
+        # (its batch has its own graph memo: the one that keeps it must not be reachable from it, see `of`)
+        return self.batch.cache(("lattice", "graph", g),
+                                lambda: Lattice(self.batch.with_sequences(np.array([g]), share_memo=False)))
 
     def cache(self, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per ``key`` and kept with the lattice
@@ -218,8 +220,15 @@ class Lattice:
     @classmethod
     def of(cls, batch: FstBatch) -> Lattice:
         """The lattice of ``batch``, built once and kept by it
-        (:meth:`~chainfb.batch.FstBatch.cache`, per batch)."""
-        return batch.cache(("lattice", "of"), lambda: cls(batch), per_batch=True)
+        (:meth:`~chainfb.batch.FstBatch.cache`, per batch).
+
+        The lattice holds a view of ``batch`` (:meth:`~chainfb.batch.FstBatch.with_sequences`:
+        the same arrays and graph memo, its own per-batch memo), not ``batch``
+        itself: the batch keeps the lattice, and a lattice that kept the batch
+        would make a reference cycle, freed only by Python's cyclic collector
+        -- a graph compiled every step (new labels) would leave its arrays
+        behind until then, and each step would write fresh pages."""
+        return batch.cache(("lattice", "of"), lambda: cls(batch.with_sequences(batch.seq_to_graph)), per_batch=True)
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:

@@ -7,12 +7,15 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
+import chainfb
 from chainfb import FstBatch, engines
 from chainfb._cache import LRU, Memo
 from chainfb.engines import threads
 from chainfb.lattice import Lattice
 from chainfb.testing import random_fst
+from tests.cycles import cyclic_garbage
 
 
 def test_memo_builds_once_per_key_and_clears():
@@ -108,6 +111,49 @@ def test_batch_memo_shares_the_graphs_and_keeps_each_batch_lattice_apart():
     batch.clear_cache()  # this batch's lattice, and the graphs' memo it shares
     assert other.cache(("test", "marker"), lambda: 3) == 3
     assert Lattice.of(batch) is not first
+
+
+def _loss_steps():
+    """One training step of each loss family, each with graphs it has not compiled before (new labels, new
+    shapes), as in training."""
+    g = torch.Generator().manual_seed(5)
+
+    def labels(n, s, hi):
+        return torch.randint(0, hi, (n, s), generator=g)
+
+    def ctc():
+        lp = torch.randn(7, 3, 6, generator=g).log_softmax(-1).requires_grad_()
+        chainfb.ctc_loss(lp, labels(3, 2, 5) + 1, [7, 6, 7], [2, 2, 1]).backward()
+
+    def transducers():
+        lens = (torch.randint(3, 6, (2,), generator=g, dtype=torch.int32),  # new shapes: a new graph
+                torch.randint(0, 3, (2,), generator=g, dtype=torch.int32))
+        y = labels(2, 2, 3).int()  # labels 0..2; the blanks follow them
+        x = torch.randn(2, 5, 3, 4, generator=g, requires_grad=True)
+        chainfb.rnnt_loss(x, y, *lens, blank=3).backward()
+        x = torch.randn(2, 5, 3, 4 + 3, generator=g, requires_grad=True)  # 4 tokens, durations 0, 1, 2
+        chainfb.tdt_loss(x, y, *lens, blank=3, durations=[0, 1, 2]).backward()
+        x = torch.randn(2, 5, 3, 5, generator=g, requires_grad=True)  # the blank and one big blank
+        chainfb.multiblank_rnnt_loss(x, y, *lens, blank=4, big_blank_durations=[2]).backward()
+
+    def numerators():
+        fsts = chainfb.ctc_graph(labels(2, 2, 4) + 1)
+        chainfb.fst_loglike(torch.randn(2, 6, 5, generator=g, requires_grad=True), fsts).sum().backward()
+        shared = chainfb.ctc_graph(labels(1, 2, 4) + 1).fsts[0]
+        chainfb.fst_loglike(torch.randn(3, 6, 5, generator=g, requires_grad=True), shared).sum().backward()
+
+    return ctc, transducers, numerators
+
+
+@pytest.mark.parametrize("step", _loss_steps(), ids=lambda f: f.__name__)
+def test_a_step_leaves_no_reference_cycle(step):
+    """What a loss compiles for a step (its graphs, lattice, index arrays, and on a GPU their device copies)
+    is freed by reference counting once nothing holds it: no reference cycle among chainfb's objects leaves
+    it to Python's cyclic collector (a step compiling new graphs would otherwise keep every earlier step's
+    arrays until a collection, and touch fresh memory each step)."""
+    for _ in range(2):  # the first calls fill the module-level caches
+        step()
+    assert cyclic_garbage(step, 20) == []  # more graphs than the losses' compile caches keep
 
 
 @pytest.mark.parametrize("threads_", [1, 2, 3])

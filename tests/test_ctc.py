@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import chainfb
+from tests.cycles import cyclic_garbage
 from tests.devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
 from tests.oracles.ctc import ctc_fst
 from tests.oracles.fst import brute_force
@@ -121,6 +122,21 @@ class CtcTests:
         ref = F.ctc_loss(lp, tg, torch.tensor(6), torch.tensor(2), reduction="mean")
         out = chainfb.ctc_loss(self.tensor(lp), self.tensor(tg), torch.tensor(6), torch.tensor(2), reduction="mean")
         assert out.shape == ref.shape and out.item() == pytest.approx(ref.item(), rel=1e-12)
+
+
+    @pytest.mark.parametrize("N", [1, 3])  # one sequence: the shared-graph engines, with their graph's lattice
+    def test_new_labels_leave_no_reference_cycle(self, N):
+        """A step with labels not seen before compiles a graph, its lattice and the engine's arrays (on a
+        GPU, device copies); once the compile cache drops them, reference counting frees them all."""
+        g = torch.Generator().manual_seed(N)
+        lp = torch.randn(6, N, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+
+        def step():
+            x = self.tensor(lp).requires_grad_()
+            chainfb.ctc_loss(x, self.tensor(torch.randint(1, 5, (N, 2), generator=g)), [6] * N, [2] * N).backward()
+
+        step()
+        assert cyclic_garbage(step, 12) == []  # more label sets than the compile cache keeps
 
 
 class TestCtcCPU(CtcTests, OnCPU):
