@@ -18,7 +18,8 @@ listed kernel that no call reached and each call that raised; ``--json FILE`` wr
     compute-sanitizer --tool memcheck --kernel-name kns=chainfb python -m benchmarks.gpu_driver --no-pool
 
 ``--no-pool``: device memory straight from the CUDA allocator (CuPy's pool off, torch's caching allocator off
-through ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``), so that memcheck sees every array's own bounds.  ``--emulate``: the
+through ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``) and each lattice array in an allocation of its own (the backend's
+``separate_arrays``), so that memcheck sees every array's own bounds.  ``--emulate``: the
 same calls on the CPU through the kernels' emulation of the test suite.
 """
 
@@ -153,10 +154,12 @@ def main(argv=None) -> int:
     from ._gpu_place import make_place
 
     place = make_place(args.emulate)
-    if args.no_pool and not place.emulated:
-        import cupy
+    if args.no_pool:
+        place.backend.separate_arrays = True  # each lattice array its own allocation (not one packed upload)
+        if not place.emulated:
+            import cupy
 
-        cupy.cuda.set_allocator(None)
+            cupy.cuda.set_allocator(None)
     result = run(place)
     if args.json:
         with open(args.json, "w") as f:

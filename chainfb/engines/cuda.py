@@ -128,18 +128,62 @@ def _host_arrays(lat: Lattice) -> dict:
     }
 
 
+#: where each array packed into one allocation starts: a multiple of this many bytes
+PACK_ALIGN = 256
+
+
+def _packing(nbytes: list[int]) -> tuple[list[int], int]:
+    """``(starts, total)``: arrays of ``nbytes`` bytes one after another in one
+    buffer, each at a multiple of :data:`PACK_ALIGN` bytes."""
+    starts, end = [], 0
+    for n in nbytes:
+        starts.append(end)
+        end += -(-n // PACK_ALIGN) * PACK_ALIGN
+    return starts, max(end, 1)
+
+
 def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
     """``host`` (arrays, ints and Nones from :func:`lattice_host_arrays`) on
-    ``backend``'s device, float arrays in ``dtype``."""
+    ``backend``'s device, float arrays in ``dtype``.
+
+    One transfer for all of them: the arrays are packed into one host buffer
+    (:func:`_packing`), copied to the device at once, and each device array
+    is a view of that buffer.  A lattice's arrays are some twenty; one device
+    allocation and one copy apiece would be twenty of each on every new
+    lattice (new labels every training step).  A backend whose
+    ``separate_arrays`` is true (a run under a memory checker,
+    AddressSanitizer or compute-sanitizer, which sees an access past an
+    array only at the end of its allocation) gets one allocation an array
+    instead."""
     xp = backend.xp
-    out = {}
-    for k, v in host.items():
-        if isinstance(v, np.ndarray):
-            v = v.astype(dtype) if v.dtype.kind == "f" else v
-            out[k] = xp.ascontiguousarray(xp.asarray(v))
-        else:
-            out[k] = v
+    arrays = {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in host.items()
+              if isinstance(v, np.ndarray)}
+    if getattr(backend, "separate_arrays", False):
+        return {**host, **{k: xp.ascontiguousarray(xp.asarray(v)) for k, v in arrays.items()}}
+    starts, total = _packing([v.nbytes for v in arrays.values()])
+    packed = np.zeros(total, dtype=np.uint8)
+    for a, v in zip(starts, arrays.values()):
+        packed[a: a + v.nbytes] = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+    device = xp.asarray(packed)
+    out = dict(host)
+    for a, (k, v) in zip(starts, arrays.items()):
+        out[k] = device[a: a + v.nbytes].view(v.dtype).reshape(v.shape)
     return out
+
+
+def scratch(backend: KernelBackend, specs: list[tuple[tuple[int, ...], DTypeLike]]) -> list[Array]:
+    """Uninitialised device arrays of the ``(shape, dtype)`` of ``specs``, as
+    views of one allocation (:func:`_packing`; one allocation each where the
+    backend's ``separate_arrays`` is true, see :func:`upload`).  For the
+    arrays a call uses and drops together: one allocation instead of one
+    an array, on every call."""
+    xp = backend.xp
+    if getattr(backend, "separate_arrays", False):
+        return [xp.empty(shape, dtype=dtype) for shape, dtype in specs]
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
+    starts, total = _packing(sizes)
+    buf = xp.empty(total, dtype=np.uint8)
+    return [buf[a: a + n].view(dtype).reshape(shape) for a, n, (shape, dtype) in zip(starts, sizes, specs)]
 
 
 def cached(owner: Lattice, name: str, backend: KernelBackend, dtype: DTypeLike, build: Callable[[], Any]) -> Any:
@@ -453,12 +497,13 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
                                                     shared_budget(backend))
         kernel, blocks = f"chainfb::{prefix}_recursion<{r}>", N
     init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
-    alpha = xp.empty((T + 1, S), dtype=dtype)
-    beta = xp.empty((T + 1, S), dtype=dtype) if need_posteriors else np.uint64(0)
-    offs = xp.empty((N, T + 1), dtype=np.float64)
-    qoffs = xp.empty((N, T + 1), dtype=np.float64) if need_posteriors else np.uint64(0)
-    loglike = xp.empty(N, dtype=dtype)
-    lz = xp.empty(N, dtype=dtype)
+    # the rows, their offsets and each sequence's z in one allocation: the forward's alpha, P and z, and
+    # with posteriors the backward's beta and Q (else null pointers)
+    forward = [((T + 1, S), dtype), ((N, T + 1), np.float64), ((N,), dtype)]
+    backward = [((T + 1, S), dtype), ((N, T + 1), np.float64)] if need_posteriors else []
+    alpha, offs, lz, *rest = scratch(backend, forward + backward)
+    beta, qoffs = rest or (np.uint64(0), np.uint64(0))
+    loglike = xp.empty(N, dtype=dtype)  # (returned: its own allocation, which keeps no rows alive)
     i32 = np.int32
     rows = [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs]
     backend.launch(kernel, blocks * (2 if need_posteriors else 1), block,

@@ -399,6 +399,67 @@ def test_shared_plan_chooses_the_most_that_fits():
     assert arc_table_bytes(wide, 1, 8) is None and shared_plan(wide, 1, 8, 32, 10**7) == (2, 2 * (70000 + 50) * 8)
 
 
+def _check_packed(arrays, separate):
+    """The NumPy arrays are views of one buffer, each at a multiple of ``PACK_ALIGN`` bytes from the first and no
+    two overlapping (``separate``: each has a buffer of its own)."""
+    from chainfb.engines.cuda import PACK_ALIGN
+
+    bases = {id(v.base if v.base is not None else v) for v in arrays}
+    if separate:
+        assert len(bases) == len(arrays)
+        return
+    assert len(bases) == 1
+    origin = min(v.__array_interface__["data"][0] for v in arrays)
+    spans = sorted((v.__array_interface__["data"][0] - origin, v.nbytes) for v in arrays)
+    assert all(a % PACK_ALIGN == 0 for a, _ in spans)
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
+    """``scratch`` gives arrays of the shapes and dtypes asked for, views of one allocation (each its own with the
+    backend's ``separate_arrays``), that can be written independently."""
+    from chainfb.engines.cuda import scratch
+
+    monkeypatch.setattr(be, "separate_arrays", separate, raising=False)
+    specs = [((5, 7), np.float32), ((3, 6), np.float64), ((3,), np.float32), ((0, 4), np.float64), ((2,), np.int32)]
+    arrays = scratch(be, specs)
+    assert [(a.shape, a.dtype) for a in arrays] == [(s, np.dtype(d)) for s, d in specs]
+    assert all(a.flags.c_contiguous and a.flags.writeable for a in arrays)
+    for i, a in enumerate(arrays):
+        a[...] = i + 1
+    assert all((a == i + 1).all() for i, a in enumerate(arrays))
+    _check_packed(arrays, separate)
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_a_lattice_is_uploaded_at_once(be, monkeypatch, separate):
+    """``lattice_arrays`` copies the lattice's host arrays to the device in one transfer: every device array is a
+    view of one buffer, starting at a multiple of ``PACK_ALIGN`` bytes, and holds the host array's values (the
+    weights in the engine's dtype).  With the backend's ``separate_arrays`` each array has a buffer of its own."""
+    from chainfb.engines import cuda as per_sequence
+    from test_cuda_emulated_spans import span_fst
+
+    rng = np.random.default_rng(8)
+    monkeypatch.setattr(be, "separate_arrays", separate, raising=False)
+    for fsts in ([random_fst(rng, num_states=5, num_arcs=12) for _ in range(3)],
+                 [span_fst(rng, num_states=5, num_arcs=12, max_span=3) for _ in range(2)]):
+        lat = Lattice.of(FstBatch(fsts))
+        host = per_sequence.lattice_host_arrays(lat)
+        for dtype in (np.float32, np.float64):
+            dev = per_sequence.lattice_arrays(be, lat, dtype)
+            assert dev.keys() == host.keys()
+            arrays = {k: v for k, v in dev.items() if isinstance(v, np.ndarray)}
+            assert arrays.keys() == {k for k, v in host.items() if isinstance(v, np.ndarray)}
+            for k, v in arrays.items():
+                assert v.dtype == (np.dtype(dtype) if host[k].dtype.kind == "f" else host[k].dtype), k
+                np.testing.assert_array_equal(v, host[k].astype(v.dtype), err_msg=k)
+                assert v.flags.c_contiguous
+            _check_packed(list(arrays.values()), separate)
+        assert {k for k, v in dev.items() if not isinstance(v, np.ndarray)} == \
+            {k for k, v in host.items() if not isinstance(v, np.ndarray)}
+
+
 def test_arc_tables_hold_spans_exactly_when_the_lattice_has_them():
     """``arc_table_bytes`` counts the spans' 16-bit column when ``max_span > 1``; the kernels copy the span arrays
     into the table whenever the lattice's arrays have them: the two must coincide."""
@@ -792,6 +853,7 @@ import numpy as np
 import test_cuda_emulated as t
 from emulation import build, EmulatedBackend
 be = EmulatedBackend(build({str(tmp_path)!r}, extra_flags=("-fsanitize=address",)))
+be.separate_arrays = True  # each lattice array in its own NumPy buffer, with its own red zones
 rng = np.random.default_rng(0)
 for block in (1, 3, 8):
     lat = t.Lattice.of(t.FstBatch([t.random_fst(rng, num_states=5, num_arcs=12) for _ in range(3)]))
