@@ -125,7 +125,7 @@ class PdfCriterion(Criterion):
         """``(value [N], grad [N, T, P] like x or None)`` from the engine's ``loglike [N]`` and ``post [T, C]``."""
         arr, xp = ctx
         dtype = arr.dtype if self.value_dtype is None else self.value_dtype
-        value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype), x), x,
+        value = _like_input(wrap_like(xp.asarray(loglike).astype(dtype, copy=False), x), x,
                             self.value_dtype is None)
         if post is None:
             return value, None

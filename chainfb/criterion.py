@@ -206,7 +206,7 @@ class _CriterionFunction(torch.autograd.Function):
         with torch.no_grad():
             grads = _CriterionFunction._unscaled(ctx)
         grads = first_order(grads, ctx.saved_tensors)
-        go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
+        go = torch.nan_to_num(grad_out, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite: 0 (one kernel)
         out = [None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)) for g in grads]
         return (None, None, *(g.sum(dim=0) if shared else g for g, shared in zip(out, ctx.shared)))
 
@@ -222,7 +222,7 @@ class _CriterionFunction(torch.autograd.Function):
     @staticmethod
     def _gradients(ctx, grad_out):
         grads = _CriterionFunction._unscaled(ctx)
-        go = torch.where(torch.isfinite(grad_out), grad_out, torch.zeros_like(grad_out))
+        go = torch.nan_to_num(grad_out, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite: 0 (one kernel)
         ones = []  # whether go is all ones: a host synchronisation, asked only where it can save a dense multiply
 
         def all_ones() -> bool:
