@@ -141,6 +141,9 @@ class FstBatch:
         out._memo = Memo()
         if not share_memo:
             out._graph_memo = Memo()
+            key = ("batch", "columns")  # arrays only (no cycle): what the batch found of its graphs' pdfs
+            if key in self._graph_memo:
+                out._graph_memo.get(key, lambda: self._graph_memo[key])
         out.seq_to_graph = _check_seq_to_graph(seq_to_graph, self.num_graphs)
         return out
 
