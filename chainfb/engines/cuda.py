@@ -54,7 +54,8 @@ def _chunks(ca_ptr: np.ndarray, col_off: np.ndarray) -> dict:
     by column) cut into chunks of at most ``CHUNK_ARCS`` arcs (more when a
     sequence would have over ``MAX_CHUNKS`` chunks), and the columns with
     several chunks; ``col_off [N + 1]``: each sequence's columns.  The arrays
-    of engine.cu, plus ``max_chunks`` and ``chunk_arcs``."""
+    of engine.cu (int64 here: :func:`_host_arrays` packs them as int32),
+    plus ``max_chunks`` and ``chunk_arcs``."""
     counts = np.diff(ca_ptr)
     size = CHUNK_ARCS
     while True:
@@ -69,16 +70,15 @@ def _chunks(ca_ptr: np.ndarray, col_off: np.ndarray) -> dict:
     k = np.arange(J) - first[col]  # the chunk's index within its column
     multi = nch > 1
     mcols = np.flatnonzero(multi)
-    i32 = np.int32
     return {
-        "chunk_ptr": first[col_off].astype(i32),
-        "mc_ptr": np.concatenate([[0], np.cumsum(multi)])[col_off].astype(i32),
-        "chunk_arc": np.concatenate([ca_ptr[col] + k * size, [ca_ptr[-1]]]).astype(i32),
-        "chunk_col": col.astype(i32),
-        "chunk_sole": (~multi[col]).astype(i32),
-        "mc_col": mcols.astype(i32),
-        "mc_begin": first[mcols].astype(i32),
-        "mc_end": first[mcols + 1].astype(i32),
+        "chunk_ptr": first[col_off],
+        "mc_ptr": np.concatenate([[0], np.cumsum(multi)])[col_off],
+        "chunk_arc": np.concatenate([ca_ptr[col] + k * size, [ca_ptr[-1]]]),
+        "chunk_col": col,
+        "chunk_sole": ~multi[col],
+        "mc_col": mcols,
+        "mc_begin": first[mcols],
+        "mc_end": first[mcols + 1],
         "chunk_arcs": size,
         "max_chunks": widest,
     }
@@ -88,38 +88,36 @@ def _host_arrays(lat: Lattice) -> dict:
     """int32 CSR structure, chunks and float64 weights of a lattice (host
     side); the arcs' spans (``in_span``, ``out_span``, ``ca_span``) only when
     some arc spans several frames (None otherwise: the kernels read every
-    span as 1)."""
+    span as 1).  The int32 arrays are views of one buffer (:func:`pack`),
+    which :func:`upload` copies to the device as it is."""
     S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
         raise ValueError(f"lattice too large for the CUDA engine (states {S}, columns {C}, arcs {A})")
     f, b = lat.fwd, lat.bwd
-    i32 = np.int32
     order = stable_order(b.col, C)
     col_sorted = b.col[order]
     spans = lat.max_span > 1
     ca_ptr = np.searchsorted(col_sorted, np.arange(C + 1))
     widths = np.diff(lat.state_offsets)
+    chunks = _chunks(ca_ptr, lat.col_offsets)
+    ints = {
+        "state_off": lat.state_offsets, "col_off": lat.col_offsets, "start": np.asarray(lat.start),
+        "in_ptr": f.ptr, "in_src": f.src, "in_col": f.col,
+        "out_ptr": b.ptr, "out_dst": b.dst, "out_col": b.col,
+        "ca_src": b.src[order], "ca_dst": b.dst[order],
+        **({"in_span": f.span, "out_span": b.span, "ca_span": b.span[order]} if spans else {}),
+        **{k: v for k, v in chunks.items() if isinstance(v, np.ndarray)},
+    }
     return {
-        "state_off": lat.state_offsets.astype(i32),
-        "col_off": lat.col_offsets.astype(i32),
-        "start": np.asarray(lat.start).astype(i32),
+        "in_span": None, "out_span": None, "ca_span": None,  # (replaced by the spans' arrays where there are any)
+        **pack({k: (v, np.int32) for k, v in ints.items()}),
         "final": np.asarray(lat.final, dtype=np.float64),
-        "in_ptr": f.ptr.astype(i32),
-        "in_src": f.src.astype(i32),
         "in_lp": np.asarray(f.log_prob, dtype=np.float64),
-        "in_col": f.col.astype(i32),
-        "out_ptr": b.ptr.astype(i32),
-        "out_dst": b.dst.astype(i32),
         "out_lp": np.asarray(b.log_prob, dtype=np.float64),
-        "out_col": b.col.astype(i32),
-        "ca_src": b.src[order].astype(i32),
-        "ca_dst": b.dst[order].astype(i32),
         "ca_lp": np.asarray(b.log_prob, dtype=np.float64)[order],
-        "in_span": f.span.astype(i32) if spans else None,
-        "out_span": b.span.astype(i32) if spans else None,
-        "ca_span": b.span[order].astype(i32) if spans else None,
-        **_chunks(ca_ptr, lat.col_offsets),
+        "chunk_arcs": chunks["chunk_arcs"],
+        "max_chunks": chunks["max_chunks"],
         "max_span": int(lat.max_span),
         "max_states": int(widths.max(initial=0)),
         "max_degree": int(max(np.diff(f.ptr).max(initial=0), np.diff(b.ptr).max(initial=0))),
@@ -142,32 +140,77 @@ def _packing(nbytes: list[int]) -> tuple[list[int], int]:
     return starts, max(end, 1)
 
 
+def pack(arrays: dict[str, tuple[np.ndarray, DTypeLike]]) -> dict[str, np.ndarray]:
+    """``{name: (array, dtype)}`` -> ``{name: array in dtype}``, every result
+    a view of one new host buffer (:func:`_packing`), written by one
+    conversion each (no copy besides)."""
+    sizes = [v.size * np.dtype(dt).itemsize for v, dt in arrays.values()]
+    starts, total = _packing(sizes)
+    buf = np.empty(total, dtype=np.uint8)
+    out = {}
+    for a, n, (k, (v, dt)) in zip(starts, sizes, arrays.items()):
+        view = buf[a: a + n].view(dt).reshape(np.shape(v))
+        np.copyto(view, v, casting="unsafe")
+        out[k] = view
+    return out
+
+
+def _packed_buffers(arrays: dict[str, np.ndarray]) -> tuple[dict, dict]:
+    """``(buffers, loose)``: the arrays that are C-contiguous views of a 1-D
+    byte buffer they cover up to :func:`_packing`'s padding (what
+    :func:`pack` made), grouped by buffer (``{id: (buffer, [names])}``), and
+    the others (``{name: array}``)."""
+    groups: dict[int, tuple[np.ndarray, list]] = {}
+    loose = {}
+    for k, v in arrays.items():
+        base = v.base
+        if isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 1 and v.flags.c_contiguous:
+            groups.setdefault(id(base), (base, []))[1].append(k)
+        else:
+            loose[k] = v
+    buffers = {}
+    for key, (base, names) in groups.items():
+        if _packing([arrays[k].nbytes for k in names])[1] >= base.nbytes:
+            buffers[key] = (base, names)
+        else:  # a view of something larger: copied on its own, not the whole of it
+            loose.update({k: arrays[k] for k in names})
+    return buffers, loose
+
+
 def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
     """``host`` (arrays, ints and Nones from :func:`lattice_host_arrays`) on
     ``backend``'s device, float arrays in ``dtype``.
 
-    One transfer for all of them: the arrays are packed into one host buffer
-    (:func:`_packing`), copied to the device at once, and each device array
-    is a view of that buffer.  A lattice's arrays are some twenty; one device
-    allocation and one copy apiece would be twenty of each on every new
-    lattice (new labels every training step).  A backend whose
-    ``separate_arrays`` is true (a run under a memory checker,
-    AddressSanitizer or compute-sanitizer, which sees an access past an
-    array only at the end of its allocation) gets one allocation an array
-    instead."""
+    Few transfers: the int32 arrays, views of one host buffer
+    (:func:`_host_arrays` packs them), are copied to the device as that
+    buffer, and the float arrays are packed into one more (:func:`pack`);
+    each device array is a view of its buffer's copy.  A lattice's arrays
+    are some twenty; one device allocation and one copy apiece would be
+    twenty of each on every new lattice (new labels every training step).
+    A backend whose ``separate_arrays`` is true (a run under a memory
+    checker, AddressSanitizer or compute-sanitizer, which sees an access
+    past an array only at the end of its allocation) gets one allocation an
+    array instead."""
     xp = backend.xp
-    arrays = {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in host.items()
-              if isinstance(v, np.ndarray)}
+    arrays = {k: v for k, v in host.items() if isinstance(v, np.ndarray)}
     if getattr(backend, "separate_arrays", False):
-        return {**host, **{k: xp.ascontiguousarray(xp.asarray(v)) for k, v in arrays.items()}}
-    starts, total = _packing([v.nbytes for v in arrays.values()])
-    packed = np.zeros(total, dtype=np.uint8)
-    for a, v in zip(starts, arrays.values()):
-        packed[a: a + v.nbytes] = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
-    device = xp.asarray(packed)
+        return {**host, **{k: xp.array(v.astype(dtype) if v.dtype.kind == "f" else v)  # (a copy: its own buffer)
+                           for k, v in arrays.items()}}
+    buffers, loose = _packed_buffers({k: v for k, v in arrays.items() if v.dtype.kind != "f"})
+    rest = pack({**{k: (v, v.dtype) for k, v in loose.items()},
+                 **{k: (v, dtype) for k, v in arrays.items() if v.dtype.kind == "f"}})
+    if rest:  # (views of one new buffer)
+        base = next(iter(rest.values())).base
+        buffers[id(base)] = (base, list(rest))
+    views = {**arrays, **rest}
     out = dict(host)
-    for a, (k, v) in zip(starts, arrays.items()):
-        out[k] = device[a: a + v.nbytes].view(v.dtype).reshape(v.shape)
+    for base, names in buffers.values():
+        device = xp.asarray(base)
+        origin = base.__array_interface__["data"][0]
+        for k in names:
+            v = views[k]
+            a = v.__array_interface__["data"][0] - origin
+            out[k] = device[a: a + v.nbytes].view(v.dtype).reshape(v.shape)
     return out
 
 

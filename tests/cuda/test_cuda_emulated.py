@@ -399,20 +399,24 @@ def test_shared_plan_chooses_the_most_that_fits():
     assert arc_table_bytes(wide, 1, 8) is None and shared_plan(wide, 1, 8, 32, 10**7) == (2, 2 * (70000 + 50) * 8)
 
 
-def _check_packed(arrays, separate):
-    """The NumPy arrays are views of one buffer, each at a multiple of ``PACK_ALIGN`` bytes from the first and no
-    two overlapping (``separate``: each has a buffer of its own)."""
+def _check_packed(arrays, separate, buffers=1):
+    """The NumPy arrays are views of ``buffers`` buffers, each at a multiple of ``PACK_ALIGN`` bytes from its
+    buffer's first and no two overlapping (``separate``: each has a buffer of its own)."""
     from chainfb.engines.cuda import PACK_ALIGN
 
-    bases = {id(v.base if v.base is not None else v) for v in arrays}
+    groups = {}
+    for v in arrays:
+        base = v.base if v.base is not None else v
+        groups.setdefault(id(base), []).append(v)
     if separate:
-        assert len(bases) == len(arrays)
+        assert len(groups) == len(arrays)
         return
-    assert len(bases) == 1
-    origin = min(v.__array_interface__["data"][0] for v in arrays)
-    spans = sorted((v.__array_interface__["data"][0] - origin, v.nbytes) for v in arrays)
-    assert all(a % PACK_ALIGN == 0 for a, _ in spans)
-    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+    assert len(groups) == buffers
+    for views in groups.values():
+        origin = min(v.__array_interface__["data"][0] for v in views)
+        spans = sorted((v.__array_interface__["data"][0] - origin, v.nbytes) for v in views)
+        assert all(a % PACK_ALIGN == 0 for a, _ in spans)
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
 
 
 @pytest.mark.parametrize("separate", [False, True])
@@ -434,9 +438,11 @@ def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
 
 @pytest.mark.parametrize("separate", [False, True])
 def test_a_lattice_is_uploaded_at_once(be, monkeypatch, separate):
-    """``lattice_arrays`` copies the lattice's host arrays to the device in one transfer: every device array is a
-    view of one buffer, starting at a multiple of ``PACK_ALIGN`` bytes, and holds the host array's values (the
-    weights in the engine's dtype).  With the backend's ``separate_arrays`` each array has a buffer of its own."""
+    """``lattice_arrays`` copies the lattice's host arrays to the device in two transfers: the int32 arrays, which
+    ``lattice_host_arrays`` gives as views of one host buffer, as that buffer, and the weights in the engine's
+    dtype packed in another.  Every device array is a view of one of the two, at a multiple of ``PACK_ALIGN``
+    bytes, and holds the host array's values.  With the backend's ``separate_arrays`` each array has a buffer of
+    its own."""
     from chainfb.engines import cuda as per_sequence
     from test_cuda_emulated_spans import span_fst
 
@@ -455,7 +461,9 @@ def test_a_lattice_is_uploaded_at_once(be, monkeypatch, separate):
                 assert v.dtype == (np.dtype(dtype) if host[k].dtype.kind == "f" else host[k].dtype), k
                 np.testing.assert_array_equal(v, host[k].astype(v.dtype), err_msg=k)
                 assert v.flags.c_contiguous
-            _check_packed(list(arrays.values()), separate)
+            _check_packed(list(arrays.values()), separate, buffers=2)
+        ints = [v for v in host.values() if isinstance(v, np.ndarray) and v.dtype == np.int32]
+        _check_packed(ints, False)  # the host's int32 arrays: one buffer
         assert {k for k, v in dev.items() if not isinstance(v, np.ndarray)} == \
             {k for k, v in host.items() if not isinstance(v, np.ndarray)}
 
