@@ -176,9 +176,9 @@ def _sweep(data) -> list:
     cols = list(dict.fromkeys((r["mode"], r["table"]) for r in data["rows"]))
     rows = {}
     for r in data["rows"]:
-        key = (r["case"], r["engine"], r["block"] or "default", r.get("cluster", 1))
+        key = (r["case"], r["engine"], r["block"] or "default", r.get("cluster", 1), r.get("frames", 1))
         rows.setdefault(key, {})[r["mode"], r["table"]] = r["ms"]
-    head = ["case", "engine", "block", "blocks a direction"] + [
+    head = ["case", "engine", "block", "blocks a direction", "posterior frames a block"] + [
         f"mode {m}" + (" + arc table" if t else "") + " ms" for m, t in cols]
     body = [(*key, *(_num(got.get(c), "{:.3f}")[:80] for c in cols)) for key, got in rows.items()]
     best = {}  # per case and engine, its fastest launch
@@ -186,11 +186,12 @@ def _sweep(data) -> list:
         if isinstance(r["ms"], float) and r["ms"] < best.get((r["case"], r["engine"]), (float("inf"),))[0]:
             best[r["case"], r["engine"]] = (r["ms"], r)
     fastest = [(case, engine, f"mode {r['mode']}" + (" + arc table" if r["table"] else ""), r["block"] or "default",
-                r.get("cluster", 1), f"{ms:.3f}") for (case, engine), (ms, r) in best.items()]
+                r.get("cluster", 1), r.get("frames", 1), f"{ms:.3f}") for (case, engine), (ms, r) in best.items()]
     return (["The recursion and posterior kernels alone (benchmarks/gpu_block_sweep.py): the launch the engine's "
              "defaults should pick.", ""] + _table(head, body)
             + ["The fastest launch of each case and engine:", ""]
-            + _table(["case", "engine", "mode", "block", "blocks a direction", "ms"], fastest) + _footer(data, "case"))
+            + _table(["case", "engine", "mode", "block", "blocks a direction", "posterior frames a block", "ms"],
+                     fastest) + _footer(data, "case"))
 
 
 def _profile(data) -> list:

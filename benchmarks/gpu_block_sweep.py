@@ -7,7 +7,9 @@ events around ``chainfb.engines.cuda.forward_backward`` on the compact scores, m
 each with and without the sequence's arcs copied to shared memory before the frame loop (``--tables 1,0``; a
 launch whose table does not fit records the error), and each direction of a sequence over a thread block cluster
 of 2, 4 or 8 blocks (``--clusters``, ``chainfb/cuda/cluster.cu``: mode 0 only, the per-sequence engine without the
-leaky HMM; a device before compute capability 9.0 records the error).
+leaky HMM; a device before compute capability 9.0 records the error), and the posterior kernel with several frames
+a block (``--posterior-frames``, ``chainfb.engines.cuda.POSTERIOR_FRAMES``: its arcs read from L2 once for
+several frames) at the first mode, table and block.
 Prints a table and writes ``--json FILE``.  Cases (``--cases``): ``ctc``, the CTC graphs of
 ``benchmarks/gpu_bench.py``'s shapes; ``rnnt``, ``multiblank``, ``tdt``, the step graphs of its RNN-T batch (B = 8,
 LibriSpeech-like lengths; big blanks [2, 4]; durations 0..4); ``den``, its LF-MMI denominator (128 sequences x 150
@@ -15,6 +17,7 @@ frames, leaky HMM 0.1), on both engines.  The scores are random: the kernels' ti
 
     python -m benchmarks.gpu_block_sweep [--json FILE] [--repeat 5] [--blocks default,128,256,512,1024]
                                          [--modes 2,1,0] [--tables 1,0] [--clusters 1,2,4,8]
+                                         [--posterior-frames 1,4,16]
                                          [--cases ctc,rnnt,multiblank,tdt,den]
                                          [--deadline UNIX_TIME] [--emulate]
 """
@@ -81,21 +84,25 @@ def cases(xp, which, emulate=False):
         yield ("den 128 x 150", *den_case_arrays(xp, 0))
 
 
-def launches(xp, which, emulate, modes, tables, blocks, clusters=(1,)):
-    """``(name, (case, lattice, X, lengths, leaky, engine name, engine, mode, table, block, cluster))`` of every
-    launch to time: each case of ``which`` (built as it is reached) on each engine that reads it, in each mode, with
-    and without the arc table, at each block, one block a direction or a cluster of ``cluster`` (mode 0 of the
-    per-sequence engine without a leak only)."""
+def launches(xp, which, emulate, modes, tables, blocks, clusters=(1,), frames=(1,)):
+    """``(name, (case, lattice, X, lengths, leaky, engine name, engine, mode, table, block, cluster, frames))`` of
+    every launch to time: each case of ``which`` (built as it is reached) on each engine that reads it, in each
+    mode, with and without the arc table, at each block, one block a direction or a cluster of ``cluster`` (mode 0
+    of the per-sequence engine without a leak only), the posterior kernel's frames a block 1; then each of
+    ``frames`` above 1 at the first mode, table and block, one block a direction."""
     from chainfb.engines import cuda, cuda_shared
 
     for case, lattice, X, lengths, leaky in cases(xp, which, emulate):
         engines = [("cuda", cuda)] + ([("cuda_shared", cuda_shared)] if lattice.shared_fst is not None else [])
         for ename, engine in engines:
-            runs = [(k, m) for k in clusters for m in (modes if k == 1 else (0,))
-                    if k == 1 or (ename == "cuda" and leaky is None)]  # (blocks a direction, mode)
-            for (cluster, mode), table, block in itertools.product(runs, tables, blocks):
-                name = f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'} / K {cluster}"
-                yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster)
+            runs = [(k, m, 1) for k in clusters for m in (modes if k == 1 else (0,))
+                    if k == 1 or (ename == "cuda" and leaky is None)]  # (blocks a direction, mode, frames)
+            items = list(itertools.product(runs, tables, blocks))
+            items += [((1, modes[0], f), tables[0], blocks[0]) for f in frames if f > 1]
+            for (cluster, mode, f), table, block in items:
+                name = (f"{case} / {ename} / mode {mode} / table {int(table)} / block {block or 'default'} / "
+                        f"K {cluster} / F {f}")
+                yield name, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster, f)
 
 
 def _launch(engine, backend, lattice, X, lengths, leaky, block, cluster):
@@ -104,10 +111,10 @@ def _launch(engine, backend, lattice, X, lengths, leaky, block, cluster):
 
 
 def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), json_path=None,
-          clusters=(1,)) -> dict:
+          clusters=(1,), frames=(1,)) -> dict:
     """Time every launch of :func:`launches` at ``place`` (``benchmarks._gpu_place``); returns ``{"rows": [...],
-    "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the default --, cluster and ms or the
-    error),
+    "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the default --, cluster, the posterior
+    kernel's frames a block and ms or the error),
     written to ``json_path`` as it goes; launches not started by ``deadline`` (Unix time) are listed as
     skipped."""
     from chainfb.engines import cuda
@@ -115,23 +122,25 @@ def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), js
     from ._gpu_place import until, write_json
 
     result = dict(rows=[], skipped=[], current=None)
-    defaults = cuda.MODES, cuda.ARC_TABLES
-    items = launches(place.backend.xp, which, place.emulated, modes, tables, blocks, clusters)
+    defaults = cuda.MODES, cuda.ARC_TABLES, cuda.POSTERIOR_FRAMES
+    items = launches(place.backend.xp, which, place.emulated, modes, tables, blocks, clusters, frames)
     try:
-        for _, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster) in until(
+        for _, (case, lattice, X, lengths, leaky, ename, engine, mode, table, block, cluster, f) in until(
                 deadline, items, result, json_path):
             cuda.MODES = (mode, 0)  # the first that fits: this mode, else none
             cuda.ARC_TABLES = (table,)
+            cuda.POSTERIOR_FRAMES = f
             launch = functools.partial(_launch, engine, place.backend, lattice, X, lengths, leaky, block, cluster)
             try:
                 ms = statistics.median([place.timed_ms(launch)[1] for _ in range(repeat + 1)][1:])
             except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
                 ms = f"{type(e).__name__}: {e}"[:300]
-            row = dict(case=case, engine=ename, mode=mode, table=table, block=block, cluster=cluster, ms=ms)
+            row = dict(case=case, engine=ename, mode=mode, table=table, block=block, cluster=cluster, frames=f,
+                       ms=ms)
             result["rows"].append(row)
             print(row, flush=True)
     finally:
-        cuda.MODES, cuda.ARC_TABLES = defaults
+        cuda.MODES, cuda.ARC_TABLES, cuda.POSTERIOR_FRAMES = defaults
     if json_path:
         write_json(json_path, result)
     return result
@@ -146,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="2,1,0")
     ap.add_argument("--tables", default="1,0")
     ap.add_argument("--clusters", default="1", help="blocks a direction of a sequence (1, 2, 4, 8)")
+    ap.add_argument("--posterior-frames", default="1", help="the posterior kernel's frames a block (at the first "
+                    "mode, table and block)")
     ap.add_argument("--cases", default="ctc,rnnt,multiblank,tdt,den")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="Unix time after which no launch starts")
     ap.add_argument("--emulate", action="store_true", help="the kernels' CPU emulation (PYTHONPATH=tests): checks "
@@ -157,7 +168,7 @@ def main(argv=None) -> int:
     blocks = [None if b == "default" else int(b) for b in args.blocks.split(",")]
     sweep(place, set(args.cases.split(",")), [int(m) for m in args.modes.split(",")],
           [bool(int(t)) for t in args.tables.split(",")], blocks, args.repeat, args.deadline, args.json,
-          [int(k) for k in args.clusters.split(",")])
+          [int(k) for k in args.clusters.split(",")], [int(f) for f in args.posterior_frames.split(",")])
     return 0
 
 

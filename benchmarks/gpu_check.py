@@ -20,8 +20,9 @@ finds too little of the time left is skipped and the reason recorded, a step tha
    case's per-kernel device times (every traced launch in ``DIR/launches.json``);
 6. ``sweep``: ``benchmarks/gpu_block_sweep.py``, the engine kernels alone on the benchmark graphs in each
    shared-memory mode, with and without the arc table, at the engine's own block size, with one block or a thread
-   block cluster of 2, 4 or 8 a direction (``--sweep-cases``, ``--sweep-modes``, ``--sweep-blocks``,
-   ``--sweep-clusters``): what decides the engine's default launch;
+   block cluster of 2, 4 or 8 a direction, and the posterior kernel with 1, 4 or 16 frames a block
+   (``--sweep-cases``, ``--sweep-modes``, ``--sweep-blocks``, ``--sweep-clusters``, ``--sweep-posterior-frames``):
+   what decides the engine's default launch;
 7. ``profile``: ``benchmarks/gpu_profile.py`` on the CTC shapes (chainfb's step and torch's) and an RNN-T step:
    device, host-issue and synchronised times, every kernel, host op and the host's Python functions -- where a
    step bound by the host spends it.
@@ -225,7 +226,8 @@ class Check:
         cases = self.args.sweep_cases or ("ctc" if self.args.emulate else "ctc,rnnt,multiblank,tdt,den")
         r, data = self.script("sweep", "gpu_block_sweep", limit, "--cases", cases, "--modes", self.args.sweep_modes,
                               "--tables", "1,0", "--blocks", self.args.sweep_blocks, "--clusters",
-                              self.args.sweep_clusters, "--repeat", str(self.args.repeat))
+                              self.args.sweep_clusters, "--posterior-frames", self.args.sweep_posterior_frames,
+                              "--repeat", str(self.args.repeat))
         if data is None:
             return r, None, "error"
         errors = [row for row in data["rows"] if isinstance(row["ms"], str)]
@@ -387,6 +389,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-blocks", default="default", help="gpu_block_sweep.py --blocks (default %(default)s)")
     ap.add_argument("--sweep-clusters", default="1,2,4,8",
                     help="gpu_block_sweep.py --clusters (default %(default)s)")
+    ap.add_argument("--sweep-posterior-frames", default="1,4,16",
+                    help="gpu_block_sweep.py --posterior-frames (default %(default)s)")
     ap.add_argument("--compact", action="store_true", help="at the end keep steps.tar.gz, remove DIR/steps")
     ap.add_argument("--emulate", action="store_true", help="on the CPU through the kernels' emulation (tiny shapes)")
     ap.add_argument("--facts", help=argparse.SUPPRESS)  # the env step's own process: write the facts there

@@ -433,11 +433,23 @@ def check_cluster(backend: KernelBackend, cluster: int | str, leaky: tuple[float
     return cluster
 
 
-def posterior_launch(N: int, T: int, max_chunks: int) -> tuple:
+#: frames a block of the posterior kernel covers (at least; more where a frame a block would make over 2^20
+#: blocks).  A block reads its sequence's arcs by column (12 bytes an arc, from L2) at each of its frames, and
+#: they stay in L1 from one of its frames to the next: several frames a block read them from L2 once for
+#: several frames, with fewer blocks to fill the SMs.  1 until a device has measured more
+#: (``benchmarks/gpu_block_sweep.py --posterior-frames``).
+POSTERIOR_FRAMES = 1
+
+
+def posterior_launch(N: int, T: int, max_chunks: int, frames: int | None = None) -> tuple:
     """``(frames per block, blocks, threads)`` of the posterior kernel: a
-    block per sequence and frame (several frames a block past 2^20 blocks),
-    threads over the widest sequence's chunks (32..256)."""
-    F = max(1, -(-N * T // 2**20))
+    block per sequence and ``frames`` frames (None: :data:`POSTERIOR_FRAMES`;
+    more past 2^20 blocks), threads over the widest sequence's chunks
+    (32..256)."""
+    frames = POSTERIOR_FRAMES if frames is None else frames
+    if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or frames < 1:
+        raise ValueError(f"frames: expected an int >= 1, got {frames!r}")
+    F = max(int(frames), -(-N * T // 2**20))
     block = 32
     while block < max_chunks and block < 256:
         block *= 2

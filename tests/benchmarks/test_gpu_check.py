@@ -102,8 +102,8 @@ def test_emulated_run_profiles_the_ctc_steps(emulated_run):
 
 def test_emulated_run_sweeps_modes_arc_tables_and_clusters(emulated_run):
     """The sweep step times each CTC graph in modes 2 and 0, each with and without the arc table, at the engine's
-    own block size, and over thread block clusters of 2, 4 and 8 blocks a direction (mode 0, with and without the
-    table)."""
+    own block size, over thread block clusters of 2, 4 and 8 blocks a direction (mode 0, with and without the
+    table), and with the posterior kernel's 4 and 16 frames a block (mode 2 with the table, one block)."""
     from benchmarks.gpu_bench import CTC_SHAPES
 
     _, res, _ = emulated_run
@@ -112,10 +112,12 @@ def test_emulated_run_sweeps_modes_arc_tables_and_clusters(emulated_run):
     cases = {r["case"] for r in rows}
     assert cases == {f"ctc T={T} N={N} C={C} S={S}" for T, N, C, S in CTC_SHAPES["emulated"]}
     for case in cases:
-        got = {(r["mode"], r["table"], r["cluster"]) for r in rows if r["case"] == case and r["engine"] == "cuda"}
-        assert got == {(2, True, 1), (2, False, 1), (0, True, 1), (0, False, 1)} | {
-            (0, t, k) for t in (True, False) for k in (2, 4, 8)}
+        got = {(r["mode"], r["table"], r["cluster"], r["frames"]) for r in rows
+               if r["case"] == case and r["engine"] == "cuda"}
+        assert got == {(2, True, 1, 1), (2, False, 1, 1), (0, True, 1, 1), (0, False, 1, 1)} | {
+            (0, t, k, 1) for t in (True, False) for k in (2, 4, 8)} | {(2, True, 1, 4), (2, True, 1, 16)}
         assert {r["cluster"] for r in rows if r["engine"] == "cuda_shared"} == {1}
+        assert {r["frames"] for r in rows if r["engine"] == "cuda_shared"} == {1, 4, 16}
 
 
 def test_emulated_run_reaches_every_kernel(emulated_run):

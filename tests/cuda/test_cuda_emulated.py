@@ -235,6 +235,47 @@ def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dt
     np.testing.assert_allclose(runs[2][1], post, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("case", ["plain", "spans", "leaky", "shared", "large"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_posterior_frames_a_block_give_the_same_bits(be, monkeypatch, case, dtype):
+    """The posterior kernels with several frames a block (``POSTERIOR_FRAMES``; the last block's frames past T or
+    past a sequence's length skipped) compute each frame as with one: the same bits, on both engines."""
+    import chainfb.engines.cuda as cuda_engine
+    from chainfb.engines import cuda_shared
+
+    rng = np.random.default_rng(12)
+    leaky, run = None, lattice_forward_backward
+    if case == "shared":
+        lat = Lattice.of(FstBatch([random_fst(rng, num_states=30, num_arcs=200, num_pdfs=5)], np.zeros(3, np.int64)))
+        run = cuda_shared.forward_backward
+    else:
+        lat = _bits_lattice(rng, "plain" if case == "leaky" else case)
+        if case == "leaky":
+            leaky = (0.1, np.log(np.full(lat.num_states, 0.05)))
+    X = rng.normal(size=(11, lat.num_columns)).astype(dtype)
+    lengths = rng.integers(0, 12, lat.num_sequences)
+    lengths[0] = 11
+    grids = []
+    launch = be.launch
+
+    def spy(name, grid, block, args, shared_mem=0):
+        if "_posteriors" in name:
+            grids.append((int(args[1]), grid))  # (F, blocks)
+        return launch(name, grid, block, args, shared_mem=shared_mem)
+
+    monkeypatch.setattr(be, "launch", spy)
+    runs = {}
+    for frames in (1, 2, 4, 11, 16):
+        monkeypatch.setattr(cuda_engine, "POSTERIOR_FRAMES", frames)
+        runs[frames] = run(be, lat, X.copy(), lengths, leaky=leaky)
+        N = lat.num_sequences
+        assert grids[-1] == (frames, N * -(-11 // frames))
+    for frames, got in runs.items():
+        assert np.array_equal(got[0], runs[1][0]) and np.array_equal(got[1], runs[1][1]), frames
+    with pytest.raises(ValueError, match="frames"):
+        cuda_engine.posterior_launch(2, 5, 8, 0)
+
+
 @pytest.mark.parametrize("case", ["plain", "spans", "large", "nan", "lanes"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_engine_clusters_give_the_same_bits(be, monkeypatch, case, dtype):
