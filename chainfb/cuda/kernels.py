@@ -28,8 +28,7 @@ A *kernel backend* is what the CUDA engines (:mod:`chainfb.engines.cuda`,
     the engines' arrays each in an allocation of its own (for a memory
     checker, which sees an access past an array only at its allocation's
     end) instead of views of one allocation: a lattice's arrays and a call's
-    scratch rows (False without it; see :func:`chainfb.engines.cuda.upload`
-    and :func:`chainfb.engines.cuda.scratch`).
+    scratch rows (False without it; see :mod:`chainfb.engines.cuda_memory`).
 ``cache_key()``
     a hashable key of where arrays made now live and are ordered (device
     and stream): device copies cached on a lattice are kept per key (see

@@ -443,7 +443,7 @@ def test_shared_plan_chooses_the_most_that_fits():
 def _check_packed(arrays, separate, buffers=1):
     """The NumPy arrays are views of ``buffers`` buffers, each at a multiple of ``PACK_ALIGN`` bytes from its
     buffer's first and no two overlapping (``separate``: each has a buffer of its own)."""
-    from chainfb.engines.cuda import PACK_ALIGN
+    from chainfb.engines.cuda_memory import PACK_ALIGN
 
     groups = {}
     for v in arrays:
@@ -464,7 +464,7 @@ def _check_packed(arrays, separate, buffers=1):
 def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
     """``scratch`` gives arrays of the shapes and dtypes asked for, views of one allocation (each its own with the
     backend's ``separate_arrays``), that can be written independently."""
-    from chainfb.engines.cuda import scratch
+    from chainfb.engines.cuda_memory import scratch
 
     monkeypatch.setattr(be, "separate_arrays", separate, raising=False)
     specs = [((5, 7), np.float32), ((3, 6), np.float64), ((3,), np.float32), ((0, 4), np.float64), ((2,), np.int32)]
