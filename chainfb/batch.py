@@ -172,15 +172,26 @@ class FstBatch:
         """Every graph's distinct pdfs at once: ``(ptr [G+1], pdfs [K],
         local_col [A])`` -- graph ``g``'s sorted distinct pdfs are
         ``pdfs[ptr[g]:ptr[g+1]]`` and each arc's index among its graph's is
-        ``local_col`` (one sort for the batch's graphs, kept by :meth:`cache`)."""
+        ``local_col`` (one pass for the batch's graphs -- the (graph, pdf)
+        pairs used marked where there are few of them, else one sort --, kept
+        by :meth:`cache`)."""
         return self.cache(("batch", "columns"), self._columns)
 
     def _columns(self):
         """The arrays :meth:`columns` keeps."""
         graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
         width = int(self.pdf.max()) + 1 if len(self.pdf) else 1
-        if self.num_graphs * width < 2**62:  # by graph, then pdf: one stable sort of one key
-            order = stable_order(graph * width + self.pdf, self.num_graphs * width)
+        keys = self.num_graphs * width
+        if keys <= 4 * len(self.pdf) + 2**16:  # few (graph, pdf) pairs: mark those used, no sort
+            key = graph * width + self.pdf
+            used = np.zeros(keys, dtype=bool)
+            used[key] = True
+            distinct = np.flatnonzero(used)  # by graph, then pdf
+            rank = np.cumsum(used) - 1
+            ptr = np.searchsorted(distinct // width, np.arange(self.num_graphs + 1))
+            return ptr, (distinct % width).astype(np.int64), rank[key] - ptr[graph]
+        if keys < 2**62:  # by graph, then pdf: one stable sort of one key
+            order = stable_order(graph * width + self.pdf, keys)
         else:
             order = np.lexsort((self.pdf, graph))
         g, p = graph[order], self.pdf[order]

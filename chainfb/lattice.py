@@ -143,15 +143,23 @@ class Lattice:
         N = self.num_sequences
         seq = np.repeat(np.arange(N, dtype=np.int64), np.diff(self.arc_offsets))
         if self._own_graphs:  # the instances are the batch's graphs, in order: its arcs and ids as they are
-            arc, shift, counts = order, 0, np.diff(ptr)
+            arc, shift, counts = order, None, np.diff(ptr)
         else:
             # arcs of graph g in `order` are contiguous: graphs own contiguous states
             arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
             shift = (self.state_offsets[:-1] - so[g])[seq]
             counts = np.diff(ptr)[self._graph_states]
-        src, dst = batch.src[arc] + shift, batch.dst[arc] + shift
-        col = self.col_offsets[:-1][seq] + batch.columns()[2][arc]
-        return _Side(arc, src, dst, batch.log_prob[arc], col, seq, counts, batch.span[arc])
+        if shift is None and _is_identity(arc):  # the batch's arcs already in this order (CTC's by source)
+            def take(a):
+                return a
+        else:
+            def take(a):
+                return a[arc]
+        src, dst = take(batch.src), take(batch.dst)
+        if shift is not None:
+            src, dst = src + shift, dst + shift
+        col = self.col_offsets[:-1][seq] + take(batch.columns()[2])
+        return _Side(arc, src, dst, take(batch.log_prob), col, seq, counts, take(batch.span))
 
     @cached_property
     def fwd(self) -> _Side:
@@ -229,6 +237,12 @@ class Lattice:
         -- a graph compiled every step (new labels) would leave its arrays
         behind until then, and each step would write fresh pages."""
         return batch.cache(("lattice", "of"), lambda: cls(batch.with_sequences(batch.seq_to_graph)), per_batch=True)
+
+
+def _is_identity(order: np.ndarray) -> bool:
+    """Whether ``order`` is ``arange(len(order))`` (one comparison pass)."""
+    n = len(order)
+    return n == 0 or (int(order[0]) == 0 and int(order[-1]) == n - 1 and bool((order[1:] - order[:-1] == 1).all()))
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:

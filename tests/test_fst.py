@@ -163,11 +163,12 @@ def test_batch_csr(rng):
         assert np.all(b.src[b.bwd_order[b.out_ptr[s]:b.out_ptr[s + 1]]] == s)
 
 
-@pytest.mark.parametrize("largest_pdf", [6, 2**61])
+@pytest.mark.parametrize("largest_pdf", [6, 10**6, 2**61])
 def test_batch_columns_are_each_graphs_distinct_pdfs(rng, largest_pdf):
-    """One sort for the batch gives every graph's sorted distinct pdfs and
-    each arc's index among them, as np.unique graph by graph (pdf ids up to
-    2**61 included); graphs with no arcs too."""
+    """One pass for the batch gives every graph's sorted distinct pdfs and
+    each arc's index among them, as np.unique graph by graph (few pdfs: the
+    pairs used marked; many: one sort; pdf ids up to 2**61 included); graphs
+    with no arcs too."""
     for _ in range(20):
         fsts = []
         for _ in range(int(rng.integers(1, 5))):
