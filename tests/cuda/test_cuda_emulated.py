@@ -463,7 +463,8 @@ def _check_packed(arrays, separate, buffers=1):
 @pytest.mark.parametrize("separate", [False, True])
 def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
     """``scratch`` gives arrays of the shapes and dtypes asked for, views of one allocation (each its own with the
-    backend's ``separate_arrays``), that can be written independently."""
+    backend's ``separate_arrays``), that can be written independently; the engine's recursion gets its alpha, beta,
+    their offsets and z from it."""
     from chainfb.engines.cuda_memory import scratch
 
     monkeypatch.setattr(be, "separate_arrays", separate, raising=False)
@@ -475,6 +476,19 @@ def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
         a[...] = i + 1
     assert all((a == i + 1).all() for i, a in enumerate(arrays))
     _check_packed(arrays, separate)
+
+    rng = np.random.default_rng(9)
+    lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12) for _ in range(2)]))
+    got = []
+    launch = be.launch
+    monkeypatch.setattr(be, "launch", lambda name, grid, block, args, shared_mem=0: (
+        got.append(args) if "_recursion" in name else None) or launch(name, grid, block, args, shared_mem=shared_mem))
+    lattice_forward_backward(be, lat, rng.normal(size=(4, lat.num_columns)), np.array([4, 3]))
+    args = [a for a in got[0] if isinstance(a, np.ndarray)]
+    alpha, beta, offs, qoffs = args[-6:-2]  # the arrays end with alpha, beta, offs, qoffs, loglike, lz
+    rows = [alpha, beta, offs, qoffs, args[-1]]
+    assert [a.shape for a in rows] == [(5, lat.num_states)] * 2 + [(2, 5)] * 2 + [(2,)]
+    _check_packed(rows, separate)
 
 
 @pytest.mark.parametrize("separate", [False, True])
