@@ -25,8 +25,8 @@ import torch
 from . import checks, engines
 from ._arrays import Array, Ints, as_array, check_lengths, is_torch, wrap_like
 from .batch import FstBatch
-from .criterion import Criterion, apply
-from .cuda.interop import on_torch_stream
+from .criterion import Criterion, DeferredGrad, apply
+from .cuda.interop import cuda_device_of, on_torch_stream
 from .fst import Fst
 from .lattice import Lattice
 from .score_map import PdfScoreMap
@@ -132,6 +132,24 @@ class PdfCriterion(Criterion):
         grad = self._grad_buffer(xp, arr)
         self.score_map.scatter_add(xp, grad, post, accumulate=False)
         return value, _like_input(wrap_like(grad, x), x)
+
+
+    def complete_deferred(self, x: Array, loglike: Array, post: Array | None,
+                          ctx: tuple) -> tuple[Array, DeferredGrad | None]:
+        """:meth:`complete` with the gradient left as a :class:`~chainfb.criterion.DeferredGrad`: backward
+        writes the ``[N, T, P]`` array once, each sequence's columns scaled by the incoming gradient in the
+        compact ``[T, C]`` space, and no dense buffer lives from forward to backward."""
+        value, _ = self.complete(x, loglike, None, ctx)
+        if post is None:
+            return value, None
+        arr, xp = ctx
+
+        def build(scale):
+            grad = self._grad_buffer(xp, arr)
+            self.score_map.scatter_add(xp, grad, post, accumulate=False, seq_scale=scale)
+            return _like_input(wrap_like(grad, x), x)
+
+        return value, DeferredGrad(arr.shape, build, cuda_device_of(x))
 
 
 def _like_input(out, x, same_dtype=True):

@@ -35,7 +35,11 @@ gradient in the forward pass (the gradient is saved, like torchaudio's
 RNN-T), and backward scales the saved gradient per sequence by the
 incoming gradient, in place unless the criterion ``shares_grad`` (a
 non-finite incoming gradient for a sequence counts as 0, so impossible
-sequences keep a zero gradient).  A
+sequences keep a zero gradient).  A criterion may give, through
+:meth:`Criterion.complete_deferred`, a :class:`DeferredGrad` instead: what
+it takes to write the gradient (the pdf criteria: the compact posteriors),
+which backward writes once, already scaled -- no dense multiply, and no
+dense buffer between the two passes.  A
 second backward through the same graph recomputes it.
 
 Second derivatives are not implemented.  With ``create_graph=True`` the
@@ -60,12 +64,13 @@ import numpy as np
 import torch
 
 from . import engines
-from .cuda.interop import on_torch_stream
+from ._arrays import as_array
+from .cuda.interop import on_torch_stream, torch_stream
 
 if TYPE_CHECKING:
     from .lattice import Lattice
 
-__all__ = ["Criterion", "apply", "first_order", "first_order_backward", "SECOND_DERIVATIVE"]
+__all__ = ["Criterion", "DeferredGrad", "apply", "first_order", "first_order_backward", "SECOND_DERIVATIVE"]
 
 
 class Criterion:
@@ -112,16 +117,57 @@ class Criterion:
         context :meth:`start` gave (default: :meth:`finish`)."""
         return self.finish(x, loglike, post)
 
+    def complete_deferred(self, x: Any, loglike: Any, post: Any | None, ctx: Any) -> tuple[Any, Any | None]:
+        """:meth:`complete` for :func:`apply`, which may take the gradient
+        as a :class:`DeferredGrad` (written in backward, already scaled by
+        the incoming gradient); default: :meth:`complete`."""
+        return self.complete(x, loglike, post, ctx)
+
     @on_torch_stream
-    def run(self, x: Any, need_grad: bool = True) -> tuple[Any, Any | None]:
-        """Start, the engine, complete: ``(value [N], grad or None)``.  For
-        CUDA tensors the CuPy work runs on torch's current stream and
-        allocator, and CuPy's own state is left as it was
-        (:func:`chainfb.cuda.interop.torch_stream`)."""
+    def run(self, x: Any, need_grad: bool = True, defer: bool = False) -> tuple[Any, Any | None]:
+        """Start, the engine, complete: ``(value [N], grad or None)``; with
+        ``defer``, :meth:`complete_deferred` (the gradient may then be a
+        :class:`DeferredGrad`).  For CUDA tensors the CuPy work runs on
+        torch's current stream and allocator, and CuPy's own state is left as
+        it was (:func:`chainfb.cuda.interop.torch_stream`)."""
         X, ctx = self.start(x, need_grad)
         loglike, post = engines.forward_backward(self.lattice, X, self.lengths, leaky=self.leaky,
                                                  need_posteriors=need_grad, engine=self.engine)
-        return self.complete(x, loglike, post if need_grad else None, ctx)
+        complete = self.complete_deferred if defer else self.complete
+        return complete(x, loglike, post if need_grad else None, ctx)
+
+
+class DeferredGrad:
+    """A batch-first gradient ``[N, ...]`` not yet written: what it takes to
+    write it (the posteriors in the engine's compact space, the score map),
+    kept from forward to backward instead of the dense array.  ``build(scale)``
+    writes it once, each sequence's part times ``scale[n]`` (an array of the
+    input's array module ``[N]``, or None for the gradient itself), inside
+    the input's torch stream scope.  So backward writes the gradient already
+    scaled by the incoming one -- no dense multiply -- and no dense buffer
+    lives between the two passes.
+
+    ``shape``: the gradient's shape; ``device``: the input's CUDA device index
+    (None off the GPU)."""
+
+    def __init__(self, shape: tuple, build: Callable[[Any | None], Any], device: int | None = None):
+        self.shape = tuple(shape)
+        self.device = device
+        self._build = build
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def materialize(self, scale: torch.Tensor | None = None) -> Any:
+        """The gradient (a tensor like the input), times ``scale [N]`` per
+        sequence when it is given (a torch tensor on the input's device)."""
+        with torch_stream(self.device):
+            return self._build(None if scale is None else as_array(scale, "grad_output")[0])
+
+
+def _dense(g: Any) -> Any:
+    """``g`` itself, or the gradient a :class:`DeferredGrad` writes."""
+    return g.materialize() if isinstance(g, DeferredGrad) else g
 
 
 #: the error a second derivative raises
@@ -187,7 +233,7 @@ class _CriterionFunction(torch.autograd.Function):
     def forward(ctx, criterion, returned, *xs):
         need = any(ctx.needs_input_grad[2:])
         x = xs[0] if len(xs) == 1 else xs
-        value, grad = criterion.run(x, need or returned is not None)
+        value, grad = criterion.run(x, need or returned is not None, defer=returned is None)
         if returned is not None:  # the caller keeps the gradient: backward scales it out of place
             returned.append(grad)
         ctx.criterion, ctx.grad, ctx.several = criterion, grad, len(xs) > 1
@@ -204,7 +250,7 @@ class _CriterionFunction(torch.autograd.Function):
         # create_graph=True: the gradient, tied to the saved input (its derivative through the input
         # raises), times the incoming gradient by differentiable operations (exact in grad_out)
         with torch.no_grad():
-            grads = _CriterionFunction._unscaled(ctx)
+            grads = tuple(_dense(g) for g in _CriterionFunction._unscaled(ctx))
         grads = first_order(grads, ctx.saved_tensors)
         go = torch.nan_to_num(grad_out, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite: 0 (one kernel)
         out = [None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)) for g in grads]
@@ -216,7 +262,7 @@ class _CriterionFunction(torch.autograd.Function):
         grad, ctx.grad = ctx.grad, None
         if grad is None:  # a second backward through this graph: recompute
             xs = ctx.saved_tensors
-            grad = ctx.criterion.run(xs if ctx.several else xs[0], True)[1]
+            grad = ctx.criterion.run(xs if ctx.several else xs[0], True, defer=True)[1]
         return grad if ctx.several else (grad,)
 
     @staticmethod
@@ -233,6 +279,11 @@ class _CriterionFunction(torch.autograd.Function):
         out = []
         shared = ctx.shares_grad
         for g, per_sequence in zip(grads, ctx.shared):
+            if isinstance(g, DeferredGrad):
+                if not per_sequence:  # written now, each sequence's part already scaled: no dense multiply
+                    out.append(g.materialize(go))
+                    continue
+                g = g.materialize()
             if g is None:
                 pass
             elif per_sequence:  # an input shared by the sequences: sum_n go[n] * g[n]

@@ -76,6 +76,11 @@ class PdfScoreMap:
         device = getattr(getattr(arr, "device", None), "id", None)  # CuPy: one offsets copy per GPU
         return self._layouts.get((xp.__name__, device, item, strides), build)
 
+    def _sequences(self, xp, arr):
+        """``col_seq`` as an ``xp`` array on ``arr``'s device (kept, one per device)."""
+        device = getattr(getattr(arr, "device", None), "id", None)
+        return self._layouts.get((xp.__name__, device, "sequences"), lambda: xp.asarray(self.col_seq))
+
     def gather(self, xp: ModuleType, scores: Array, dtype: DTypeLike = np.float64, name: str | None = None) -> Array:
         """Compact scores ``[T, C]`` (``dtype``, row-major: the engines read a
         frame at a time) from ``scores`` ``[N, T, P]``."""
@@ -84,9 +89,10 @@ class PdfScoreMap:
         return xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
 
     def scatter_add(self, xp: ModuleType, target: Array, post: Array, scale: float = 1.0, accumulate: bool = True,
-                    name: str | None = None) -> None:
+                    name: str | None = None, seq_scale: Array | None = None) -> None:
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
-        (``=`` instead of ``+=`` when ``accumulate`` is False).
+        (``=`` instead of ``+=`` when ``accumulate`` is False), times
+        ``seq_scale[n]`` when it is given (an ``xp`` array ``[N]``).
 
         ``target`` is ``[N, T, P]`` (any non-negative strides); columns are
         distinct, so the fancy-index add is exact and deterministic.
@@ -96,6 +102,8 @@ class PdfScoreMap:
         T = min(target.shape[1], post.shape[0])
         if scale != 1.0:
             post = post * scale
+        if seq_scale is not None:  # each column by its sequence's factor: [T, C] work, not [N, T, P]
+            post = post * seq_scale.astype(post.dtype, copy=False)[self._sequences(xp, target)]
         if accumulate:
             view[:T, offs] += post[:T].astype(target.dtype, copy=False)
         else:

@@ -96,6 +96,34 @@ def test_pdf_gradient_scaled_without_reading_the_host(monkeypatch):
     assert (got[outside] == 0).all()
 
 
+def test_pdf_gradient_is_written_in_backward_already_scaled():
+    """A pdf criterion keeps its posteriors, not the dense gradient, from forward to backward: backward writes
+    the gradient once, each sequence's columns times its incoming gradient (non-finite: 0; a NaN sequence's
+    posteriors stay NaN), as the gradient ``return_grad`` gives times the weights; no dense buffer lives between
+    the two passes."""
+    import tracemalloc
+
+    g = torch.Generator().manual_seed(4)
+    N, T, P = 4, 300, 400  # a dense gradient of 3.8 MB
+    fsts = chainfb.ctc_graph(torch.tensor([[1, 2], [3, 3], [4, 5], [6, 7]]))
+    scores = torch.randn(N, T, P, generator=g, dtype=torch.float64)
+    scores[3, 5, 7] = float("nan")  # sequence 3: NaN
+    weights = torch.tensor([0.5, -2.0, float("inf"), 3.0], dtype=torch.float64)
+    crit = chainfb.PdfCriterion(fsts, scores.shape)
+    _, unscaled = apply(scores, crit, return_grad=True)
+    x = scores.clone().requires_grad_()
+    tracemalloc.start()
+    try:
+        value = apply(x, crit)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < scores.numel() * 8 / 4  # the posteriors [T, C] and small arrays, not [N, T, P]
+    (got,) = torch.autograd.grad((value * weights).sum(), x)
+    want = unscaled * torch.tensor([0.5, -2.0, 0.0, 3.0], dtype=torch.float64).view(-1, 1, 1)
+    assert torch.equal(got[:3], want[:3]) and torch.isnan(got[3, :T][:, [0, 6, 7]]).all()
+
+
 # ------------------------------------------------- one criterion object, two threads at once
 
 def _transducer_case(rng):
