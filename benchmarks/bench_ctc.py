@@ -1,7 +1,7 @@
 """Forward+backward time of ``chainfb.ctc_loss`` against torch's CPU
 ``torch.nn.functional.ctc_loss``, measured in one run.
 
-T=500, N=16, C=500, S=100 (every sequence full length), float32
+T=500, N=16, C=500, S=100 (``--size T N C S`` for another; every sequence full length), float32
 log-softmax outputs, reduction "mean"; one step = loss + ``backward()``,
 the methods interleaved, median of ``--repeat`` steps each after a
 warm-up, and the ratio of the medians to torch's.  chainfb's compiled
@@ -11,7 +11,7 @@ training).  chainfb runs on the engine ``auto`` picks: the compiled one
 (Numba is a default dependency); the "NumPy engine" row hides Numba for
 comparison.
 
-    python -m benchmarks.bench_ctc [--repeat 7] [--seed 0]
+    python -m benchmarks.bench_ctc [--repeat 7] [--seed 0] [--size 500 16 500 100]
 
 ``--long``: long sequences on one thread (``torch.set_num_threads(1)``,
 ``chainfb.engines.set_num_threads(1)``): N=1, C=1000, (T=2000, S=1000)
@@ -270,6 +270,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --long")
     ap.add_argument("--long-worker", dest="method", choices=LONG_METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=int, nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--size", type=int, nargs=4, metavar=("T", "N", "C", "S"), default=(500, 16, 500, 100),
+                    help="the default run's shape (default: 500 16 500 100)")
     args = ap.parse_args(argv)
     if args.repeat is None:
         args.repeat = 3 if args.long or args.method else 7
@@ -281,7 +283,7 @@ def main(argv=None):
         return run_compile(args)
     if args.host_step:
         return run_host_step(args)
-    return run(args)
+    return run(args, *args.size)
 
 
 if __name__ == "__main__":
