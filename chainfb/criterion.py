@@ -162,7 +162,7 @@ class DeferredGrad:
         """The gradient (a tensor like the input), times ``scale [N]`` per
         sequence when it is given (a torch tensor on the input's device)."""
         with torch_stream(self.device):
-            return self._build(None if scale is None else as_array(scale, "grad_output")[0])
+            return self._build(None if scale is None else as_array(scale, "grad_output", float_dtypes=None)[0])
 
 
 def _dense(g: Any) -> Any:

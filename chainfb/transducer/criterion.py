@@ -47,7 +47,8 @@ import numpy as np
 import torch
 
 from .._arrays import Array
-from ..criterion import Criterion
+from ..criterion import Criterion, DeferredGrad
+from ..cuda.interop import cuda_device_of
 from . import maps
 from .graphs import compile_layout
 from .maps import layout_tables, torch_compute_dtype  # noqa: F401 -- their old import path
@@ -132,6 +133,18 @@ class MappedCriterion(Criterion):
         if post is None:
             return value, None
         return value, maps.gradient(self.kind, self, x, loglike, post, ctx)
+
+    def complete_deferred(self, x: torch.Tensor, loglike: Any, post: Any | None,
+                          ctx: Any) -> tuple[torch.Tensor, torch.Tensor | DeferredGrad | None]:
+        """:meth:`complete`, with the gradient left as a :class:`~chainfb.criterion.DeferredGrad` on a score-map
+        backend that ``DEFERS`` (the kernels'): backward then runs the gradient kernel with each utterance's
+        incoming gradient as its scale -- no dense multiply, no host read of the incoming gradient, and no
+        gradient the size of the logits between forward and backward."""
+        if post is None or not getattr(ctx.backend, "DEFERS", False):
+            return self.complete(x, loglike, post, ctx)
+        value, _ = self.complete(x, loglike, None, ctx)
+        return value, DeferredGrad(tuple(x.shape), lambda scale: maps.gradient(self.kind, self, x, loglike, post, ctx,
+                                                                                scale), cuda_device_of(x))
 
     def finish(self, x: torch.Tensor, loglike: Any, post: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``complete`` after a gather of its own (this criterion keeps nothing between calls)."""

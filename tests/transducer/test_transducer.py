@@ -741,6 +741,29 @@ class TransducerTests:
         costs.sum().backward()
         assert not xd.grad[1].any() and xd.grad[0].any()
 
+    @pytest.mark.parametrize("durations", [(), (2,)])
+    def test_each_utterance_gradient_times_its_incoming_gradient(self, durations):
+        """Backward scales each utterance's gradient by its incoming gradient, a non-finite one counting as 0
+        (on the kernels, in the gradient kernel's one pass, in backward)."""
+        rng = np.random.default_rng(304)
+        M = len(durations)
+        x, tg, Tb, Ub = random_batch(rng, B=4, T=5, U=3, V=6 + M, reserved=1 + M)
+        blank = x.shape[-1] - 1
+
+        def costs(z):
+            args = (z, self.tensor(tg), self.tensor(Tb), self.tensor(Ub))
+            if M:
+                return chainfb.multiblank_rnnt_loss(*args, blank, durations, reduction="none")
+            return chainfb.rnnt_loss(*args, blank=blank, reduction="none")
+
+        xd = self.tensor(x.clone()).requires_grad_()
+        (unit,) = torch.autograd.grad(costs(xd).sum(), xd)
+        weights = self.tensor(torch.tensor([0.5, -2.0, float("inf"), float("nan")], dtype=x.dtype))
+        (got,) = torch.autograd.grad((costs(xd) * weights).sum(), xd)
+        want = unit * self.tensor(torch.tensor([0.5, -2.0, 0.0, 0.0], dtype=x.dtype)).view(-1, 1, 1, 1)
+        np.testing.assert_allclose(self.numpy(got), self.numpy(want), rtol=1e-12, atol=0)
+        assert not got[2:].any()
+
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
     def test_low_precision_inputs(self, dtype):
         rng = np.random.default_rng(303)

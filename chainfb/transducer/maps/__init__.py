@@ -15,7 +15,10 @@ the pair ``(px, py)`` of a grid)::
 ``state`` is whatever the gather leaves for the gradient (row normalisers,
 the gradient-to-be); it travels in the :class:`Context` that :func:`gather`
 returns, so a criterion object keeps nothing between the two halves and may
-be reused, and shared by threads.
+be reused, and shared by threads.  A backend whose ``DEFERS`` is true (the
+kernels') also takes ``scale [B]`` as the last argument of ``rnnt_gradient``
+and ``tdt_gradient``: each utterance's factor, applied as the gradient is
+written (its criteria then write the gradient in backward).
 
 The backends:
 
@@ -116,10 +119,13 @@ def gather(family: str, crit: Criterion, x: torch.Tensor | tuple[torch.Tensor, .
 
 
 def gradient(family: str, crit: Criterion, x: torch.Tensor | tuple[torch.Tensor, ...], loglike: Array,
-             post: Array | None, ctx: Context) -> Any:
+             post: Array | None, ctx: Context, scale: Array | None = None) -> Any:
     """The gradient w.r.t. ``x`` from the engine's ``loglike [B]`` and
-    ``post [num_steps, C]``, on the backend of ``ctx`` (from :func:`gather`)."""
-    return getattr(ctx.backend, family + "_gradient")(crit, x, loglike, post, ctx.state)
+    ``post [num_steps, C]``, on the backend of ``ctx`` (from :func:`gather`);
+    ``scale [B]``, each utterance's factor, only on a backend that
+    ``DEFERS`` (the kernels')."""
+    fn = getattr(ctx.backend, family + "_gradient")
+    return fn(crit, x, loglike, post, ctx.state) if scale is None else fn(crit, x, loglike, post, ctx.state, scale)
 
 
 def torch_compute_dtype(dtype: torch.dtype) -> torch.dtype:

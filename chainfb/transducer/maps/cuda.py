@@ -33,8 +33,14 @@ if TYPE_CHECKING:
     from ..grid import BandGridCriterion, GridCriterion
     from ..tdt import TDTCriterion
 
-__all__ = ["kernel_tables", "kernel_gather", "kernel_gradient", "rnnt_gather", "rnnt_gradient", "tdt_gather",
-           "tdt_gradient", "grid_gather", "grid_gradient"]
+__all__ = ["DEFERS", "kernel_tables", "kernel_gather", "kernel_gradient", "rnnt_gather", "rnnt_gradient",
+           "tdt_gather", "tdt_gradient", "grid_gather", "grid_gradient"]
+
+#: the RNN-T and TDT gradients may be written in backward (``rnnt_gradient`` / ``tdt_gradient``'s ``scale``: the
+#: incoming gradient, applied in the gradient kernel's one pass): no dense multiply, no host read of the incoming
+#: gradient, and no gradient the size of the logits between forward and backward
+#: (:meth:`chainfb.transducer.criterion.MappedCriterion.complete_deferred`)
+DEFERS = True
 
 
 def kernel_tables(layout: TransducerLayout, backend: KernelBackend) -> dict:
@@ -99,16 +105,20 @@ def kernel_gather(backend: KernelBackend, layout: TransducerLayout, x: torch.Ten
 
 def kernel_gradient(backend: KernelBackend, layout: TransducerLayout, sym: Array, state: tuple[torch.Tensor, Array],
                     loglike: Array, post: Array, kind_weight: np.ndarray, clamp: float,
-                    fused: bool = True) -> torch.Tensor:
+                    fused: bool = True, seq_scale: Array | None = None) -> torch.Tensor:
     """The gradient ``[B, T, U1, V (+ D)]`` (the logits' type and dtype)
     through the gradient kernel: ``state`` from :func:`kernel_gather`,
     ``loglike [B]`` and ``post`` the engine's outputs, ``kind_weight [J]``
     each arc kind's weight, ``clamp`` on the token part; utterances whose
-    log-likelihood is not finite get a zero gradient."""
+    log-likelihood is not finite get a zero gradient; with ``seq_scale
+    [B]`` (finite) each utterance's gradient times its factor, in the same
+    pass."""
     from ...cuda.transducer_maps import transducer_grad
 
     xc, lse = state
     scale = backend.xp.isfinite(loglike).astype(lse.dtype)
+    if seq_scale is not None:
+        scale = scale * backend.xp.asarray(seq_scale).astype(lse.dtype)
     args, kw = _kernel_args(layout, backend, sym)
     weights = _kernel_weights(layout, backend, kind_weight, lse.dtype)
     return transducer_grad(backend, xc, *args, post, lse, scale, weights, clamp=clamp, fused_log_softmax=fused, **kw)
@@ -121,10 +131,12 @@ def rnnt_gather(crit: TransducerCriterion, x: torch.Tensor, need_grad: bool) -> 
     return X, (kb, crit.sym, state)
 
 
-def rnnt_gradient(crit: TransducerCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
-    """The gradient ``[B, T, U1, V]`` through the gradient kernel."""
+def rnnt_gradient(crit: TransducerCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any,
+                  scale: Array | None = None) -> torch.Tensor:
+    """The gradient ``[B, T, U1, V]`` through the gradient kernel (times ``scale [B]`` per utterance)."""
     kb, sym, state = state
-    return kernel_gradient(kb, crit.layout, sym, state, loglike, post, crit.kind_weight, crit.clamp, crit.fused)
+    return kernel_gradient(kb, crit.layout, sym, state, loglike, post, crit.kind_weight, crit.clamp, crit.fused,
+                           seq_scale=scale)
 
 
 def _tdt_symbols(crit, x: torch.Tensor):
@@ -141,10 +153,11 @@ def tdt_gather(crit: TDTCriterion, x: torch.Tensor, need_grad: bool) -> tuple:
     return X, (kb, sym, state)
 
 
-def tdt_gradient(crit: TDTCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any) -> torch.Tensor:
-    """The TDT gradient ``[B, T, U1, V + D]`` through the gradient kernel."""
+def tdt_gradient(crit: TDTCriterion, x: torch.Tensor, loglike: Array, post: Array, state: Any,
+                 scale: Array | None = None) -> torch.Tensor:
+    """The TDT gradient ``[B, T, U1, V + D]`` through the gradient kernel (times ``scale [B]`` per utterance)."""
     kb, sym, state = state
-    return kernel_gradient(kb, crit.layout, sym, state, loglike, post, crit.kind_weight, crit.clamp)
+    return kernel_gradient(kb, crit.layout, sym, state, loglike, post, crit.kind_weight, crit.clamp, seq_scale=scale)
 
 
 def grid_gather(crit: GridCriterion | BandGridCriterion, x: tuple, need_grad: bool) -> tuple:
