@@ -138,15 +138,18 @@ class PdfCriterion(Criterion):
                           ctx: tuple) -> tuple[Array, DeferredGrad | None]:
         """:meth:`complete` with the gradient left as a :class:`~chainfb.criterion.DeferredGrad`: backward
         writes the ``[N, T, P]`` array once, each sequence's columns scaled by the incoming gradient in the
-        compact ``[T, C]`` space, and no dense buffer lives from forward to backward."""
-        value, _ = self.complete(x, loglike, None, ctx)
-        if post is None:
-            return value, None
+        compact ``[T, C]`` space (the posteriors scaled in place: they are this gradient's alone), and no dense
+        buffer lives from forward to backward.  Where the posteriors are more than half the size of the
+        gradient (most pdfs used: the LF-MMI denominator), keeping them would save nothing: the gradient is
+        written now, as :meth:`complete` does."""
         arr, xp = ctx
+        if post is None or 2 * post.size > arr.size:
+            return self.complete(x, loglike, post, ctx)
+        value, _ = self.complete(x, loglike, None, ctx)
 
         def build(scale):
             grad = self._grad_buffer(xp, arr)
-            self.score_map.scatter_add(xp, grad, post, accumulate=False, seq_scale=scale)
+            self.score_map.scatter_add(xp, grad, post, accumulate=False, seq_scale=scale, in_place=True)
             return _like_input(wrap_like(grad, x), x)
 
         return value, DeferredGrad(arr.shape, build, cuda_device_of(x))

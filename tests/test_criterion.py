@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import chainfb
-from chainfb.criterion import Criterion, apply
+from chainfb.criterion import Criterion, DeferredGrad, apply
 
 FST = chainfb.Fst.from_arcs([(0, 0, 0, 0.0), (0, 1, 1, 0.0), (1, 1, 2, 0.0)], finals={1: 0.0})
 
@@ -122,6 +122,11 @@ def test_pdf_gradient_is_written_in_backward_already_scaled():
     (got,) = torch.autograd.grad((value * weights).sum(), x)
     want = unscaled * torch.tensor([0.5, -2.0, 0.0, 3.0], dtype=torch.float64).view(-1, 1, 1)
     assert torch.equal(got[:3], want[:3]) and torch.isnan(got[3, :T][:, [0, 6, 7]]).all()
+    assert isinstance(crit.run(scores, True, defer=True)[1], DeferredGrad)
+    # posteriors more than half the gradient's size (every pdf used): written in forward, as complete does
+    dense = chainfb.PdfCriterion(chainfb.ctc_graph(torch.tensor([[1, 2]] * N)), (N, T, 3))
+    grad = dense.run(scores[..., :3], True, defer=True)[1]
+    assert isinstance(grad, torch.Tensor) and torch.equal(grad, dense.run(scores[..., :3], True)[1])
 
 
 # ------------------------------------------------- one criterion object, two threads at once
