@@ -124,6 +124,22 @@ class CtcTests:
         assert out.shape == ref.shape and out.item() == pytest.approx(ref.item(), rel=1e-12)
 
 
+    def test_each_sequence_gradient_times_its_incoming_gradient(self):
+        """Backward scales each sequence's gradient by its incoming gradient, a non-finite one counting as 0
+        (written once, in backward, from the scaled posteriors)."""
+        g = torch.Generator().manual_seed(7)
+        lp = torch.randn(9, 4, 30, generator=g, dtype=torch.float64).log_softmax(-1)
+        targets, il, tl = torch.tensor([[1, 2], [3, 3], [4, 5], [6, 7]]), [9, 8, 9, 7], [2, 2, 2, 1]
+        x = self.tensor(lp).requires_grad_()
+        cost = chainfb.ctc_loss(x, self.tensor(targets), il, tl, reduction="none")
+        (unit,) = torch.autograd.grad(cost.sum(), x)
+        weights = self.tensor(torch.tensor([0.5, -2.0, float("inf"), float("nan")], dtype=torch.float64))
+        (got,) = torch.autograd.grad((chainfb.ctc_loss(x, self.tensor(targets), il, tl, reduction="none")
+                                      * weights).sum(), x)
+        want = unit * self.tensor(torch.tensor([0.5, -2.0, 0.0, 0.0], dtype=torch.float64)).view(1, -1, 1)
+        np.testing.assert_allclose(self.numpy(got), self.numpy(want), rtol=1e-12, atol=0)
+        assert not got[:, 2:].any()
+
     @pytest.mark.parametrize("N", [1, 3])  # one sequence: the shared-graph engines, with their graph's lattice
     def test_new_labels_leave_no_reference_cycle(self, N):
         """A step with labels not seen before compiles a graph, its lattice and the engine's arrays (on a
