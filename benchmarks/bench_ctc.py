@@ -41,7 +41,8 @@ array code) with every kernel launch replaced by nothing and NumPy arrays as
 device memory (the tests' ``emulation.placement.run_on``), at the GPU
 benchmark's shapes with 2 frames (the host's work does not depend on T; the
 arrays' does): the median step with the same labels every step (the graph
-cached) and with new labels every step.  NumPy's array operations run here
+cached) and with new labels every step, and the page faults of a step with
+new labels (fresh pages the host's allocations touched).  NumPy's array operations run here
 where CuPy's would be queued on the device, so this bounds the host's work
 from above.
 
@@ -239,8 +240,11 @@ def run_host_step(args):
         def cache_key(self):
             return ("host",)
 
-    print(f"host time of a GPU step (loss + backward, no kernels run), 2 frames, median of {args.repeat}")
-    print(f"{'T, N, C, S':24s} {'same labels ms':>15s} {'new labels ms':>14s}")
+    import resource
+
+    print(f"host time of a GPU step (loss + backward, no kernels run), 2 frames, median of {args.repeat}; and the "
+          "median page faults (fresh pages) of a step with new labels")
+    print(f"{'T, N, C, S':24s} {'same labels ms':>15s} {'new labels ms':>14s} {'faults':>7s}")
     frames = 2
     for T, N, C, S in GPU_SHAPES:
         g = torch.Generator().manual_seed(args.seed)
@@ -250,14 +254,16 @@ def run_host_step(args):
         out = []
         with run_on(NoLaunch()):
             for new in (False, True):
-                times = []
+                times, faults = [], []
                 for i in range(args.repeat + 1):
                     x = lp.clone().requires_grad_()
+                    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
                     chainfb.ctc_loss(x, sets[i if new else 0], il, tl).backward()
                     times.append(time.perf_counter() - t0)
+                    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
                 out.append(statistics.median(times[1:]) * 1e3)
-        print(f"{str((T, N, C, S)):24s} {out[0]:15.2f} {out[1]:14.2f}")
+        print(f"{str((T, N, C, S)):24s} {out[0]:15.2f} {out[1]:14.2f} {statistics.median(faults[1:]):7.0f}")
 
 
 def main(argv=None):
