@@ -12,16 +12,16 @@ def tool():
     return importlib.import_module("benchmarks.count_crossings")
 
 
-# input 1 + value 1 + gradient 1 + the incoming gradient in backward 1 (a view: it scales the posteriors before
-# they are written), plus the integer inputs: ctc_loss's targets and both lengths in one transfer, fst_loglike's
-# lengths
+# input 1 + value 1 + gradient 1, plus the integer inputs: ctc_loss's targets and both lengths in one transfer,
+# fst_loglike's lengths; plus the incoming gradient in backward where the gradient is written there (a view: it
+# scales the posteriors before they are written; not where the posteriors are over half the gradient's size)
 @pytest.mark.parametrize("name, most", [("ctc_loss", 5), ("fst_loglike", 5)])
 def test_crossings_per_call(tool, name, most):
     counter = tool.Counter()
     with counter.installed():
         counts, sites = tool.count(name, counter)
     assert sum(counts.values()) <= most, sites
-    assert counts["torch.from_numpy"] == 2 and counts[".numpy()"] == 3, counts
+    assert counts["torch.from_numpy"] == 2 and counts[".numpy()"] in (2, 3), counts
 
 
 def test_counter_counts_and_restores(tool):
