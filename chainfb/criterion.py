@@ -245,6 +245,9 @@ class _CriterionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        # the inputs as they were: an input changed in place since forward is autograd's usual error here (a
+        # DeferredGrad may still read it: the transducers' gradient kernel reads the logits in backward)
+        ctx.saved_tensors  # noqa: B018 -- read for autograd's version check
         if not torch.is_grad_enabled():
             return _CriterionFunction._gradients(ctx, grad_out)
         # create_graph=True: the gradient, tied to the saved input (its derivative through the input

@@ -764,6 +764,19 @@ class TransducerTests:
         np.testing.assert_allclose(self.numpy(got), self.numpy(want), rtol=1e-12, atol=0)
         assert not got[2:].any()
 
+    def test_logits_changed_in_place_before_backward_is_an_error(self):
+        """The gradient may be written in backward from the logits (the kernels): logits changed in place after
+        forward are autograd's usual error, on every device."""
+        rng = np.random.default_rng(305)
+        x, tg, Tb, Ub = random_batch(rng, B=2, T=4, U=2, V=5)
+        leaf = self.tensor(x.clone()).requires_grad_()
+        logits = leaf * 1.0
+        cost = chainfb.rnnt_loss(logits, self.tensor(tg), self.tensor(Tb), self.tensor(Ub))
+        with torch.no_grad():
+            logits.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            cost.backward()
+
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
     def test_low_precision_inputs(self, dtype):
         rng = np.random.default_rng(303)
