@@ -17,6 +17,8 @@ array only at the end of its allocation) gets one allocation an array from
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -55,26 +57,25 @@ def pack(arrays: dict[str, tuple[np.ndarray, DTypeLike]]) -> dict[str, np.ndarra
     return out
 
 
-def _packed_buffers(arrays: dict[str, np.ndarray]) -> tuple[dict, dict]:
-    """``(buffers, loose)``: the arrays that are C-contiguous views of a 1-D
-    byte buffer they cover up to :func:`_packing`'s padding (what
-    :func:`pack` made), grouped by buffer (``{id: (buffer, [names])}``), and
-    the others (``{name: array}``)."""
-    groups: dict[int, tuple[np.ndarray, list]] = {}
-    loose = {}
-    for k, v in arrays.items():
-        base = v.base
-        if isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 1 and v.flags.c_contiguous:
-            groups.setdefault(id(base), (base, []))[1].append(k)
-        else:
-            loose[k] = v
-    buffers = {}
-    for key, (base, names) in groups.items():
-        if _packing([arrays[k].nbytes for k in names])[1] >= base.nbytes:
-            buffers[key] = (base, names)
-        else:  # a view of something larger: copied on its own, not the whole of it
-            loose.update({k: arrays[k] for k in names})
-    return buffers, loose
+def _is_packed(views: dict[str, np.ndarray]) -> bool:
+    """Whether the arrays are all views of one byte buffer, as :func:`pack` makes them."""
+    base = next(iter(views.values())).base if views else None
+    return isinstance(base, np.ndarray) and base.dtype == np.uint8 and all(v.base is base for v in views.values())
+
+
+def _on_device(xp: ModuleType, views: dict[str, np.ndarray]) -> dict:
+    """The views of one host buffer (:func:`pack`'s) as the same views of its
+    device copy: one transfer."""
+    if not views:
+        return {}
+    base = next(iter(views.values())).base
+    device = xp.asarray(base)
+    origin = base.__array_interface__["data"][0]
+    out = {}
+    for k, v in views.items():
+        a = v.__array_interface__["data"][0] - origin
+        out[k] = device[a: a + v.nbytes].view(v.dtype).reshape(v.shape)
+    return out
 
 
 def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
@@ -82,37 +83,27 @@ def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
     :func:`~chainfb.engines.cuda.lattice_host_arrays`) on ``backend``'s
     device, float arrays in ``dtype``.
 
-    Few transfers: the int32 arrays, views of one host buffer
-    (:func:`~chainfb.engines.cuda.lattice_host_arrays` packs them), are copied to the device as that
-    buffer, and the float arrays are packed into one more (:func:`pack`);
-    each device array is a view of its buffer's copy.  A lattice's arrays
-    are some twenty; one device allocation and one copy apiece would be
-    twenty of each on every new lattice (new labels every training step).
-    A backend whose ``separate_arrays`` is true (a run under a memory
-    checker, AddressSanitizer or compute-sanitizer, which sees an access
-    past an array only at the end of its allocation) gets one allocation an
-    array instead."""
+    Two transfers: the int32 arrays, which
+    :func:`~chainfb.engines.cuda.lattice_host_arrays` builds as views of one
+    host buffer, are copied to the device as that buffer (packed here when
+    they are not), and the float arrays are packed into one more
+    (:func:`pack`); each device array is a view of its buffer's copy.  A
+    lattice's arrays are some twenty; one device allocation and one copy
+    apiece would be twenty of each on every new lattice (new labels every
+    training step).  A backend whose ``separate_arrays`` is true (a run
+    under a memory checker, AddressSanitizer or compute-sanitizer, which sees
+    an access past an array only at the end of its allocation) gets one
+    allocation an array instead."""
     xp = backend.xp
     arrays = {k: v for k, v in host.items() if isinstance(v, np.ndarray)}
     if getattr(backend, "separate_arrays", False):
         return {**host, **{k: xp.array(v.astype(dtype) if v.dtype.kind == "f" else v)  # (a copy: its own buffer)
                            for k, v in arrays.items()}}
-    buffers, loose = _packed_buffers({k: v for k, v in arrays.items() if v.dtype.kind != "f"})
-    rest = pack({**{k: (v, v.dtype) for k, v in loose.items()},
-                 **{k: (v, dtype) for k, v in arrays.items() if v.dtype.kind == "f"}})
-    if rest:  # (views of one new buffer)
-        base = next(iter(rest.values())).base
-        buffers[id(base)] = (base, list(rest))
-    views = {**arrays, **rest}
-    out = dict(host)
-    for base, names in buffers.values():
-        device = xp.asarray(base)
-        origin = base.__array_interface__["data"][0]
-        for k in names:
-            v = views[k]
-            a = v.__array_interface__["data"][0] - origin
-            out[k] = device[a: a + v.nbytes].view(v.dtype).reshape(v.shape)
-    return out
+    ints = {k: v for k, v in arrays.items() if v.dtype.kind != "f"}
+    if not _is_packed(ints):
+        ints = pack({k: (v, v.dtype) for k, v in ints.items()})
+    floats = pack({k: (v, dtype) for k, v in arrays.items() if v.dtype.kind == "f"})
+    return {**host, **_on_device(xp, ints), **_on_device(xp, floats)}
 
 
 def scratch(backend: KernelBackend, specs: list[tuple[tuple[int, ...], DTypeLike]]) -> list[Array]:
