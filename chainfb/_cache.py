@@ -65,6 +65,15 @@ class Memo:
                     self._items.popitem(last=False)
         return value
 
+    def copy(self) -> Memo:
+        """A new memo of the same size holding the same values (shared, not
+        copied)."""
+        out = type(self).__new__(type(self))
+        Memo.__init__(out, self.size)
+        with self._lock:
+            out._items.update(self._items)
+        return out
+
     def clear(self) -> None:
         """Drop every value kept."""
         with self._lock:

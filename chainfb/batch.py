@@ -132,18 +132,15 @@ class FstBatch:
     def with_sequences(self, seq_to_graph: Ints, share_memo: bool = True) -> FstBatch:
         """A batch over the same graphs with another sequence-to-graph map
         ``[N]``: the packed arrays and the per-graph memo of :meth:`cache` are
-        shared, not copied (``share_memo`` False: the new batch starts its
-        own per-graph memo -- for a batch that this batch's memo will itself
-        keep, which must not hold that memo: the two would make a reference
-        cycle)."""
+        shared, not copied (``share_memo`` False: the new batch gets a copy
+        of the per-graph memo, the same values in a memo of its own -- for a
+        batch that this batch's memo will itself keep, which must not hold
+        that memo: the two would make a reference cycle)."""
         out = object.__new__(FstBatch)
         out.__dict__.update(self.__dict__)
         out._memo = Memo()
         if not share_memo:
-            out._graph_memo = Memo()
-            key = ("batch", "columns")  # arrays only (no cycle): what the batch found of its graphs' pdfs
-            if key in self._graph_memo:
-                out._graph_memo.get(key, lambda: self._graph_memo[key])
+            out._graph_memo = self._graph_memo.copy()
         out.seq_to_graph = _check_seq_to_graph(seq_to_graph, self.num_graphs)
         return out
 
@@ -182,16 +179,16 @@ class FstBatch:
         graph = np.repeat(np.arange(self.num_graphs, dtype=np.int64), np.diff(self.arc_offsets))
         width = int(self.pdf.max()) + 1 if len(self.pdf) else 1
         keys = self.num_graphs * width
+        key = graph * width + self.pdf if keys < 2**62 else None  # by graph, then pdf
         if keys <= 4 * len(self.pdf) + 2**16:  # few (graph, pdf) pairs: mark those used, no sort
-            key = graph * width + self.pdf
             used = np.zeros(keys, dtype=bool)
             used[key] = True
             distinct = np.flatnonzero(used)  # by graph, then pdf
             rank = np.cumsum(used) - 1
             ptr = np.searchsorted(distinct // width, np.arange(self.num_graphs + 1))
             return ptr, (distinct % width).astype(np.int64), rank[key] - ptr[graph]
-        if keys < 2**62:  # by graph, then pdf: one stable sort of one key
-            order = stable_order(graph * width + self.pdf, keys)
+        if key is not None:  # one stable sort of one key
+            order = stable_order(key, keys)
         else:
             order = np.lexsort((self.pdf, graph))
         g, p = graph[order], self.pdf[order]

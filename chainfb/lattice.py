@@ -149,17 +149,13 @@ class Lattice:
             arc = order[concat_ranges(ptr[so[g]], ptr[so[g + 1]])]
             shift = (self.state_offsets[:-1] - so[g])[seq]
             counts = np.diff(ptr)[self._graph_states]
-        if shift is None and _is_identity(arc):  # the batch's arcs already in this order (CTC's by source)
-            def take(a):
-                return a
-        else:
-            def take(a):
-                return a[arc]
-        src, dst = take(batch.src), take(batch.dst)
+        # the batch's arcs already in this order (CTC's by source): views of its arrays, not copies
+        pick = slice(None) if shift is None and _is_identity(arc) else arc
+        src, dst = batch.src[pick], batch.dst[pick]
         if shift is not None:
             src, dst = src + shift, dst + shift
-        col = self.col_offsets[:-1][seq] + take(batch.columns()[2])
-        return _Side(arc, src, dst, take(batch.log_prob), col, seq, counts, take(batch.span))
+        col = self.col_offsets[:-1][seq] + batch.columns()[2][pick]
+        return _Side(arc, src, dst, batch.log_prob[pick], col, seq, counts, batch.span[pick])
 
     @cached_property
     def fwd(self) -> _Side:

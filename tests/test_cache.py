@@ -40,6 +40,16 @@ def test_lru_keeps_the_most_recently_used():
     assert sorted(lru.keys()) == [1, 3] and lru.size == 2
 
 
+def test_a_copied_memo_shares_its_values_and_keeps_its_own_keys():
+    memo = LRU(2)
+    value = memo.get("a", lambda: [1])
+    copy = memo.copy()
+    assert type(copy) is LRU and copy.size == 2 and copy["a"] is value
+    copy.get("b", lambda: 2)
+    copy.get("c", lambda: 3)  # the copy drops its least recently used, the original is untouched
+    assert "a" not in copy and memo.keys() == ["a"]
+
+
 def test_two_threads_building_one_key_get_the_value_kept_first():
     """The build runs outside the lock; the thread that finishes second gets
     the first thread's value, so every user of a key shares one object."""
