@@ -149,7 +149,7 @@ class PdfCriterion(Criterion):
 
         def build(scale):
             grad = self._grad_buffer(xp, arr)
-            self.score_map.scatter_add(xp, grad, post, accumulate=False, seq_scale=scale, in_place=True)
+            self.score_map.scatter_add(xp, grad, post, accumulate=False, seq_scale=scale)
             return _like_input(wrap_like(grad, x), x)
 
         return value, DeferredGrad(arr.shape, build, cuda_device_of(x))

@@ -282,11 +282,10 @@ class _CriterionFunction(torch.autograd.Function):
         out = []
         shared = ctx.shares_grad
         for g, per_sequence in zip(grads, ctx.shared):
-            if isinstance(g, DeferredGrad):
-                if not per_sequence:  # written now, each sequence's part already scaled: no dense multiply
-                    out.append(g.materialize(go))
-                    continue
-                g = g.materialize()
+            if isinstance(g, DeferredGrad) and not per_sequence:  # written now, already scaled: no dense multiply
+                out.append(g.materialize(go))
+                continue
+            g = _dense(g)
             if g is None:
                 pass
             elif per_sequence:  # an input shared by the sequences: sum_n go[n] * g[n]

@@ -89,11 +89,11 @@ class PdfScoreMap:
         return xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
 
     def scatter_add(self, xp: ModuleType, target: Array, post: Array, scale: float = 1.0, accumulate: bool = True,
-                    name: str | None = None, seq_scale: Array | None = None, in_place: bool = False) -> None:
+                    name: str | None = None, seq_scale: Array | None = None) -> None:
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
         (``=`` instead of ``+=`` when ``accumulate`` is False), times
-        ``seq_scale[n]`` when it is given (an ``xp`` array ``[N]``; with
-        ``in_place``, ``post`` itself is scaled: no copy of it).
+        ``seq_scale[n]`` when it is given (an ``xp`` array ``[N]``: then
+        ``post`` itself is scaled, in place -- no copy of it).
 
         ``target`` is ``[N, T, P]`` (any non-negative strides); columns are
         distinct, so the fancy-index add is exact and deterministic.
@@ -104,11 +104,7 @@ class PdfScoreMap:
         if scale != 1.0:
             post = post * scale
         if seq_scale is not None:  # each column by its sequence's factor: [T, C] work, not [N, T, P]
-            factor = seq_scale.astype(post.dtype, copy=False)[self._sequences(xp, target)]
-            if in_place:
-                post *= factor
-            else:
-                post = post * factor
+            post *= seq_scale.astype(post.dtype, copy=False)[self._sequences(xp, target)]
         if accumulate:
             view[:T, offs] += post[:T].astype(target.dtype, copy=False)
         else:
