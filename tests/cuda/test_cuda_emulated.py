@@ -170,6 +170,19 @@ def test_engine_deterministic_bitwise(be):
         np.testing.assert_allclose(post, runs[0][1], rtol=4e-16, atol=0)
 
 
+def _recorded_launches(be, monkeypatch):
+    """Every launch on ``be`` from now on, run and recorded as ``(name, grid, block, args)``."""
+    calls = []
+    launch = be.launch
+
+    def spy(name, grid, block, args, shared_mem=0):
+        calls.append((name, grid, block, args))
+        return launch(name, grid, block, args, shared_mem=shared_mem)
+
+    monkeypatch.setattr(be, "launch", spy)
+    return calls
+
+
 def _bits_lattice(rng, case):
     """The lattice of a same-bits case: ``spans`` (arcs spanning up to 3 frames), ``large`` (more states and columns
     than threads), ``lanes`` (few states of many arcs: several lanes a state) or plain random graphs."""
@@ -210,22 +223,15 @@ def test_engine_shared_memory_modes_give_the_same_bits(be, monkeypatch, case, dt
     lengths[0] = 9
     block = 32 if case == "large" else None
     runs = {}
-    plans = []
-    launch = be.launch
-
-    def spy(name, grid, block, args, shared_mem=0):
-        if "_recursion" in name:
-            plans.append(int(args[-6]))  # the recursion's mode argument
-        return launch(name, grid, block, args, shared_mem=shared_mem)
-
-    monkeypatch.setattr(be, "launch", spy)
+    calls = _recorded_launches(be, monkeypatch)
     monkeypatch.setattr(cuda_engine, "SHARED_BYTES", 227 * 1024)
     for mode in (2, 1, 0):
         for table in (True, False):
             monkeypatch.setattr(cuda_engine, "MODES", (mode, 0))
             monkeypatch.setattr(cuda_engine, "ARC_TABLES", (table,))
             runs[mode, table] = run(be, lat, X.copy(), lengths, leaky=leaky, block_size=block)
-            assert plans[-1] == mode | (cuda_engine.ARC_TABLE if table else 0)
+            plan = [int(args[-6]) for name, _, _, args in calls if "_recursion" in name][-1]  # its mode argument
+            assert plan == mode | (cuda_engine.ARC_TABLE if table else 0)
     for key, got in runs.items():  # the same bits wherever a block keeps its rows, scores and arcs
         assert np.array_equal(got[0], runs[2, False][0]) and np.array_equal(got[1], runs[2, False][1]), key
     runs[2] = runs[2, False]
@@ -255,20 +261,13 @@ def test_posterior_frames_a_block_give_the_same_bits(be, monkeypatch, case, dtyp
     X = rng.normal(size=(11, lat.num_columns)).astype(dtype)
     lengths = rng.integers(0, 12, lat.num_sequences)
     lengths[0] = 11
-    grids = []
-    launch = be.launch
-
-    def spy(name, grid, block, args, shared_mem=0):
-        if "_posteriors" in name:
-            grids.append((int(args[1]), grid))  # (F, blocks)
-        return launch(name, grid, block, args, shared_mem=shared_mem)
-
-    monkeypatch.setattr(be, "launch", spy)
+    calls = _recorded_launches(be, monkeypatch)
     runs = {}
     for frames in (1, 2, 4, 11, 16):
         monkeypatch.setattr(cuda_engine, "POSTERIOR_FRAMES", frames)
         runs[frames] = run(be, lat, X.copy(), lengths, leaky=leaky)
         N = lat.num_sequences
+        grids = [(int(args[1]), grid) for name, grid, _, args in calls if "_posteriors" in name]  # (F, blocks)
         assert grids[-1] == (frames, N * -(-11 // frames))
     for frames, got in runs.items():
         assert np.array_equal(got[0], runs[1][0]) and np.array_equal(got[1], runs[1][1]), frames
@@ -293,29 +292,26 @@ def test_engine_clusters_give_the_same_bits(be, monkeypatch, case, dtype):
     if case == "nan":
         lengths[1] = 9
         X[4, lat.col_offsets[1]] = np.nan  # sequence 1's NaN stays in sequence 1
-    launches = []
-    launch = be.launch
+    calls = _recorded_launches(be, monkeypatch)
 
-    def spy(name, grid, block, args, shared_mem=0):
-        if "_recursion" in name:
-            launches.append((name, grid, int(args[-6]), int(args[-5])))  # name, grid, mode, lanes
-        return launch(name, grid, block, args, shared_mem=shared_mem)
+    def launches():  # the recursions': name, grid, mode, lanes
+        return [(name, grid, int(args[-6]), int(args[-5])) for name, grid, _, args in calls if "_recursion" in name]
 
-    monkeypatch.setattr(be, "launch", spy)
     monkeypatch.setattr(cuda_engine, "MODES", (0,))
     block = 32
     monkeypatch.setattr(cuda_engine, "ARC_TABLES", (False,))
     ref = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=block)
     if case == "lanes":
-        assert launches[-1][3] > 1
+        assert launches()[-1][3] > 1
     N = lat.num_sequences
     for K in (2, 4, 8):
         for table in (True, False):
             monkeypatch.setattr(cuda_engine, "ARC_TABLES", (table,))
             got = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=block, cluster=K)
-            assert launches[-1][:3] == (f"chainfb::fb_cluster_recursion<{'double' if dtype == np.float64 else 'float'}"
-                                        f", {K}>", 2 * N * K, cuda_engine.ARC_TABLE if table else 0)
-            assert launches[-1][3] == launches[0][3]  # the lanes of one block
+            real = "double" if dtype == np.float64 else "float"
+            assert launches()[-1][:3] == (f"chainfb::fb_cluster_recursion<{real}, {K}>", 2 * N * K,
+                                          cuda_engine.ARC_TABLE if table else 0)
+            assert launches()[-1][3] == launches()[0][3]  # the lanes of one block
             assert np.array_equal(got[0], ref[0], equal_nan=True), (K, table)
             assert np.array_equal(got[1], ref[1], equal_nan=True), (K, table)
     ll, post = forward_backward_numpy(lat, X.astype(np.float64), lengths)
@@ -376,29 +372,26 @@ def test_cluster_auto_and_the_module_default(be, monkeypatch):
     lat = Lattice.of(FstBatch([random_fst(rng, num_states=40, num_arcs=90, num_pdfs=4) for _ in range(2)]))
     X = rng.normal(size=(6, lat.num_columns))
     lengths = np.array([6, 4])
-    names = []
-    launch = be.launch
+    calls = _recorded_launches(be, monkeypatch)
 
-    def spy(name, grid, block, args, shared_mem=0):
-        names.append((name, grid))
-        return launch(name, grid, block, args, shared_mem=shared_mem)
+    def names():
+        return [(name, grid) for name, grid, _, _ in calls]
 
-    monkeypatch.setattr(be, "launch", spy)
     ref = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
-    assert names[-2][0] == "chainfb::fb_recursion<double>"  # the module default: one block
+    assert names()[-2][0] == "chainfb::fb_recursion<double>"  # the module default: one block
     monkeypatch.setattr(cuda_engine, "auto_cluster", lambda shape, N, lanes, sms: 4)
     got = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32, cluster="auto")
-    assert names[-2] == ("chainfb::fb_cluster_recursion<double, 4>", 2 * 2 * 4)
+    assert names()[-2] == ("chainfb::fb_cluster_recursion<double, 4>", 2 * 2 * 4)
     assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
     monkeypatch.setattr(cuda_engine, "CLUSTER", "auto")
     lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
-    assert names[-2][0] == "chainfb::fb_cluster_recursion<double, 4>"
+    assert names()[-2][0] == "chainfb::fb_cluster_recursion<double, 4>"
     leaky = (0.1, np.log(np.full(lat.num_states, 0.05)))
     lattice_forward_backward(be, lat, X.copy(), lengths, leaky=leaky, cluster="auto")
-    assert names[-2][0] == "chainfb::fb_recursion<double>"
+    assert names()[-2][0] == "chainfb::fb_recursion<double>"
     shared = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12)], np.zeros(2, dtype=np.int64)))
     cuda_shared.forward_backward(be, shared, rng.normal(size=(6, shared.num_columns)), lengths, cluster="auto")
-    assert names[-2][0] == "chainfb::fb_shared_recursion<double>"
+    assert names()[-2][0] == "chainfb::fb_shared_recursion<double>"
 
 
 def test_cluster_argument_is_checked(be):
@@ -479,12 +472,10 @@ def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
 
     rng = np.random.default_rng(9)
     lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12) for _ in range(2)]))
-    got = []
-    launch = be.launch
-    monkeypatch.setattr(be, "launch", lambda name, grid, block, args, shared_mem=0: (
-        got.append(args) if "_recursion" in name else None) or launch(name, grid, block, args, shared_mem=shared_mem))
+    calls = _recorded_launches(be, monkeypatch)
     lattice_forward_backward(be, lat, rng.normal(size=(4, lat.num_columns)), np.array([4, 3]))
-    args = [a for a in got[0] if isinstance(a, np.ndarray)]
+    recursion = next(args for name, _, _, args in calls if "_recursion" in name)
+    args = [a for a in recursion if isinstance(a, np.ndarray)]
     alpha, beta, offs, qoffs = args[-6:-2]  # the arrays end with alpha, beta, offs, qoffs, loglike, lz
     rows = [alpha, beta, offs, qoffs, args[-1]]
     assert [a.shape for a in rows] == [(5, lat.num_states)] * 2 + [(2, 5)] * 2 + [(2,)]
