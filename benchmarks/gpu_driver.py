@@ -9,7 +9,7 @@ The kernels are those listed in ``chainfb.cuda.kernels.KERNELS``.  The driver ru
 - the transducer score maps with a zero column (``chainfb.cuda.transducer_maps``, float32 and float64 logits);
 - every criterion on the device (the cases of ``benchmarks/_gpu_cases.py``: CTC, RNN-T per logits dtype, multi-blank,
   TDT, the denominator on both engines, ChainLoss, the simple and pruned losses, forced alignment, numerator graphs,
-  graphs with spanning arcs);
+  graphs with spanning arcs), which also reach the pdf score map's kernels (``pdf_map.cu``) for each pair of dtypes;
 
 with the kernel backend wrapped so that every launch is counted by name.  It fails (exit status 1) naming each
 listed kernel that no call reached and each call that raised; ``--json FILE`` writes what ran.

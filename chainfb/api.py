@@ -104,9 +104,7 @@ class PdfCriterion(Criterion):
         # CUDA losses do for float32 inputs) unless a float64 value is asked for
         # (k2's use_double_scores): then the engine runs in float64 everywhere
         single = arr.dtype == np.float32 and (self.value_dtype is None or np.dtype(self.value_dtype) != np.float64)
-        X = self.score_map.gather(xp, arr, dtype=np.float32 if single else np.float64)
-        if self.clamp is not None:
-            xp.clip(X, self.clamp[0], self.clamp[1], out=X)
+        X = self.score_map.gather(xp, arr, dtype=np.float32 if single else np.float64, clip=self.clamp)
         return X, (arr, xp)
 
     def gather(self, x: Array, need_grad: bool = True) -> Array:

@@ -10,7 +10,9 @@ output is any strided ``[N, T, P]`` array: element ``(n, t, p)`` lives at
 Kaldi's layout (row ``t*N + n`` of a matrix with row stride ``R``) that is
 ``sN = R, sT = N*R, sP = 1``: exactly Kaldi's strided view.
 
-Works for NumPy and CuPy arrays (``xp`` is the array module).
+Works for NumPy and CuPy arrays (``xp`` is the array module); device arrays
+go through the kernels of ``pdf_map.cu`` (:mod:`chainfb.cuda.pdf_maps`: one
+launch each way, the same bits).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from ._arrays import Array
 from ._cache import LRU
+from .cuda import kernels, pdf_maps
 
 __all__ = ["PdfScoreMap"]
 
@@ -81,24 +84,35 @@ class PdfScoreMap:
         device = getattr(getattr(arr, "device", None), "id", None)
         return self._layouts.get((xp.__name__, device, "sequences"), lambda: xp.asarray(self.col_seq))
 
-    def gather(self, xp: ModuleType, scores: Array, dtype: DTypeLike = np.float64, name: str | None = None) -> Array:
+    def gather(self, xp: ModuleType, scores: Array, dtype: DTypeLike = np.float64, name: str | None = None,
+               clip: tuple[float, float] | None = None) -> Array:
         """Compact scores ``[T, C]`` (``dtype``, row-major: the engines read a
-        frame at a time) from ``scores`` ``[N, T, P]``."""
+        frame at a time) from ``scores`` ``[N, T, P]``, clipped to ``clip =
+        (lo, hi)`` when it is given."""
         offs, width = self._offsets(xp, scores, name)
+        if kernels.on_device(scores) and pdf_maps.gather_kernel(scores.dtype, dtype):
+            return pdf_maps.gather(kernels.backend_for(scores), scores, offs, dtype, clip)
         view = _frame_view(xp, scores, width)
-        return xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
+        X = xp.ascontiguousarray(view[:, offs], dtype=dtype)  # (take() would copy the whole strided view)
+        if clip is not None:
+            xp.clip(X, clip[0], clip[1], out=X)
+        return X
 
     def scatter_add(self, xp: ModuleType, target: Array, post: Array, scale: float = 1.0, accumulate: bool = True,
                     name: str | None = None, seq_scale: Array | None = None) -> None:
         """``target[n, t, p] += scale * post[t, c]`` for each column ``c = (n, p)``
         (``=`` instead of ``+=`` when ``accumulate`` is False), times
-        ``seq_scale[n]`` when it is given (an ``xp`` array ``[N]``: then
-        ``post`` itself is scaled, in place -- no copy of it).
+        ``seq_scale[n]`` when it is given (an ``xp`` array ``[N]``; ``post``
+        may then be scaled in place -- no copy of it).
 
         ``target`` is ``[N, T, P]`` (any non-negative strides); columns are
         distinct, so the fancy-index add is exact and deterministic.
         """
         offs, width = self._offsets(xp, target, name)
+        if kernels.on_device(target) and pdf_maps.scatter_kernel(post.dtype, target.dtype):
+            col_seq = None if seq_scale is None else self._sequences(xp, target)
+            pdf_maps.scatter(kernels.backend_for(target), target, post, offs, scale, seq_scale, col_seq, accumulate)
+            return
         view = _frame_view(xp, target, width)
         T = min(target.shape[1], post.shape[0])
         if scale != 1.0:

@@ -75,6 +75,10 @@ SOURCES = {
     "shared_graph.cu": [
         f"chainfb::fb_shared_{k}<{r}>" for k in ("recursion", "posteriors") for r in ("float", "double")
     ],
+    # the score map of pdf-labelled graphs: (input, output) of the gather, (posteriors, gradient) of the scatter
+    "pdf_map.cu": [f"chainfb::pdf_gather<{i}, {o}>" for i, o in (("float", "float"), ("float", "double"),
+                                                                  ("double", "double"))]
+    + [f"chainfb::pdf_scatter<{p}, {g}>" for p, g in (("float", "float"), ("double", "float"), ("double", "double"))],
     "transducer.cu": [
         f"chainfb::transducer_gather<{i}, {r}>"
         for i, r in (("float", "float"), ("double", "double"), ("chainfb::F16", "float"), ("chainfb::BF16", "float"))

@@ -937,6 +937,8 @@ import test_cuda_emulated_spans as sp  # arcs that span frames, out-of-range len
 sp.asan_cases(be)
 import test_cuda_emulated_durations as du  # the transducer kernels' duration axis
 du.sanitizer_cases(be)
+import test_cuda_emulated_pdf_map as pm  # the score map of pdf-labelled graphs
+pm.sanitizer_cases(be)
 print("ASAN-CLEAN")
 """)
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")

@@ -216,7 +216,7 @@ def test_select_picks_the_shared_kernels_for_one_graph():
 @pytest.mark.parametrize("coefficient", [0.1, 0.0])
 def test_denominator_and_chain_loss_run_the_shared_kernels(be, coefficient):
     """DenominatorGraph (and so ChainLoss) on the kernel path launch the
-    shared-graph kernels, with the NumPy path's numbers."""
+    shared-graph kernels and the pdf score map's, with the NumPy path's numbers."""
     den = phone_lm_den(10)
     rng = np.random.default_rng(11)
     y = rng.normal(scale=3, size=(3, 7, den.num_pdfs))
@@ -225,7 +225,8 @@ def test_denominator_and_chain_loss_run_the_shared_kernels(be, coefficient):
     with run_on(be):
         ll, post = den.forward_backward(torch.from_numpy(y), lengths, coefficient)
     names = {name for name, _, _ in be.launches[start:]}
-    assert names == {"chainfb::fb_shared_recursion<double>", "chainfb::fb_shared_posteriors<double>"}
+    assert names == {"chainfb::fb_shared_recursion<double>", "chainfb::fb_shared_posteriors<double>",
+                     "chainfb::pdf_gather<double, double>", "chainfb::pdf_scatter<double, double>"}
     ll_ref, post_ref = den.forward_backward(y, lengths, coefficient, engine="numpy")
     np.testing.assert_allclose(ll.numpy(), ll_ref, rtol=1e-10)
     np.testing.assert_allclose(post.numpy(), post_ref, atol=1e-10)

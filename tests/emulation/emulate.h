@@ -634,6 +634,9 @@ inline constexpr int warpSize = 32;
 inline float __int_as_float(int v) { return cfb_emu::int_as_float(v); }
 inline int __float_as_int(float v) { return cfb_emu::float_as_int(v); }
 inline double __longlong_as_double(long long v) { return cfb_emu::longlong_as_double(v); }
+// products rounded on their own (on the device: never contracted into a fused multiply-add)
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 inline float expf(float x) { return std::exp(x); }
 inline float logf(float x) { return std::log(x); }
 inline float log1pf(float x) { return std::log1p(x); }

@@ -15,6 +15,7 @@
 
 #include "cluster.cu"
 #include "engine.cu"
+#include "pdf_map.cu"
 #include "shared_graph.cu"
 #include "transducer.cu"
 #ifdef CHAINFB_EMULATE_SELFTEST
@@ -86,6 +87,12 @@ const Entry kTable[] = {
     CFB_ENTRY("chainfb::fb_shared_recursion<double>", chainfb::fb_shared_recursion<double>),
     CFB_ENTRY("chainfb::fb_shared_posteriors<float>", chainfb::fb_shared_posteriors<float>),
     CFB_ENTRY("chainfb::fb_shared_posteriors<double>", chainfb::fb_shared_posteriors<double>),
+    CFB_ENTRY("chainfb::pdf_gather<float, float>", chainfb::pdf_gather<float, float>),
+    CFB_ENTRY("chainfb::pdf_gather<float, double>", chainfb::pdf_gather<float, double>),
+    CFB_ENTRY("chainfb::pdf_gather<double, double>", chainfb::pdf_gather<double, double>),
+    CFB_ENTRY("chainfb::pdf_scatter<float, float>", chainfb::pdf_scatter<float, float>),
+    CFB_ENTRY("chainfb::pdf_scatter<double, float>", chainfb::pdf_scatter<double, float>),
+    CFB_ENTRY("chainfb::pdf_scatter<double, double>", chainfb::pdf_scatter<double, double>),
     CFB_ENTRY("chainfb::transducer_gather<float, float>", chainfb::transducer_gather<float, float>),
     CFB_ENTRY("chainfb::transducer_gather<double, double>", chainfb::transducer_gather<double, double>),
     CFB_ENTRY("chainfb::transducer_gather<chainfb::F16, float>", chainfb::transducer_gather<F16, float>),
