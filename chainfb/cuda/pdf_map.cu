@@ -27,11 +27,22 @@
 // with every product rounded on its own (mul_rn: no fused multiply-add,
 // which the device compiler would otherwise form in `target + v * s`).
 //
-// Bytes moved are reported through CHAINFB_WORK(chainfb::kWorkBytes, n):
-// each element read or written once.
+// Bytes moved are reported through CHAINFB_WORK(chainfb::kWorkBytes, n) (the
+// emulation counts them; nothing on the GPU): the compact arrays' elements
+// (read or written in order), and a 32-byte sector of the strided array for
+// each element whose sector is not its frame's previous column's (columns
+// of nearby pdfs share sectors; those of distant ones, as a CTC batch's
+// labels in a large vocabulary, take one each).
 #include "common.cuh"
 
 namespace chainfb {
+
+// The bytes of the sector holding element o of an array of `item`-byte
+// elements, or 0 when the frame's previous column (element prev, -1 for
+// none) was in the same sector.
+__device__ __forceinline__ i64 sector_bytes(i64 o, i64 prev, int item) {
+  return prev >= 0 && (o * item) / 32 == (prev * item) / 32 ? 0 : 32;
+}
 
 // a * b rounded once, never contracted with a following add.
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
@@ -48,11 +59,13 @@ CHAINFB_KERNEL void pdf_gather(const In* scores, i64 n, i64 row_stride, const i6
   const Out l = (Out)lo, h = (Out)hi;
   for (i64 i = (i64)blockIdx.x * (i64)blockDim.x + (i64)threadIdx.x; i < total; i += step) {
     const i64 t = i / C;
-    const i64 o = t * row_stride + offs[i - t * C];
+    const i64 c = i - t * C;
+    const i64 o = t * row_stride + offs[c];
     Out v = o >= 0 && o < n ? (Out)scores[o] : Num<Out>::nan();
     if (has_clip) v = v < l ? l : (v > h ? h : v);
     out[i] = v;
-    CHAINFB_WORK(kWorkBytes, (i64)(sizeof(In) + sizeof(Out)));
+    CHAINFB_WORK(kWorkBytes, sector_bytes(o, c ? t * row_stride + offs[c - 1] : -1, (int)sizeof(In)) +
+                                 (i64)sizeof(Out));
   }
 }
 
@@ -78,7 +91,8 @@ CHAINFB_KERNEL void pdf_scatter(G* target, i64 n, i64 row_stride, const i64* off
     if (seq_scale) v = mul_rn(v, seq_scale[col_seq[c]]);
     const G g = (G)v;
     target[o] = accumulate ? target[o] + g : g;
-    CHAINFB_WORK(kWorkBytes, (i64)(sizeof(P) + (accumulate ? 2 : 1) * sizeof(G)));
+    CHAINFB_WORK(kWorkBytes, (i64)sizeof(P) + (accumulate ? 2 : 1) * sector_bytes(o, c ? t * row_stride + offs[c - 1]
+                                                                                        : -1, (int)sizeof(G)));
   }
 }
 

@@ -129,3 +129,23 @@ def test_a_cluster_is_priced_as_its_threads_over_one_block_s_frame():
     assert ("ctc T=150 N=64 C=5000 S=50", 2) not in rows  # 256 clusters of 2 do not fit 132 SMs at once
     assert ("ctc T=4000 N=1 C=5000 S=3000", 2) not in rows  # one sequence: the shared-graph kernels
     assert "not measured" in h100.cluster_report()
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no host C++ compiler")
+def test_every_launch_of_a_ctc_step_is_priced(emulated_counting):
+    """benchmarks/gpu_model.py prices each launch of a CTC step (forward + backward): the engine's kernels from the
+    H100's measurements, the pdf score map's as part of the step's measured remainder (CuPy operations when the H100
+    ran), and every one by the cost model's units -- a kernel the step launches that neither knows is an error."""
+    from benchmarks import gpu_model
+
+    be = emulated_counting
+    be.max_shared_mem = 227 * 1024
+    costs = cm.Costs(arc_d=100, arc_f=50, state_d=200, state_f=100, wait=500)
+    launches, extra, calls = gpu_model.run_ctc(be, costs, cm.H100, 20, 3, 12, 4)
+    names = [s.name for s, _ in launches]
+    assert names == ["chainfb::pdf_gather<float, float>", "chainfb::fb_recursion<float>",
+                     "chainfb::fb_posteriors<float>", "chainfb::pdf_scatter<float, float>"]
+    assert all(t > 0 for _, t in launches) and extra == 20 * 3 * 12 * 4 / (cm.H100.bandwidth * 0.9)
+    prices = gpu_model.h100_prices([s for s, _ in launches], calls, {"gather": 1.0, "grad": 1.0},
+                                   cuda_engine.shared_budget(be))
+    assert prices[0] is None and prices[3] is None and prices[1] > 0 and prices[2] > 0

@@ -106,7 +106,8 @@ def test_scatter_gives_the_numpy_bits(be, order, post_dtype, target_dtype, scale
     target0 = _layout(rng, N, T, P, order, target_dtype, special=False)
     want, got = _copy(target0, order), _copy(target0, order)
     assert got.strides == target0.strides
-    smap.scatter_add(np, want, post.copy(), scale, accumulate, seq_scale=seq_scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # the special values overflow, as they do in the kernel
+        smap.scatter_add(np, want, post.copy(), scale, accumulate, seq_scale=seq_scale)
     with run_on(be):
         _, names = _launched(be, lambda: smap.scatter_add(np, got, post.copy(), scale, accumulate,
                                                           seq_scale=seq_scale))
@@ -133,6 +134,27 @@ def test_gather_then_scatter_property(be, seed, N, T, P, order, f64):
         smap.scatter_add(np, got, Xe.copy(), accumulate=False)
     np.testing.assert_array_equal(_bits(Xe), _bits(X))
     np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("pdfs, sectors", [(np.arange(64), 8), (np.arange(0, 64, 8), 8), (np.arange(0, 16), 2),
+                                            (np.array([0, 1, 9, 17, 18]), 3)])
+def test_bytes_are_counted_by_sector(be, pdfs, sectors):
+    """What the cost model reads of a launch (``kWorkBytes``): a 32-byte
+    sector of the strided array for each run of columns in one sector, plus
+    the compact array's elements."""
+    scores = np.zeros((1, 2, 64), dtype=np.float32)
+    smap = PdfScoreMap(np.zeros(len(pdfs), dtype=np.int64), pdfs)
+    be.count, be.stats[:] = True, []
+    try:
+        with run_on(be):
+            X = smap.gather(np, scores, dtype=np.float32)
+            smap.scatter_add(np, scores, X, accumulate=False)
+            smap.scatter_add(np, scores, X, accumulate=True)
+    finally:
+        be.count = False
+    got = [s.work["kWorkBytes"] for s in be.stats]
+    per_frame = 32 * sectors + 4 * len(pdfs)
+    assert got == [2 * per_frame, 2 * per_frame, 2 * (per_frame + 32 * sectors)]
 
 
 def test_a_dtype_without_a_kernel_takes_the_array_operations(be):
