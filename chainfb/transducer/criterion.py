@@ -54,8 +54,8 @@ from .graphs import compile_layout
 from .maps import layout_tables, torch_compute_dtype  # noqa: F401 -- their old import path
 from .maps.cuda import kernel_gather, kernel_gradient, kernel_tables  # noqa: F401 -- their old import path
 
-__all__ = ["TransducerCriterion", "symbol_table", "host_symbols", "torch_compute_dtype", "layout_tables",
-           "kernel_tables", "kernel_gather", "kernel_gradient"]
+__all__ = ["TransducerCriterion", "symbol_table", "host_symbols", "layout_symbols", "torch_compute_dtype",
+           "layout_tables", "kernel_tables", "kernel_gather", "kernel_gradient"]
 
 
 def symbol_table(targets: torch.Tensor, target_lengths: Array, U1: int, blank: int,
@@ -103,6 +103,22 @@ def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank
     for i, s in enumerate(big_blanks):
         sym[:, :, 2 + i] = int(s)
     return sym
+
+
+def layout_symbols(targets: Array, layout: Any, U1: int, blank: int, big_blanks: Sequence[int] = (),
+                   host_targets: np.ndarray | None = None) -> torch.Tensor:
+    """:func:`symbol_table` of a batch whose lengths ``layout`` holds (a
+    :class:`~chainfb.transducer.graphs.TransducerLayout`).  For CUDA targets
+    already read to the host (``host_targets``, int NumPy), the table is built
+    there (:func:`host_symbols`) and reaches the GPU in one asynchronous copy
+    from pinned memory, where the device-side build is a dozen small
+    operations."""
+    if host_targets is not None and isinstance(targets, torch.Tensor) and targets.is_cuda:
+        table = host_symbols(np.asarray(host_targets), layout.target_lengths, U1, blank, big_blanks)
+        return torch.from_numpy(table.astype(np.int32)).pin_memory().to(targets.device, non_blocking=True)
+    ul = layout_tables(layout, targets.device)["target_lengths"] if isinstance(targets, torch.Tensor) else \
+        layout.target_lengths
+    return symbol_table(targets, ul, U1, blank, big_blanks)
 
 
 class MappedCriterion(Criterion):
@@ -186,11 +202,7 @@ class TransducerCriterion(MappedCriterion):
         # the compiled CPU score map reads the symbol table from host targets when given (no crossing)
         self.host_sym = (None if host_targets is None
                          else host_symbols(np.asarray(host_targets), lay.target_lengths, U1, blank, big))
-        if isinstance(targets, torch.Tensor):
-            ul = layout_tables(lay, targets.device)["target_lengths"]
-        else:
-            ul = lay.target_lengths
-        self.sym = symbol_table(targets, ul, U1, blank, big)
+        self.sym = layout_symbols(targets, lay, U1, blank, big, host_targets)
         self.kind_weight = np.ones(2 + len(big))
         self.kind_weight[1] += fastemit_lambda
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)

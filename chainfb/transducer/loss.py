@@ -21,7 +21,7 @@ from ..criterion import apply
 from .criterion import TransducerCriterion
 from .graphs import MAX_DURATION
 
-__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "check_inputs", "check_options", "check_durations",
+__all__ = ["rnnt_loss", "multiblank_rnnt_loss", "check_inputs", "checked_inputs", "check_options", "check_durations",
            "reduce_costs"]
 
 
@@ -61,11 +61,14 @@ def check_inputs(
     ``U == max(U_b) + 1`` are required; otherwise ``>=``.  The three integer
     tensors are read to the host together, in one copy.
     """
-    return _checked(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks, exact_shapes)[:3]
+    return checked_inputs(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks, exact_shapes)[:3]
 
 
-def _checked(logits, targets, logit_lengths, target_lengths, blank, num_big_blanks=0, exact_shapes=False):
-    """:func:`check_inputs`, also returning the targets read to the host (int64 NumPy)."""
+def checked_inputs(logits: Any, targets: Any, logit_lengths: Any, target_lengths: Any, blank: int,
+                   num_big_blanks: int = 0,
+                   exact_shapes: bool = False) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`check_inputs`, also returning the targets read to the host: ``(blank, T_b [B], U_b [B], targets [B,
+    S])``, int64 NumPy."""
     checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U, V]")
     if logits.device.type not in ("cpu", "cuda"):
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got a tensor on {logits.device}")
@@ -172,7 +175,7 @@ def rnnt_loss(
     reduction = checks.reduction(reduction)
     clamp, fastemit_lambda = check_options(clamp, fastemit_lambda)
     fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
-    blank, Tb, Ub, host = _checked(logits, targets, logit_lengths, target_lengths, blank)
+    blank, Tb, Ub, host = checked_inputs(logits, targets, logit_lengths, target_lengths, blank)
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, fused_log_softmax=fused_log_softmax,
                                fastemit_lambda=fastemit_lambda, clamp=clamp, host_targets=host)
     return checks.reduce(apply(logits, crit), reduction)
@@ -229,7 +232,7 @@ def multiblank_rnnt_loss(
     checks.tensor(logits, "logits")
     V = logits.shape[-1] if logits.dim() == 4 else 0
     durations = check_durations(big_blank_durations, max(V, 1))
-    blank, Tb, Ub, host = _checked(logits, targets, logit_lengths, target_lengths, blank, len(durations))
+    blank, Tb, Ub, host = checked_inputs(logits, targets, logit_lengths, target_lengths, blank, len(durations))
     crit = TransducerCriterion(logits.shape, targets, Tb, Ub, blank, tuple(durations), sigma,
                                fastemit_lambda=fastemit_lambda, clamp=clamp, host_targets=host)
     return checks.reduce(apply(logits, crit), reduction)

@@ -68,10 +68,9 @@ import torch
 from .._arrays import Ints
 from .. import checks
 from ..criterion import Criterion, apply
-from . import maps
-from .criterion import MappedCriterion, TransducerCriterion, symbol_table
+from .criterion import MappedCriterion, TransducerCriterion, layout_symbols
 from .graphs import MAX_DURATION, compile_layout
-from .loss import check_inputs, check_options
+from .loss import check_options, checked_inputs
 
 __all__ = ["TDTCriterion", "tdt_loss", "check_tdt_durations", "TDT_REDUCTIONS"]
 
@@ -92,13 +91,16 @@ class TDTCriterion(MappedCriterion):
     blank : index of the blank among the ``V`` token logits.
     durations : the ``D`` durations (validated, :func:`check_tdt_durations`).
     sigma, fastemit_lambda, clamp : see :func:`tdt_loss`.
+    host_targets : optional int NumPy copy of ``targets``: the symbol table is
+        then built on the host and copied to the logits' device once
+        (:func:`~chainfb.transducer.criterion.layout_symbols`).
     """
 
     kind = "tdt"
 
     def __init__(self, shape: tuple[int, ...], targets: torch.Tensor, logit_lengths: np.ndarray,
                  target_lengths: np.ndarray, blank: int, durations: Sequence[int], sigma: float = 0.0,
-                 fastemit_lambda: float = 0.0, clamp: float = -1.0):
+                 fastemit_lambda: float = 0.0, clamp: float = -1.0, host_targets: np.ndarray | None = None):
         B, T, U1, VD = shape
         self.durations = tuple(int(d) for d in durations)
         D = len(self.durations)
@@ -107,7 +109,7 @@ class TDTCriterion(MappedCriterion):
         self.lattice, self.lengths = lay.lat, lay.steps
         self.blank = int(blank)
         # the blank and the label read at (b, u) ([B, U1, 2]; the label -1 for u >= U_b)
-        self.sym = symbol_table(targets, maps.layout_tables(lay, targets.device)["target_lengths"], U1, self.blank)
+        self.sym = layout_symbols(targets, lay, U1, self.blank, host_targets=host_targets)
         self.sigma, self.fastemit_lambda, self.clamp = float(sigma), float(fastemit_lambda), float(clamp)
         self.kind_weight = np.repeat([1.0, 1.0 + self.fastemit_lambda], D)  # blanks, then labels of each duration
 
@@ -201,16 +203,17 @@ def tdt_loss(
     checks.tensor(logits, "logits", checks.FLOATS, 4, "[B, T, U, V + D]")
     durations = check_tdt_durations(durations, logits.shape[-1])
     V = logits.shape[-1] - len(durations)
-    blank, Tb, Ub = check_inputs(logits[..., :V], targets, logit_lengths, target_lengths, blank)
+    blank, Tb, Ub, host = checked_inputs(logits[..., :V], targets, logit_lengths, target_lengths, blank)
     parts = []
     if omega < 1.0:
-        crit: Criterion = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fastemit_lambda, clamp)
+        crit: Criterion = TDTCriterion(logits.shape, targets, Tb, Ub, blank, durations, sigma, fastemit_lambda, clamp,
+                                       host)
         tdt = apply(logits, crit)
         parts.append(tdt if omega == 0.0 else (1.0 - omega) * tdt)
     if omega > 0.0:
         tokens = logits[..., :V]
         crit = TransducerCriterion(tokens.shape, targets, Tb, Ub, blank, fastemit_lambda=fastemit_lambda,
-                                   clamp=clamp)
+                                   clamp=clamp, host_targets=host)
         rnnt = apply(tokens, crit)
         parts.append(rnnt if omega == 1.0 else omega * rnnt)
     costs = parts[0] if len(parts) == 1 else parts[0] + parts[1]

@@ -993,3 +993,11 @@ def test_transducer_symbols_table():
     np.testing.assert_array_equal(symbol_table_np(targets.numpy()[:, :3], [3, 1], 4, 6, [5, 4]), sym)
     rnnt = symbol_table_np(np.zeros((2, 0), dtype=np.int64), [0, 0], 1, 0)
     np.testing.assert_array_equal(rnnt, [[[0, -1]], [[0, -1]]])
+
+    # the host build a GPU's table comes from (for targets already read to the host): the same table
+    from chainfb.transducer.criterion import host_symbols
+
+    for lengths, width in (([3, 1], 5), ([3, 1], 3), ([0, 0], 0)):
+        tg = targets[:, :width]
+        np.testing.assert_array_equal(host_symbols(tg.numpy(), np.array(lengths), 4, 6, [5, 4]),
+                                      symbol_table_np(tg, lengths, 4, 6, [5, 4]))
