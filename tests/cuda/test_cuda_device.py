@@ -208,3 +208,50 @@ class TestCudaKernels(OnCUDA):
         tol = 1e-10 if dtype == torch.float64 else 1e-4
         np.testing.assert_allclose(-ll.get(), ref.detach().numpy(), rtol=tol)
         np.testing.assert_allclose(grad.cpu().double().numpy(), lt.grad.numpy(), atol=tol)
+
+    @pytest.mark.parametrize("order", [(0, 1, 2), (1, 0, 2), (2, 1, 0)])
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_pdf_map_kernels_give_the_numpy_values(self, order, dtype):
+        """The pdf score map's kernels (pdf_map.cu) on the device, on strided layouts of the output: the compact
+        scores (clipped) and the scattered, per-sequence scaled gradient are the NumPy path's numbers to the bit
+        (NaN payloads aside: the device's arithmetic gives its own NaN)."""
+        import cupy
+
+        from test_cuda_emulated_pdf_map import _copy, _layout, _map
+
+        def same(got, want):
+            got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+            nan = np.isnan(want)
+            np.testing.assert_array_equal(np.isnan(got), nan)
+            np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8))
+
+        def on_device(view):  # the same layout (and padding) in device memory
+            base = cupy.asarray(view.base)
+            return cupy.transpose(base[..., :base.shape[-1] - 2], tuple(int(i) for i in np.argsort(order)))
+
+        rng = np.random.default_rng(4)
+        scores = _layout(rng, 3, 40, 50, order, dtype)
+        smap = _map(rng, 3, 50)
+        X = smap.gather(cupy, on_device(scores), dtype=dtype, clip=(-30.0, 30.0))
+        same(X.get(), smap.gather(np, scores, dtype=dtype, clip=(-30.0, 30.0)))
+        target = _layout(rng, 3, 40, 50, order, dtype, special=False)
+        post = rng.normal(size=X.shape).astype(dtype)
+        scale = np.array([0.5, -2.0, 3.0], dtype=dtype)
+        want = _copy(target, order)
+        smap.scatter_add(np, want, post.copy(), 0.25, accumulate=True, seq_scale=scale)
+        got = on_device(target)
+        smap.scatter_add(cupy, got, cupy.asarray(post), 0.25, accumulate=True, seq_scale=cupy.asarray(scale))
+        same(got.get(), want)
+
+    def test_transducer_symbol_table_is_copied_from_the_host(self):
+        """CUDA targets the loss has read to the host: the symbol table built there, on the device, int32, equal
+        to the one built on the device."""
+        from chainfb.transducer import TransducerCriterion
+        from chainfb.transducer.criterion import host_symbols
+
+        tg = torch.tensor([[3, 1, 2, 0], [2, 0, 0, 0]], device="cuda")
+        crit = TransducerCriterion((2, 5, 4, 7), tg, np.array([5, 4]), np.array([3, 1]), 6,
+                                   host_targets=tg.cpu().numpy())
+        assert crit.sym.is_cuda and crit.sym.dtype == torch.int32
+        np.testing.assert_array_equal(crit.sym.cpu().numpy(), host_symbols(tg.cpu().numpy(), np.array([3, 1]), 4, 6))
+        assert torch.equal(crit.sym, symbol_table(tg, torch.tensor([3, 1], device="cuda"), 4, 6))
