@@ -756,7 +756,7 @@ def test_engine_hypothesis(be):
 def test_emulation_under_ubsan(tmp_path):
     """The kernels have no undefined behaviour (signed overflow, bad shifts,
     out-of-bounds on fixed arrays) on small engine cases (arcs spanning
-    frames among them) and a transducer case."""
+    frames among them), transducer cases and the pdf score map's."""
     try:
         lib = build(str(tmp_path), extra_flags=("-fsanitize=undefined,bounds", "-fno-sanitize-recover=all"))
         ub = EmulatedBackend(lib)
@@ -780,6 +780,9 @@ def test_emulation_under_ubsan(tmp_path):
     import test_cuda_emulated_durations as du  # the duration axis: TDT's tables, rows at several offsets
 
     du.sanitizer_cases(ub)
+    import test_cuda_emulated_pdf_map as pm  # the pdf score map: strided layouts, every dtype pair
+
+    pm.sanitizer_cases(ub)
 
 
 def test_transducer_argument_errors(be):
