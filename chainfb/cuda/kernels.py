@@ -50,6 +50,8 @@ from collections.abc import Hashable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
+import numpy as np
+
 
 __all__ = [
     "SOURCES",
@@ -65,6 +67,7 @@ __all__ = [
     "backend_for",
     "require_cupy",
     "cuda_include_dirs",
+    "null_or",
 ]
 
 #: Kernel files (compiled separately) and the instantiations each provides.
@@ -95,6 +98,11 @@ MIN_COMPUTE = {"cluster.cu": 90}
 
 #: kernel name -> source file
 KERNELS = {name: src for src, names in SOURCES.items() for name in names}
+
+
+def null_or(a: Any) -> Any:
+    """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array argument."""
+    return np.uint64(0) if a is None else a
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 

@@ -17,13 +17,11 @@ column's offset ``offs[c] = n sN + p sP``.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
-
 import numpy as np
 from numpy.typing import DTypeLike
 
 from .._arrays import Array
-from .kernels import KernelBackend
+from .kernels import KernelBackend, null_or
 
 __all__ = ["extent", "gather_kernel", "scatter_kernel", "gather", "scatter"]
 
@@ -86,12 +84,11 @@ def scatter(backend: KernelBackend, target: Array, post: Array, offs: Array, sca
     xp = backend.xp
     T, C = min(int(target.shape[1]), int(post.shape[0])), int(offs.shape[0])
     post = xp.ascontiguousarray(post)
-    null: Any = np.uint64(0)
     if seq_scale is not None:
         seq_scale = xp.ascontiguousarray(seq_scale.astype(post.dtype, copy=False))
     flat, n = extent(xp, target)
     backend.launch(scatter_kernel(post.dtype, target.dtype), _grid(T * C), BLOCK,
                    [flat, np.int64(n), np.int64(target.strides[1] // target.itemsize), offs, post, np.int32(T),
                     np.int32(C), np.int32(scale != 1.0), np.float64(scale),
-                    null if seq_scale is None else seq_scale, null if seq_scale is None else col_seq,
+                    null_or(seq_scale), null_or(None if seq_scale is None else col_seq),
                     np.int32(bool(accumulate))])

@@ -65,7 +65,7 @@ import numpy as np
 
 from .._arrays import Array, is_torch
 from .interop import on_torch_stream
-from .kernels import KernelBackend
+from .kernels import KernelBackend, null_or
 
 __all__ = [
     "transducer_gather",
@@ -183,14 +183,9 @@ class RowArgs:
             _launch_shape(rows, threads_per_row, block_size) if rows else 0,
             block_size,
             [self.arr, i32(self.B), i32(self.T), i32(self.U1), i32(self.V), i32(self.D), self.sym, self.colidx,
-             _null_or(self.counts), _null_or(self.kind_duration), i32(self.J), self.logit_lengths,
+             null_or(self.counts), null_or(self.kind_duration), i32(self.J), self.logit_lengths,
              self.target_lengths, i32(bool(fused_log_softmax)), i32(threads_per_row)] + list(extra_args),
         )
-
-
-def _null_or(a):
-    """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array."""
-    return np.uint64(0) if a is None else a
 
 
 def check_common(xp: ModuleType, logits: Array, sym: Array, colidx: Array, logit_lengths: Array, target_lengths: Array,
@@ -325,7 +320,7 @@ def transducer_gather(backend: KernelBackend, logits: Array, sym: Array, colidx:
     zc = None if zero_col is None else _ints(xp, zero_col, "zero_col", shape=(a.B,))
     i32 = np.int32
     a.launch(backend, "transducer_gather", fused_log_softmax, threads_per_row, block_size,
-             [R.type(shift), X, i32(num_rows), i32(num_columns), _null_or(zc), lse])
+             [R.type(shift), X, i32(num_rows), i32(num_columns), null_or(zc), lse])
     return X, lse
 
 

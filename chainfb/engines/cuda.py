@@ -26,7 +26,7 @@ from numpy.typing import DTypeLike
 
 from .._arrays import Array
 from .._sort import stable_order
-from ..cuda.kernels import KernelBackend
+from ..cuda.kernels import KernelBackend, null_or
 from ..lattice import Lattice
 from .cuda_memory import pack, scratch, upload
 
@@ -382,11 +382,6 @@ def check_inputs(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array)
     return X, xp.ascontiguousarray(lengths.astype(np.int64, copy=False)), dtype
 
 
-def null_or(a: Array | None) -> Array:
-    """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array."""
-    return np.uint64(0) if a is None else a
-
-
 def leak_log_c(leaky: tuple[float, Array] | None, dtype: np.dtype) -> np.floating:
     """``log(c)`` of ``leaky = (c, log_init)`` in ``dtype`` (``-inf`` for
     ``c = 0``: no leak, but paths start from ``log_init``); 0 without a leak."""
@@ -449,13 +444,13 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
         lanes, block, mode, shared = recursion_plan(shape, max_span, dtype.itemsize, block_size,
                                                     shared_budget(backend))
         kernel, blocks = f"chainfb::{prefix}_recursion<{r}>", N
-    init = log_init if log_init is not None else np.uint64(0)  # a null pointer: no leak
+    init = null_or(log_init)  # a null pointer: no leak
     # the rows, their offsets and each sequence's z in one allocation: the forward's alpha, P and z, and
     # with posteriors the backward's beta and Q (else null pointers)
     forward = [((T + 1, S), dtype), ((N, T + 1), np.float64), ((N,), dtype)]
     backward = [((T + 1, S), dtype), ((N, T + 1), np.float64)] if need_posteriors else []
     alpha, offs, lz, *rest = scratch(backend, forward + backward)
-    beta, qoffs = rest or (np.uint64(0), np.uint64(0))
+    beta, qoffs = rest or (null_or(None), null_or(None))
     loglike = xp.empty(N, dtype=dtype)  # (returned: its own allocation, which keeps no rows alive)
     i32 = np.int32
     rows = [lengths, X, i32(T), i32(C), alpha, beta, i32(S), offs, qoffs]

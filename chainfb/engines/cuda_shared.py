@@ -28,9 +28,9 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from .._arrays import Array
-from ..cuda.kernels import KernelBackend
+from ..cuda.kernels import KernelBackend, null_or
 from ..lattice import Lattice
-from .cuda import (best_path, cached, check_log_init, chunk_args, host_array, lattice_arrays, layout_shape, null_or,
+from .cuda import (best_path, cached, check_log_init, chunk_args, host_array, lattice_arrays, layout_shape,
                    run_engine)
 
 __all__ = ["forward_backward", "best_path", "graph_arrays"]
