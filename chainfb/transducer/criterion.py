@@ -106,16 +106,15 @@ def host_symbols(targets: np.ndarray, target_lengths: np.ndarray, U1: int, blank
 
 
 def layout_symbols(targets: Array, layout: Any, U1: int, blank: int, big_blanks: Sequence[int] = (),
-                   host_targets: np.ndarray | None = None) -> torch.Tensor:
+                   host_table: np.ndarray | None = None) -> torch.Tensor:
     """:func:`symbol_table` of a batch whose lengths ``layout`` holds (a
     :class:`~chainfb.transducer.graphs.TransducerLayout`).  For CUDA targets
-    already read to the host (``host_targets``, int NumPy), the table is built
-    there (:func:`host_symbols`) and reaches the GPU in one asynchronous copy
-    from pinned memory, where the device-side build is seven small kernels
-    and four allocations."""
-    if host_targets is not None and isinstance(targets, torch.Tensor) and targets.is_cuda:
-        table = host_symbols(np.asarray(host_targets), layout.target_lengths, U1, blank, big_blanks)
-        return torch.from_numpy(table.astype(np.int32)).pin_memory().to(targets.device, non_blocking=True)
+    whose table the host already has (``host_table``, :func:`host_symbols`
+    of the targets read there), the table reaches the GPU in one asynchronous
+    copy from pinned memory, where the device-side build is seven small
+    kernels and four allocations."""
+    if host_table is not None and isinstance(targets, torch.Tensor) and targets.is_cuda:
+        return torch.from_numpy(host_table.astype(np.int32)).pin_memory().to(targets.device, non_blocking=True)
     ul = layout_tables(layout, targets.device)["target_lengths"] if isinstance(targets, torch.Tensor) else \
         layout.target_lengths
     return symbol_table(targets, ul, U1, blank, big_blanks)
@@ -202,7 +201,7 @@ class TransducerCriterion(MappedCriterion):
         # the compiled CPU score map reads the symbol table from host targets when given (no crossing)
         self.host_sym = (None if host_targets is None
                          else host_symbols(np.asarray(host_targets), lay.target_lengths, U1, blank, big))
-        self.sym = layout_symbols(targets, lay, U1, blank, big, host_targets)
+        self.sym = layout_symbols(targets, lay, U1, blank, big, self.host_sym)
         self.kind_weight = np.ones(2 + len(big))
         self.kind_weight[1] += fastemit_lambda
         self.fastemit_lambda, self.clamp, self.fused = float(fastemit_lambda), float(clamp), bool(fused_log_softmax)

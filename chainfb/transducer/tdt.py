@@ -68,7 +68,7 @@ import torch
 from .._arrays import Ints
 from .. import checks
 from ..criterion import Criterion, apply
-from .criterion import MappedCriterion, TransducerCriterion, layout_symbols
+from .criterion import MappedCriterion, TransducerCriterion, host_symbols, layout_symbols
 from .graphs import MAX_DURATION, compile_layout
 from .loss import check_options, checked_inputs
 
@@ -109,7 +109,9 @@ class TDTCriterion(MappedCriterion):
         self.lattice, self.lengths = lay.lat, lay.steps
         self.blank = int(blank)
         # the blank and the label read at (b, u) ([B, U1, 2]; the label -1 for u >= U_b)
-        self.sym = layout_symbols(targets, lay, U1, self.blank, host_targets=host_targets)
+        host = None if host_targets is None else host_symbols(np.asarray(host_targets), lay.target_lengths, U1,
+                                                               self.blank)
+        self.sym = layout_symbols(targets, lay, U1, self.blank, host_table=host)
         self.sigma, self.fastemit_lambda, self.clamp = float(sigma), float(fastemit_lambda), float(clamp)
         self.kind_weight = np.repeat([1.0, 1.0 + self.fastemit_lambda], D)  # blanks, then labels of each duration
 
