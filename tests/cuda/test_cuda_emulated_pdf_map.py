@@ -67,6 +67,7 @@ def _bits(a):
 
 
 def _launched(be, fn):
+    """``(fn(), the names of the kernels it launched on be)``."""
     before = len(be.launches)
     out = fn()
     return out, [name for name, *_ in be.launches[before:]]
@@ -182,10 +183,11 @@ def test_ctc_step_maps_its_scores_in_one_launch_each_way(be):
     want = chainfb.ctc_loss(lp, y, il, tl)
     gw, = torch.autograd.grad(want, lp)
     with run_on(be):
-        before = len(be.launches)
-        got = chainfb.ctc_loss(lp, y, il, tl)
-        gg, = torch.autograd.grad(got, lp)
-        names = [name for name, *_ in be.launches[before:]]
+        def step():
+            loss = chainfb.ctc_loss(lp, y, il, tl)
+            return loss, torch.autograd.grad(loss, lp)[0]
+
+        (got, gg), names = _launched(be, step)
     assert names == ["chainfb::pdf_gather<float, float>", "chainfb::fb_recursion<float>",
                      "chainfb::fb_posteriors<float>", "chainfb::pdf_scatter<float, float>"]
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
