@@ -31,7 +31,41 @@ from .kernels import require_cupy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of"]
+__all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of", "current_torch_stream"]
+
+
+def _dtypes() -> dict:
+    import numpy as np
+    import torch
+
+    names = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex64",
+             "complex128")
+    return {getattr(torch, n): np.dtype(n) for n in names}
+
+
+#: the tensor dtypes :func:`cupy_view` wraps directly, and their NumPy (CuPy) dtypes
+_DTYPES = _dtypes()
+
+
+def _torch_private(name: str) -> Callable[..., Any] | None:
+    """``torch._C``'s function ``name``, or None where this torch lacks it (a CPU build, a torch that renamed
+    it).  The few used here are what torch's own public wrappers call, without their Python argument handling
+    (device-index parsing, a device context manager), which costs tens of microseconds a call -- a step on
+    the GPU makes some ten such calls."""
+    import torch
+
+    return getattr(torch._C, name, None)
+
+
+def current_torch_stream(device: int) -> int:
+    """The handle (``cudaStream_t`` as an int; 0 for the default stream) of torch's current stream on CUDA
+    device ``device``: ``torch.cuda.current_stream(device).cuda_stream``."""
+    raw = _torch_private("_cuda_getCurrentRawStream")
+    if raw is not None:
+        return int(raw(device))
+    import torch
+
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 class _TorchBlock:
@@ -63,14 +97,27 @@ class _TorchBlock:
 def torch_malloc(size: int) -> Any:
     """A CuPy allocator (``cupy.cuda.using_allocator``) drawing from torch's
     caching allocator, on CuPy's current device and stream."""
-    import cupy
     import torch
+
+    cupy = require_cupy()
 
     device = cupy.cuda.Device().id
     stream = cupy.cuda.get_current_stream().ptr
-    ptr = torch.cuda.caching_allocator_alloc(max(int(size), 1), device, stream)
-    mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr, torch.cuda.caching_allocator_delete), device)
+    alloc, free = _torch_private("_cuda_cudaCachingAllocator_raw_alloc"), _torch_private(
+        "_cuda_cudaCachingAllocator_raw_delete")
+    if alloc is None or free is None:
+        alloc = functools.partial(_public_alloc, device=device)
+        free = torch.cuda.caching_allocator_delete
+    # (the raw allocator takes CUDA's current device, which CuPy's current device is: CuPy sets it)
+    ptr = alloc(max(int(size), 1), stream)
+    mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr, free), device)
     return cupy.cuda.MemoryPointer(mem, 0)
+
+
+def _public_alloc(size: int, stream: int, device: int) -> int:
+    import torch
+
+    return torch.cuda.caching_allocator_alloc(size, device, stream)
 
 
 def cuda_device_of(*xs: Any) -> int | None:
@@ -96,15 +143,30 @@ def torch_stream(device: int | None) -> Iterator[Any]:
     if device is None:
         yield None
         return
-    import torch
-
     cupy = require_cupy()
     with cupy.cuda.Device(device):
-        handle = torch.cuda.current_stream(device).cuda_stream
-        stream = cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(handle, device)
+        handle = current_torch_stream(device)
+        stream = cupy.cuda.Stream.null if handle == 0 else _external_stream(cupy, handle, device)
         keep = os.environ.get("CHAINFB_CUPY_ALLOCATOR", "torch") == "cupy"
         with stream, contextlib.nullcontext() if keep else cupy.cuda.using_allocator(torch_malloc):
             yield stream
+
+
+#: CuPy's wrappers of torch's streams, by (handle, device): a wrapper holds no resource, and making one costs more
+#: than the rest of entering :func:`torch_stream`.  Cleared when it reaches :data:`_STREAMS_KEPT` (streams come and
+#: go: a handle may later name another stream, which its wrapper then stands for just as well).
+_streams: dict[tuple[int, int], Any] = {}
+_STREAMS_KEPT = 64
+
+
+def _external_stream(cupy: Any, handle: int, device: int) -> Any:
+    key = (handle, device)
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) >= _STREAMS_KEPT:
+            _streams.clear()
+        stream = _streams[key] = cupy.cuda.ExternalStream(handle, device)
+    return stream
 
 
 def on_torch_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -120,11 +182,13 @@ def on_torch_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def cupy_view(tensor: torch.Tensor) -> Any:
-    """A CuPy array sharing memory with a CUDA torch ``tensor`` (DLPack, no
-    copy).  Changes no CuPy state: the DLPack hand-over is ordered on CuPy's
-    current stream, which is torch's current stream inside
-    :func:`torch_stream` (where chainfb calls it), so no synchronisation is
-    needed there.
+    """A CuPy array sharing memory with a CUDA torch ``tensor`` (no copy).
+    Changes no CuPy state.  Where CuPy's current stream and device are
+    torch's current ones (inside :func:`torch_stream`, where chainfb calls
+    it) the array is made over the tensor's memory directly, keeping the
+    tensor alive: the two libraries' work is already ordered on that one
+    stream.  Elsewhere it goes through DLPack, whose hand-over orders CuPy's
+    current stream after torch's.
 
     bfloat16 has no CuPy dtype: such a tensor comes back as an ``int16``
     view of its bits (convert with ``tensor.float()`` first for values)."""
@@ -135,4 +199,19 @@ def cupy_view(tensor: torch.Tensor) -> Any:
         raise TypeError(f"tensor: expected a CUDA torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.view(torch.int16)
-    return cupy.from_dlpack(tensor)
+    dtype = _DTYPES.get(tensor.dtype)
+    device = tensor.device.index
+    if (dtype is None or tensor.numel() == 0 or cupy.cuda.Device().id != device
+            or cupy.cuda.get_current_stream().ptr != current_torch_stream(device)):
+        return cupy.from_dlpack(tensor)
+    return _wrap(cupy, tensor, dtype)
+
+
+def _wrap(cupy: Any, tensor: torch.Tensor, dtype: Any) -> Any:
+    """A CuPy array over a non-empty CUDA ``tensor``'s memory, of NumPy ``dtype``, its shape and strides,
+    holding a reference to the tensor (so to its storage) for as long as it lives."""
+    size = tensor.element_size()
+    strides = tuple(size * s for s in tensor.stride())
+    extent = size + sum((n - 1) * s for n, s in zip(tensor.shape, strides))  # from data_ptr to the last element
+    mem = cupy.cuda.UnownedMemory(tensor.data_ptr(), extent, tensor, tensor.device.index)
+    return cupy.ndarray(tuple(tensor.shape), dtype, cupy.cuda.MemoryPointer(mem, 0), strides)

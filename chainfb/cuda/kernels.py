@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -191,10 +191,21 @@ def _import_cupy():
     return cupy
 
 
+_checked_cupy = None  # (the CuPy module, torch's CUDA major version) require_cupy last found to match
+
+
 def require_cupy() -> ModuleType:
     """Import CuPy for chainfb's GPU path, checking that its CUDA major
-    version matches torch's; a clear error with the install line otherwise."""
+    version matches torch's; a clear error with the install line otherwise.
+    (Checked once: a step on the GPU asks several times.)"""
+    global _checked_cupy
     major = _torch_cuda_major()
+    try:
+        cupy = _import_cupy()
+    except ImportError:
+        cupy = None
+    if cupy is not None and _checked_cupy is not None and _checked_cupy[0] is cupy and _checked_cupy[1] == major:
+        return cupy
     want = major if major is not None else 13
     line = f"pip install 'chainfb[gpu-cu{want}]'  (or: pip install 'cupy-cuda{want}x[ctk]')"
     try:
@@ -206,6 +217,7 @@ def require_cupy() -> ModuleType:
         raise RuntimeError(
             f"CuPy is built for CUDA {have} but torch for CUDA {major} (torch.version.cuda = "
             f"{_torch_version_cuda()}); install the matching CuPy: pip uninstall cupy-cuda{have}x && {line}")
+    _checked_cupy = (cupy, major)
     return cupy
 
 
@@ -215,8 +227,8 @@ def _torch_version_cuda():
     return torch.version.cuda
 
 
-#: dynamic shared memory a kernel may use without opting in (bytes)
-_DEFAULT_DYNAMIC_SHARED = 48 * 1024
+#: shared memory, static and dynamic together, a block may use without its kernel opting in (bytes)
+_DEFAULT_SHARED = 48 * 1024
 
 
 class KernelBackend(Protocol):
@@ -242,7 +254,9 @@ class CupyBackend:
 
         self.xp = cupy
         self._modules = {}
-        self._shared_limits = {}
+        self._facts = {}  # (fact, device) -> int
+        self._functions = {}  # (instantiation, device) -> RawKernel
+        self._opted_in = set()  # (instantiation, device) whose max_dynamic_shared_size_bytes was set
 
     def module(self, src: str) -> Any:
         """The compiled ``RawModule`` of source file ``src`` for the current device."""
@@ -262,35 +276,48 @@ class CupyBackend:
     def max_shared_mem(self) -> int:
         """The most shared memory (bytes) a block may have on the current
         device once a kernel opts in (``cudaDevAttrMaxSharedMemoryPerBlockOptin``)."""
+        return self._device_fact("shared", lambda dev: dev.attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+
+    def _device_fact(self, name: str, read: Callable[[Any], int]) -> int:
+        """``read(device)`` for the current device, read once per device (a device's attributes do not change)."""
         dev = self.xp.cuda.Device()
-        got = self._shared_limits.get(dev.id)
+        key = (name, dev.id)
+        got = self._facts.get(key)
         if got is None:
-            got = self._shared_limits[dev.id] = int(dev.attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+            got = self._facts[key] = int(read(dev))
         return got
 
     @property
     def clusters(self) -> bool:
         """Whether the current device runs thread block clusters (compute capability 9.0 or later)."""
-        return int(self.xp.cuda.Device().compute_capability) >= 90
+        return self._device_fact("compute", lambda dev: dev.compute_capability) >= 90
 
     @property
     def multiprocessors(self) -> int:
         """The current device's SMs."""
-        return int(self.xp.cuda.Device().attributes["MultiProcessorCount"])
+        return self._device_fact("sms", lambda dev: dev.attributes["MultiProcessorCount"])
 
     def launch(self, name: str, grid: int, block: int, args: Sequence[Any], shared_mem: int = 0) -> None:
         """Run kernel ``name`` on ``grid`` blocks of ``block`` threads with
-        ``shared_mem`` bytes of dynamic shared memory per block (above the
-        48 KiB a kernel gets by default, its
-        ``max_dynamic_shared_size_bytes`` is raised first)."""
+        ``shared_mem`` bytes of dynamic shared memory per block (where the
+        kernel's static shared memory and ``shared_mem`` together pass the
+        48 KiB a block gets by default, its ``max_dynamic_shared_size_bytes``
+        is raised first: CUDA refuses such a launch, ``CUDA_ERROR_INVALID_VALUE``,
+        otherwise)."""
         if grid <= 0:
             return
         shared_mem = int(shared_mem)
         if shared_mem < 0:
             raise ValueError(f"{name}: shared_mem must be >= 0, got {shared_mem}")
-        fn = self.function(name)
-        if shared_mem > _DEFAULT_DYNAMIC_SHARED and fn.max_dynamic_shared_size_bytes < shared_mem:
-            fn.max_dynamic_shared_size_bytes = shared_mem
+        key = (name, self.xp.cuda.Device().id)
+        fn = self._functions.get(key)
+        if fn is None:
+            fn = self._functions[key] = self.function(name)
+        if fn.shared_size_bytes + shared_mem > _DEFAULT_SHARED and (
+                key not in self._opted_in or fn.max_dynamic_shared_size_bytes < shared_mem):
+            # opt in (whether the attribute's default counts the static shared memory or not)
+            fn.max_dynamic_shared_size_bytes = max(shared_mem, fn.max_dynamic_shared_size_bytes)
+            self._opted_in.add(key)
         fn((int(grid),), (int(block),), tuple(args), shared_mem=shared_mem)
 
     def cache_key(self) -> tuple[str, int, int]:

@@ -163,6 +163,41 @@ class TestCudaKernels(OnCUDA):
         b = cupy_view(torch.ones(3, device="cuda", dtype=torch.bfloat16))
         assert b.dtype == np.int16 and int(b[0]) == 0x3F80
 
+    def test_cupy_view_wraps_directly_inside_torch_stream(self):
+        """Inside torch_stream a view is made over the tensor's memory (no DLPack), for every layout torch makes,
+        writable through, keeping the tensor alive; torch's stream handle, its allocator's blocks."""
+        import cupy
+
+        import chainfb.cuda.interop as interop
+
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            assert interop.current_torch_stream(0) == s.cuda_stream == torch.cuda.current_stream().cuda_stream
+            base = torch.arange(4 * 6 * 5, dtype=torch.float32, device="cuda").reshape(4, 6, 5)
+            with interop.torch_stream(0):
+                calls = []
+                real = cupy.from_dlpack
+                cupy.from_dlpack = lambda t: calls.append(t) or real(t)
+                try:
+                    for t in (base, base.transpose(0, 2), base[1:3, 2:, 1:4], base[::2, ::3, ::2],
+                              base[:1, :1].expand(3, 6, 5), base.to(torch.int16)[:, 1], base[:0]):
+                        a = interop.cupy_view(t)
+                        np.testing.assert_array_equal(cupy.asnumpy(a), t.cpu().numpy())
+                        assert a.data.ptr == t.data_ptr() or t.numel() == 0
+                finally:
+                    cupy.from_dlpack = real
+                assert len(calls) == 1  # the empty tensor only
+                view = interop.cupy_view(base[1])
+                del base
+                view *= 2  # the tensor's memory, kept alive by the view
+                used = torch.cuda.memory_allocated()
+                block = cupy.empty(1 << 20, dtype=cupy.uint8)  # from torch's caching allocator
+                assert torch.cuda.memory_allocated() >= used + (1 << 20)
+                del block
+                assert torch.cuda.memory_allocated() == used
+            s.synchronize()
+        np.testing.assert_array_equal(cupy.asnumpy(view), 2 * np.arange(30, 60, dtype=np.float32).reshape(6, 5))
+
     def test_chain_loss_on_a_side_stream_leaves_cupy_state(self):
         """ChainLoss on CUDA tensors under a non-default torch stream: the
         numbers of the CPU path, and CuPy's current stream and allocator as

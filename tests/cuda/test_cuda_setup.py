@@ -53,24 +53,43 @@ def test_extras_name_both_cuda_majors():
 
 
 class _FakeKernel:
-    """A RawKernel stand-in: records its launches and attribute changes."""
+    """A RawKernel stand-in: records its launches and attribute changes.  ``static``: its static shared memory;
+    ``counts_static``: whether the default of max_dynamic_shared_size_bytes is 48 KiB less the static shared
+    memory (as CUDA reports it) rather than 48 KiB."""
 
-    def __init__(self):
-        self.max_dynamic_shared_size_bytes = 48 * 1024
+    def __init__(self, static=0, counts_static=True):
+        self.shared_size_bytes = static
+        self._max = 48 * 1024 - (static if counts_static else 0)
+        self.sets = []
         self.calls = []
 
+    @property
+    def max_dynamic_shared_size_bytes(self):
+        return self._max
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value):
+        self.sets.append(value)
+        self._max = value
+
     def __call__(self, grid, block, args, *, shared_mem=0):
-        self.calls.append((grid, block, args, shared_mem, self.max_dynamic_shared_size_bytes))
+        self.calls.append((grid, block, args, shared_mem, self._max))
+
+
+def _fake_backend(monkeypatch, kern):
+    monkeypatch.setattr(k, "_import_cupy", lambda: _fake_cupy(13000))
+    monkeypatch.setattr(k, "_torch_cuda_major", lambda: None)
+    be = k.CupyBackend()
+    be.xp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0)))
+    monkeypatch.setattr(be, "function", lambda name: kern)
+    return be
 
 
 def test_cupy_backend_passes_dynamic_shared_memory(monkeypatch):
     """``shared_mem`` reaches the RawKernel call; above 48 KiB the kernel's
     max_dynamic_shared_size_bytes is raised first."""
-    monkeypatch.setattr(k, "_import_cupy", lambda: _fake_cupy(13000))
-    monkeypatch.setattr(k, "_torch_cuda_major", lambda: None)
-    be = k.CupyBackend()
     kern = _FakeKernel()
-    monkeypatch.setattr(be, "function", lambda name: kern)
+    be = _fake_backend(monkeypatch, kern)
     be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2])
     be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2], shared_mem=1024)
     be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2], shared_mem=100 * 1024)
@@ -79,3 +98,20 @@ def test_cupy_backend_passes_dynamic_shared_memory(monkeypatch):
                           ((3,), (64,), (1, 2), 100 * 1024, 100 * 1024)]
     with pytest.raises(ValueError, match="shared_mem"):
         be.launch("chainfb::fb_recursion<float>", 3, 64, [1, 2], shared_mem=-1)
+
+
+@pytest.mark.parametrize("counts_static", [True, False])
+def test_cupy_backend_opts_in_when_static_and_dynamic_pass_48_kib(monkeypatch, counts_static):
+    """A launch whose dynamic shared memory is under 48 KiB but, with the kernel's static shared memory, over it
+    (the cluster recursion with its arc table at T = 2000, N = 8: 48,484 bytes) opts the kernel in first -- CUDA
+    refuses it otherwise -- whichever default the attribute reports; the opt-in happens once."""
+    kern = _FakeKernel(static=1024, counts_static=counts_static)
+    be = _fake_backend(monkeypatch, kern)
+    for _ in range(2):
+        be.launch("chainfb::fb_cluster_recursion<float, 2>", 16, 1024, [1], shared_mem=48484)
+    assert kern.sets == [48484] if counts_static else kern.sets == [48 * 1024]
+    assert kern.calls[-1][3:] == (48484, max(48484, kern.max_dynamic_shared_size_bytes))
+    kern = _FakeKernel(static=1024, counts_static=counts_static)  # under 48 KiB together: nothing to set
+    be = _fake_backend(monkeypatch, kern)
+    be.launch("chainfb::fb_recursion<float>", 3, 64, [1], shared_mem=47 * 1024)
+    assert kern.sets == []

@@ -25,7 +25,8 @@ from chainfb.testing import random_fst
 class FakeCupy:
     """The part of CuPy chainfb uses around streams, with CuPy's semantics:
     a current device; a current stream per device (``stream.use()``, ``with
-    stream:`` restores the previous one on exit); an allocator
+    stream:`` restores the previous one on exit, from a per-device stack, so
+    one stream object may be entered again inside itself); an allocator
     (``set_allocator``, ``using_allocator`` restores on exit); ``from_dlpack``
     records the device and stream it ran on."""
 
@@ -35,6 +36,8 @@ class FakeCupy:
         self.streams = {}  # device -> current stream
         self.allocator = "cupy default pool"
         self.dlpack_calls = []
+        self.stack = []  # (device, previous stream) of each stream entered
+        self.made = []  # the ExternalStream wrappers made
 
         class Stream:
             def __init__(self, ptr, device_id=None):
@@ -46,14 +49,18 @@ class FakeCupy:
 
             def __enter__(self):
                 dev = fake.device if self.device_id is None else self.device_id
-                self._prev = (dev, fake.streams.get(dev, Stream.null))
+                fake.stack.append((dev, fake.streams.get(dev, Stream.null)))
                 return self.use()
 
             def __exit__(self, *exc):
-                dev, prev = self._prev
+                dev, prev = fake.stack.pop()
                 fake.streams[dev] = prev
 
         Stream.null = Stream(0)
+
+        def external_stream(ptr, device_id=None):
+            fake.made.append((ptr, device_id))
+            return Stream(ptr, device_id)
 
         class Device:
             def __init__(self, device_id=None):
@@ -87,7 +94,7 @@ class FakeCupy:
 
         self.Stream = Stream
         self.cuda = types.SimpleNamespace(
-            Stream=Stream, ExternalStream=Stream, Device=Device, using_allocator=using_allocator,
+            Stream=Stream, ExternalStream=external_stream, Device=Device, using_allocator=using_allocator,
             get_current_stream=get_current_stream, get_allocator=lambda: fake.allocator,
             set_allocator=lambda a: setattr(fake, "allocator", a),
             runtime=types.SimpleNamespace(runtimeGetVersion=lambda: 13000))
@@ -111,8 +118,8 @@ def fake(monkeypatch):
     cp = FakeCupy()
     monkeypatch.setattr(kernels, "_import_cupy", lambda: cp)
     monkeypatch.setattr(kernels, "_torch_cuda_major", lambda: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(
-        cuda_stream=TORCH_STREAM))
+    monkeypatch.setattr(interop, "current_torch_stream", lambda device: TORCH_STREAM)
+    monkeypatch.setattr(interop, "_streams", {})
     monkeypatch.delenv("CHAINFB_CUPY_ALLOCATOR", raising=False)
     cp.Stream(77).use()
     cp.allocator = "the caller's allocator"
@@ -141,11 +148,64 @@ def test_torch_stream_restores_after_an_error(fake):
 
 
 def test_torch_default_stream_is_cupy_null_stream(fake, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(interop, "current_torch_stream", lambda device: 0)
     before = fake.state()
     with interop.torch_stream(0) as s:
         assert s is fake.Stream.null and fake.cuda.get_current_stream() is fake.Stream.null
     assert fake.state() == before
+
+
+def test_torch_stream_wraps_each_stream_once(fake, monkeypatch):
+    """CuPy's wrapper of torch's stream is made once per (stream, device) and kept (a bounded number of them)."""
+    for _ in range(3):
+        with interop.torch_stream(0):
+            with interop.torch_stream(1):
+                pass
+    assert fake.made == [(TORCH_STREAM, 0), (TORCH_STREAM, 1)]
+    monkeypatch.setattr(interop, "_STREAMS_KEPT", 2)
+    monkeypatch.setattr(interop, "current_torch_stream", lambda device: 99)
+    with interop.torch_stream(0):  # a third: the kept ones are dropped first
+        assert fake.cuda.get_current_stream().ptr == 99
+    assert list(interop._streams) == [(99, 0)]
+
+
+def test_current_torch_stream_falls_back_to_the_public_call(monkeypatch):
+    """Without ``torch._C._cuda_getCurrentRawStream`` (a CPU build) the handle comes from
+    ``torch.cuda.current_stream``."""
+    monkeypatch.setattr(interop, "_torch_private", lambda name: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=4321))
+    assert interop.current_torch_stream(0) == 4321
+    monkeypatch.setattr(interop, "_torch_private", lambda name: (lambda device: 1234 + device))
+    assert interop.current_torch_stream(1) == 1235
+
+
+def test_torch_malloc_takes_torch_blocks_and_gives_them_back(fake, monkeypatch):
+    """The allocator draws from torch's caching allocator on CuPy's current stream, through torch's raw
+    functions or, without them, the public ones, and hands each block back when CuPy drops it."""
+    log = []
+
+    class Memory:
+        def __init__(self, ptr, size, owner, device):
+            self.ptr, self.size, self.owner, self.device = ptr, size, owner, device
+
+    fake.cuda.UnownedMemory = Memory
+    fake.cuda.MemoryPointer = lambda mem, offset: mem
+    raw = {"_cuda_cudaCachingAllocator_raw_alloc": lambda size, stream: log.append(("alloc", size, stream)) or 640,
+           "_cuda_cudaCachingAllocator_raw_delete": lambda ptr: log.append(("free", ptr))}
+    monkeypatch.setattr(interop, "_torch_private", raw.get)
+    with fake.Stream(55):
+        mem = interop.torch_malloc(100)
+    assert (mem.ptr, mem.size, mem.device) == (640, 100, 0) and log == [("alloc", 100, 55)]
+    del mem
+    assert log[-1] == ("free", 640)
+    monkeypatch.setattr(interop, "_torch_private", lambda name: None)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
+                        lambda size, device, stream: log.append(("public alloc", size, device, stream)) or 960)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda ptr: log.append(("public free", ptr)))
+    mem = interop.torch_malloc(0)
+    assert mem.ptr == 960 and log[-1] == ("public alloc", 1, 0, 77)  # (never a 0-byte request)
+    del mem
+    assert log[-1] == ("public free", 960)
 
 
 def test_cupy_allocator_kept_on_request(fake, monkeypatch):
@@ -248,3 +308,49 @@ def test_lattice_arrays_cached_per_stream(fake):
     assert keys == {("cuda", 0, 99), ("cuda", 0, 1234)}
     with fake.Stream(99):
         assert lattice_arrays(backend, lat, np.float64) is first
+
+
+# ---------------------------------------------------------------- cupy_view's direct wrap
+
+
+class _HostCupy:
+    """The part of CuPy :func:`chainfb.cuda.interop._wrap` uses, over host memory: ``ndarray(shape, dtype, memptr,
+    strides)`` is NumPy's over exactly the ``size`` bytes the memory was given (NumPy refuses strides that reach
+    past them), so the wrap's pointer, extent, shape and strides are checked against the tensor's values."""
+
+    made = []
+
+    class cuda:  # noqa: N801 -- CuPy's module name
+        class UnownedMemory:
+            def __init__(self, ptr, size, owner, device_id):
+                self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+                _HostCupy.made.append(self)
+
+        @staticmethod
+        def MemoryPointer(mem, offset):  # noqa: N802 -- CuPy's name
+            assert offset == 0
+            return mem
+
+    @staticmethod
+    def ndarray(shape, dtype, memptr, strides):
+        import ctypes
+
+        buf = (ctypes.c_char * memptr.size).from_address(memptr.ptr)
+        return np.ndarray(shape, dtype, buffer=buf, strides=strides)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "offset slice", "strided", "expanded", "one element",
+                                    "int16"])
+def test_wrap_covers_exactly_the_tensor(layout):
+    """The direct wrap reads the tensor's elements, for any layout torch makes, from memory that ends at its last
+    element and is owned by the tensor (kept alive as long as the array)."""
+    base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
+    t = {"contiguous": base, "transposed": base.transpose(0, 2), "offset slice": base[1:3, 2:, 1:4],
+         "strided": base[::2, ::3, ::2], "expanded": base[:1, :1].expand(3, 6, 5), "one element": base[3, 5, 4:],
+         "int16": base.to(torch.int16)[:, 1]}[layout]
+    _HostCupy.made.clear()
+    got = interop._wrap(_HostCupy, t, interop._DTYPES[t.dtype])
+    np.testing.assert_array_equal(got, t.numpy())
+    (mem,) = _HostCupy.made
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # in elements, from the first
+    assert mem.ptr == t.data_ptr() and mem.size == (last + 1) * t.element_size() and mem.owner is t
