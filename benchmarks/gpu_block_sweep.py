@@ -114,7 +114,8 @@ def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), js
           clusters=(1,), frames=(1,)) -> dict:
     """Time every launch of :func:`launches` at ``place`` (``benchmarks._gpu_place``); returns ``{"rows": [...],
     "skipped": [...]}`` (rows: case, engine, mode, table, block -- None for the default --, cluster, the posterior
-    kernel's frames a block and ms or the error),
+    kernel's frames a block, ms or the error, and ``fits``: False where the launch asked for does not fit the
+    device's shared memory, its error then no failure),
     written to ``json_path`` as it goes; launches not started by ``deadline`` (Unix time) are listed as
     skipped."""
     from chainfb.engines import cuda
@@ -131,12 +132,15 @@ def sweep(place, which, modes, tables, blocks, repeat, deadline=float("inf"), js
             cuda.ARC_TABLES = (table,)
             cuda.POSTERIOR_FRAMES = f
             launch = functools.partial(_launch, engine, place.backend, lattice, X, lengths, leaky, block, cluster)
+            fits = True
             try:
                 ms = statistics.median([place.timed_ms(launch)[1] for _ in range(repeat + 1)][1:])
+            except ValueError as e:  # the launch asked for does not fit the device's shared memory: not a failure
+                fits, ms = "fits" not in str(e), f"{type(e).__name__}: {e}"[:300]
             except Exception as e:  # noqa: BLE001 -- recorded; the other launches still run
                 ms = f"{type(e).__name__}: {e}"[:300]
             row = dict(case=case, engine=ename, mode=mode, table=table, block=block, cluster=cluster, frames=f,
-                       ms=ms)
+                       ms=ms, fits=fits)
             result["rows"].append(row)
             print(row, flush=True)
     finally:

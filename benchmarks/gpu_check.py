@@ -230,7 +230,7 @@ class Check:
                               "--repeat", str(self.args.repeat))
         if data is None:
             return r, None, "error"
-        errors = [row for row in data["rows"] if isinstance(row["ms"], str)]
+        errors = [row for row in data["rows"] if isinstance(row["ms"], str) and row.get("fits", True)]
         return r, data, "ok" if not errors and not data.get("skipped") else "failed"
 
     def step_profile(self, limit):

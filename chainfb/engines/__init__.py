@@ -163,12 +163,20 @@ def _one_graph(lat) -> bool:
     return shared_graph(lat) is not None
 
 
-def _kernel_engine(lat, engine: str) -> str:
+def _kernel_engine(lat, engine: str, X=None, leaky=None) -> str:
     """The CUDA engine for ``lat``: ``"cuda"`` when asked for, else
-    ``"cuda_shared"`` on a one-graph lattice and ``"cuda"`` otherwise."""
+    ``"cuda_shared"`` on a one-graph lattice -- unless ``engine="auto"`` and
+    the per-sequence kernels would spread each sequence over a cluster of
+    blocks (:func:`chainfb.engines.cuda.clusters_pay`) -- and ``"cuda"``
+    otherwise."""
     if engine == "cuda":
         return "cuda"
     if _one_graph(lat):
+        if engine == "auto" and X is not None:
+            from . import cuda
+
+            if cuda.clusters_pay(lat, leaky, lambda: kernels.backend_for(X)):
+                return "cuda"
         return "cuda_shared"
     if engine == "cuda_shared":
         raise ValueError("engine: 'cuda_shared' needs every sequence to use one graph")
@@ -208,7 +216,9 @@ def select(lat: Lattice, X: Array, op: str = "forward_backward", engine: str = "
     ``engine="auto"``: among the engines of :data:`CAPABILITIES` that run on
     the device of ``X`` and can do ``op`` on ``lat`` (Viterbi, the leaky HMM,
     spans): for CuPy scores ``"cuda_shared"`` when every sequence uses one
-    graph (the denominator), ``"cuda"`` otherwise; on the CPU ``"shared"``
+    graph (the denominator) unless the per-sequence kernels would run each
+    sequence on a cluster of blocks (few long sequences:
+    :func:`chainfb.engines.cuda.clusters_pay`), ``"cuda"`` otherwise; on the CPU ``"shared"``
     for a forward-backward when every sequence uses one graph of at least
     2000 arcs, there are at least two sequences, and the shared-graph engine
     gives the exact numbers (:func:`chainfb.engines.scipy_shared.is_exact`:
@@ -245,7 +255,7 @@ def _auto(lat, X, op, leaky, on_gpu) -> str:
     """The engine ``engine="auto"`` picks (see :func:`select`) among those
     whose row of :data:`CAPABILITIES` fits."""
     if on_gpu:
-        return check(_kernel_engine(lat, "auto"), lat, op, leaky)
+        return check(_kernel_engine(lat, "auto", X if op == "forward_backward" else None, leaky), lat, op, leaky)
 
     def ok(name):
         return CAPABILITIES[name].device == "cpu" and not _refusal(name, lat, op, leaky)

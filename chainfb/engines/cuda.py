@@ -189,8 +189,11 @@ def shared_budget(backend: KernelBackend) -> int:
     return SHARED_BYTES if limit is None else max(SHARED_BYTES, int(limit) - STATIC_SHARED)
 
 
-#: the shared-memory modes :func:`shared_plan` considers, best first
-MODES = (2, 1, 0)
+#: the shared-memory modes :func:`shared_plan` considers, best first: 0 (rows and scores in device memory, the
+#: arc table in shared memory where it fits) measured fastest or level with the others on every benchmark graph
+#: (CTC, RNN-T, multi-blank, TDT, the denominator: docs/gpu.md, "Launch defaults").  Mode 0 always fits, so
+#: 2 and 1 run only where this tuple is narrowed (``benchmarks/gpu_block_sweep.py`` does)
+MODES = (0, 2, 1)
 #: whether :func:`shared_plan` gives a mode the sequence's arcs in shared memory, in the order tried
 ARC_TABLES = (True, False)
 #: the flag of ``mode`` that adds the arc table (``kArcTable`` in forward_backward.cuh)
@@ -270,25 +273,55 @@ def recursion_plan(shape: dict, max_span: int, itemsize: int, block_size: int | 
 #: the blocks a direction of a sequence may take as a thread block cluster (``cluster.cu``'s instantiations; 1:
 #: one block, ``engine.cu``)
 CLUSTERS = (1, 2, 4, 8)
-#: the ``cluster`` of :func:`forward_backward` when none is given: 1 (one block a direction) until a device has
-#: measured clusters; ``"auto"`` would take :func:`auto_cluster`'s
-CLUSTER: int | str = 1
+#: the ``cluster`` of :func:`forward_backward` when none is given: ``"auto"``, :func:`auto_cluster`'s size where
+#: the device runs clusters (docs/gpu.md, "Launch defaults")
+CLUSTER: int | str = "auto"
 #: the SMs :func:`auto_cluster` assumes of a backend that does not say (``multiprocessors``): an H100's or H200's
 DEFAULT_SMS = 132
 
 
+#: the widest sequence's states times their lanes up to which :func:`auto_cluster` keeps one block a direction,
+#: and the threads a block of a cluster it picks then covers at most
+CLUSTER_FROM, CLUSTER_BLOCK = 256, 512
+
+
 def auto_cluster(shape: dict, N: int, lanes: int, sms: int) -> int:
-    """The cluster size ``cluster="auto"`` takes: 1 where one block gives every state a thread of its own (the
-    widest sequence's states times their lanes at most 1024); else the smallest of 2, 4, 8 whose blocks of 256
-    threads cover them (8 at most), halved until the ``2 N`` clusters fit the device's ``sms`` SMs at once
-    (the cost model's choice at the GPU benchmark's long CTC shapes: docs/gpu.md)."""
+    """The cluster size ``cluster="auto"`` takes: 1 where the widest sequence's states times their lanes are at
+    most :data:`CLUSTER_FROM`; else the smallest of 2, 4, 8 whose blocks of :data:`CLUSTER_BLOCK` threads cover
+    them (8 at most), halved until the ``2 N`` clusters fit the device's ``sms`` SMs at once.  The H200 sweeps
+    of docs/gpu.md ("Launch defaults") measured this size fastest, or within 2% of the fastest, on every
+    benchmark graph: 1 for CTC at 202 states a sequence and for RNN-T and multi-blank (123 and 246 lanes); 2
+    for TDT (492 lanes: 1.88 ms against 2.15 ms with one block); 4 for CTC at 2,002 states (5.75 ms against
+    9.54 ms with one block and 6.13 ms with 8); 8 for CTC at 6,002 states (15.6 ms against 38.6 ms).  (CTC at
+    102 states a sequence, 64 sequences: 1 block 0.48-0.60 ms, 2 blocks 0.47 ms, within the runs' noise.)"""
     width = shape["max_states"] * lanes
-    if width <= 1024:
+    if width <= CLUSTER_FROM:
         return 1
-    k = next((k for k in CLUSTERS[1:] if k * 256 >= width), CLUSTERS[-1])
+    k = next((k for k in CLUSTERS[1:] if k * CLUSTER_BLOCK >= width), CLUSTERS[-1])
     while k > 1 and 2 * N * k > sms:
         k //= 2
     return k
+
+
+def clusters_pay(lat: Lattice, leaky: tuple[float, Array] | None, backend: Callable[[], KernelBackend]) -> bool:
+    """Whether this engine with the default ``cluster`` (:data:`CLUSTER`) spreads each direction of ``lat``'s
+    sequences over several blocks on the backend ``backend()`` gives (asked for only when the lattice alone does
+    not settle it): no leaky HMM, a device that runs clusters, and :func:`auto_cluster` above 1 (for
+    ``"auto"``).  ``engine="auto"`` then takes this engine for a lattice
+    whose sequences all use one graph (:func:`chainfb.engines.select`), where the shared-graph engine would run
+    one block a direction: a long CTC sequence alone in its batch (T = 4000, S = 3000: 15.6 ms against 39.8 ms
+    on an H200, docs/gpu.md)."""
+    if CLUSTER == 1 or leaky is not None:
+        return False
+    if CLUSTER == "auto":  # the lattice first: most are narrow enough for one block whatever the device
+        shape = layout_shape(lattice_host_arrays(lat.graph_lattice() if lat.graph is not None else lat))
+        lanes, N = state_lanes(shape), lat.num_sequences
+        if auto_cluster(shape, N, lanes, 2 * N * CLUSTERS[-1]) == 1:
+            return False
+    device = backend()
+    if not getattr(device, "clusters", False):
+        return False
+    return CLUSTER != "auto" or auto_cluster(shape, N, lanes, int(getattr(device, "multiprocessors", DEFAULT_SMS))) > 1
 
 
 def cluster_plan(shape: dict, max_span: int, itemsize: int, block_size: int | None, budget: int,
@@ -334,9 +367,11 @@ def check_cluster(backend: KernelBackend, cluster: int | str, leaky: tuple[float
 #: frames a block of the posterior kernel covers (at least; more where a frame a block would make over 2^20
 #: blocks).  A block reads its sequence's arcs by column (12 bytes an arc, from L2) at each of its frames, and
 #: they stay in L1 from one of its frames to the next: several frames a block read them from L2 once for
-#: several frames, with fewer blocks to fill the SMs.  1 until a device has measured more
-#: (``benchmarks/gpu_block_sweep.py --posterior-frames``).
-POSTERIOR_FRAMES = 1
+#: several frames, with fewer blocks to fill the SMs.  4: in two H200 sweeps
+#: (``benchmarks/gpu_block_sweep.py --posterior-frames``, docs/gpu.md "Launch defaults") 4 frames a block measured
+#: faster than 1 or level with it on the CTC, RNN-T, multi-blank and shared-graph launches (up to 24% at
+#: T = 150, N = 64), and within 1.5% of it on TDT's.
+POSTERIOR_FRAMES = 4
 
 
 def posterior_launch(N: int, T: int, max_chunks: int, frames: int | None = None) -> tuple:

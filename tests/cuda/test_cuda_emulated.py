@@ -346,25 +346,26 @@ def test_clusters_match_one_block_property(be, monkeypatch, seed, K, block, tabl
     assert np.array_equal(got[0], ref[0], equal_nan=True) and np.array_equal(got[1], ref[1], equal_nan=True)
 
 
-def test_auto_cluster_covers_the_states_with_blocks_of_256_that_fit_the_sms():
+def test_auto_cluster_covers_the_states_with_blocks_of_512_that_fit_the_sms():
     from chainfb.engines.cuda import auto_cluster
 
     def shape(states):
         return {"max_states": states}
 
-    assert auto_cluster(shape(1024), 8, 1, 132) == 1  # one block gives each state a thread
-    assert auto_cluster(shape(2001), 8, 1, 132) == 8  # CTC, S = 1000: 8 x 256 threads; 128 blocks on 132 SMs
-    assert auto_cluster(shape(2001), 16, 1, 132) == 4  # 32 sequence directions: 4 blocks each fit
-    assert auto_cluster(shape(600), 2, 2, 132) == 8  # 1200 lanes
-    assert auto_cluster(shape(6001), 1, 1, 132) == 8  # the most a cluster takes
+    assert auto_cluster(shape(256), 8, 1, 132) == 1  # one block: CTC at S <= 127, RNN-T, multi-blank
+    assert auto_cluster(shape(123), 8, 4, 132) == 2  # TDT's 492 lanes: at least 2 blocks past 256
+    assert auto_cluster(shape(257), 8, 1, 132) == 2
+    assert auto_cluster(shape(2002), 8, 1, 132) == 4  # CTC, S = 1000: 4 x 501 threads; 64 blocks on 132 SMs
+    assert auto_cluster(shape(4097), 8, 1, 132) == 8 and auto_cluster(shape(6001), 1, 1, 132) == 8  # the most
+    assert auto_cluster(shape(4097), 16, 1, 132) == 4  # 32 sequence directions: 4 blocks each fit
     assert auto_cluster(shape(6001), 64, 1, 132) == 1  # 128 directions fill the SMs already
-    assert auto_cluster(shape(1500), 8, 1, 132) == 8 and auto_cluster(shape(1025), 30, 1, 132) == 2
+    assert auto_cluster(shape(1500), 30, 1, 132) == 2  # 4 halved: 60 directions x 2 blocks fit
 
 
 def test_cluster_auto_and_the_module_default(be, monkeypatch):
     """``cluster="auto"`` launches :func:`auto_cluster`'s size where clusters can run (the same bits as one
     block) and one block where they cannot (the leaky HMM, the shared-graph engine, a device without them);
-    ``cluster=None`` takes the module's default, one block."""
+    ``cluster=None`` takes the module's default, ``"auto"``."""
     import chainfb.engines.cuda as cuda_engine
     from chainfb.engines import cuda_shared
 
@@ -377,15 +378,18 @@ def test_cluster_auto_and_the_module_default(be, monkeypatch):
     def names():
         return [(name, grid) for name, grid, _, _ in calls]
 
+    assert cuda_engine.CLUSTER == "auto"
     ref = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
-    assert names()[-2][0] == "chainfb::fb_recursion<double>"  # the module default: one block
+    assert names()[-2][0] == "chainfb::fb_recursion<double>"  # 40 states: auto_cluster's 1
     monkeypatch.setattr(cuda_engine, "auto_cluster", lambda shape, N, lanes, sms: 4)
     got = lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32, cluster="auto")
     assert names()[-2] == ("chainfb::fb_cluster_recursion<double, 4>", 2 * 2 * 4)
     assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
-    monkeypatch.setattr(cuda_engine, "CLUSTER", "auto")
-    lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
+    lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)  # the module default
     assert names()[-2][0] == "chainfb::fb_cluster_recursion<double, 4>"
+    monkeypatch.setattr(cuda_engine, "CLUSTER", 1)
+    lattice_forward_backward(be, lat, X.copy(), lengths, block_size=32)
+    assert names()[-2][0] == "chainfb::fb_recursion<double>"
     leaky = (0.1, np.log(np.full(lat.num_states, 0.05)))
     lattice_forward_backward(be, lat, X.copy(), lengths, leaky=leaky, cluster="auto")
     assert names()[-2][0] == "chainfb::fb_recursion<double>"
@@ -417,13 +421,20 @@ def test_cluster_argument_is_checked(be):
         cuda_shared.forward_backward(be, shared, rng.normal(size=(4, shared.num_columns)), lengths, cluster=2)
 
 
-def test_shared_plan_chooses_the_most_that_fits():
+def test_shared_plan_takes_the_first_mode_that_fits(monkeypatch):
+    """By default mode 0 with the arc table where it fits, else mode 0 alone; with the modes in the order 2, 1, 0
+    (what the sweep narrows them to), the most that fits."""
+    import chainfb.engines.cuda as cuda_engine
     from chainfb.engines.cuda import ARC_TABLE, arc_table_bytes, shared_plan
 
     shape = {"max_states": 100, "max_columns": 50, "max_arcs": 300}
     table = 300 * 8 + 4 * 101 + 2 * 300 * 2  # weights, state offsets, 16-bit ends and columns
     assert arc_table_bytes(shape, 1, 8) == table
     assert arc_table_bytes(shape, 3, 8) == table + 2 * 300  # and 16-bit spans
+    assert cuda_engine.MODES[0] == 0
+    assert shared_plan(shape, 1, 8, 32, 10**6) == (ARC_TABLE, table)
+    assert shared_plan(shape, 1, 8, 32, table - 1) == (0, 0)
+    monkeypatch.setattr(cuda_engine, "MODES", (2, 1, 0))
     assert shared_plan(shape, 1, 8, 32, 10**6) == (2 | ARC_TABLE, 2 * (100 + 50) * 8 + table)
     assert shared_plan(shape, 1, 8, 32, 2 * (100 + 50) * 8) == (2, 2 * (100 + 50) * 8)
     assert shared_plan(shape, 1, 8, 32, 2 * 100 * 8) == (1, 2 * 100 * 8)

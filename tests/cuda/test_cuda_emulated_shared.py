@@ -230,3 +230,26 @@ def test_denominator_and_chain_loss_run_the_shared_kernels(be, coefficient):
     ll_ref, post_ref = den.forward_backward(y, lengths, coefficient, engine="numpy")
     np.testing.assert_allclose(ll.numpy(), ll_ref, rtol=1e-10)
     np.testing.assert_allclose(post.numpy(), post_ref, atol=1e-10)
+
+
+def test_select_takes_the_cluster_kernels_for_few_long_sequences(emulated_backend, monkeypatch):
+    """``engine="auto"`` runs a one-graph lattice on the per-sequence kernels where they spread each sequence over
+    a cluster of blocks (one CTC sequence of 3,000 labels: 6,002 states), and on the shared-graph kernels where
+    they do not: many sequences, the leaky HMM, a device without clusters, one block by default."""
+    from chainfb.ctc import _compile
+    from chainfb.engines import cuda
+
+    rng = np.random.default_rng(3)
+    one, _ = _compile(np.array([3000]), rng.integers(1, 50, 3000), 0)
+    many = Lattice.of(FstBatch(one.batch.fsts, np.zeros(80, dtype=np.int64)))
+    assert one.graph == 0 and many.graph == 0 and one.num_states == 6002
+    leaky = (0.1, np.zeros(one.num_states))
+    with run_on(emulated_backend):
+        assert engines.select(one, np.zeros(1)) == "cuda"
+        assert engines.select(many, np.zeros(1)) == "cuda_shared"  # 160 directions fill the SMs already
+        assert engines.select(one, np.zeros(1), leaky=leaky) == "cuda_shared"
+        monkeypatch.setattr(cuda, "CLUSTER", 1)
+        assert engines.select(one, np.zeros(1)) == "cuda_shared"
+        monkeypatch.setattr(cuda, "CLUSTER", "auto")
+        monkeypatch.setattr(type(emulated_backend), "clusters", False, raising=False)
+        assert engines.select(one, np.zeros(1)) == "cuda_shared"

@@ -177,7 +177,9 @@ def test_counting_off_keeps_no_stats(be):
 def test_engine_kernels_phases(counting):
     """The recursions over L frames pass a barrier per frame at least (blocks
     0, 1: the forwards, 2, 3: the backwards); the posterior kernel has a
-    block per sequence and frame."""
+    block per sequence and POSTERIOR_FRAMES frames."""
+    from chainfb.engines.cuda import POSTERIOR_FRAMES
+
     two = Fst.from_arcs([(0, 0, 0, -0.5), (0, 1, 1, -1.0), (1, 1, 1, -0.3)], {1: 0.0}, num_states=2)
     lat = Lattice.of(FstBatch([two, two]))
     X = np.random.default_rng(0).normal(size=(50, lat.num_columns))
@@ -185,7 +187,7 @@ def test_engine_kernels_phases(counting):
     forward_backward(counting, lat, X, np.array([50, 20]), block_size=4)
     rec, post = counting.stats[start:]
     assert rec.name == "chainfb::fb_recursion<double>" and post.name == "chainfb::fb_posteriors<double>"
-    assert rec.grid == 4 and post.grid == 2 * 50
+    assert rec.grid == 4 and post.grid == 2 * -(-50 // POSTERIOR_FRAMES)
     for b in (0, 2):
         assert rec.phases[b] > 50 and rec.phases[b + 1] > 20 and rec.phases[b] > rec.phases[b + 1]
 
