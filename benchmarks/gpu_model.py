@@ -108,9 +108,10 @@ def h100_prices(stats, calls, map_rates, budget) -> list:
         kind = s.name.split("<")[0].split("::")[-1]
         if kind.endswith("_recursion"):
             lat, lengths = calls.pop(0)
-            lanes, block, mode, _ = recursion_plan(lat, 8 if "<double>" in s.name else 4, budget)
+            cluster = int(s.name.split(",")[1].rstrip(">")) if kind == "fb_cluster_recursion" else 1
+            lanes, block, mode, _ = recursion_plan(lat, 8 if "<double" in s.name else 4, budget, cluster)
             assert block == s.block, (s.name, block, s.block)
-            out.append(h100.recursion_time(lat, lengths, block, mode, lanes))
+            out.append(h100.recursion_time(lat, lengths, block, mode, lanes, cluster))
         elif kind.endswith("_posteriors"):
             out.append(h100.posterior_time(int(lengths.max()), lat.num_states))
         elif kind.startswith("transducer_"):
@@ -122,12 +123,15 @@ def h100_prices(stats, calls, map_rates, budget) -> list:
     return out
 
 
-def recursion_plan(lat, itemsize: int, budget: int) -> tuple:
+def recursion_plan(lat, itemsize: int, budget: int, cluster: int = 1) -> tuple:
     """The engine's plan of the recursion launch over ``lat`` at its default
     block size (the sizes of the one graph when every sequence uses it, as
-    the shared-graph engine reads them)."""
+    the shared-graph engine reads them), each direction over ``cluster``
+    blocks."""
     sized = lat.graph_lattice() if lat.shared_fst is not None else lat
     shape = cuda_engine.layout_shape(cuda_engine.lattice_host_arrays(sized))
+    if cluster > 1:
+        return cuda_engine.cluster_plan(shape, int(lat.max_span), itemsize, None, budget, cluster)
     return cuda_engine.recursion_plan(shape, int(lat.max_span), itemsize, None, budget)
 
 

@@ -149,3 +149,18 @@ def test_every_launch_of_a_ctc_step_is_priced(emulated_counting):
     prices = gpu_model.h100_prices([s for s, _ in launches], calls, {"gather": 1.0, "grad": 1.0},
                                    cuda_engine.shared_budget(be))
     assert prices[0] is None and prices[3] is None and prices[1] > 0 and prices[2] > 0
+
+
+def test_a_ctc_step_on_a_cluster_is_priced(emulated_counting):
+    """A CTC sequence wide enough for ``cluster="auto"`` (200 labels: 401 states, two blocks a direction): its
+    cluster recursion is priced from the H100's refit with the cluster's threads, at the block the engine plans."""
+    from benchmarks import gpu_model
+
+    be = emulated_counting
+    be.max_shared_mem = 227 * 1024
+    costs = cm.Costs(arc_d=100, arc_f=50, state_d=200, state_f=100, wait=500)
+    launches, _, calls = gpu_model.run_ctc(be, costs, cm.H100, 410, 1, 12, 200)
+    assert [s.name for s, _ in launches][1] == "chainfb::fb_cluster_recursion<float, 2>"
+    prices = gpu_model.h100_prices([s for s, _ in launches], calls, {"gather": 1.0, "grad": 1.0},
+                                   cuda_engine.shared_budget(be))
+    assert prices[1] > 0 and prices[2] > 0
