@@ -63,6 +63,17 @@ def _is_packed(views: dict[str, np.ndarray]) -> bool:
     return isinstance(base, np.ndarray) and base.dtype == np.uint8 and all(v.base is base for v in views.values())
 
 
+def _view(buf: Array, offset: int, shape: tuple, dtype: DTypeLike) -> Array:
+    """The C-contiguous array of ``shape`` and ``dtype`` at byte ``offset`` of
+    the 1-D byte buffer ``buf`` (NumPy or CuPy), keeping ``buf``'s memory
+    alive, made in one step (a slice, a view and a reshape are three CuPy
+    operations, each with its host cost, for each of a lattice's twenty
+    arrays)."""
+    if isinstance(buf, np.ndarray):
+        return np.ndarray(shape, dtype, buffer=buf, offset=offset)
+    return type(buf)(shape, dtype, buf.data + offset)  # cupy.ndarray over the allocation's MemoryPointer
+
+
 def _on_device(xp: ModuleType, views: dict[str, np.ndarray]) -> dict:
     """The views of one host buffer (:func:`pack`'s) as the same views of its
     device copy: one transfer."""
@@ -71,11 +82,7 @@ def _on_device(xp: ModuleType, views: dict[str, np.ndarray]) -> dict:
     base = next(iter(views.values())).base
     device = xp.asarray(base)
     origin = base.__array_interface__["data"][0]
-    out = {}
-    for k, v in views.items():
-        a = v.__array_interface__["data"][0] - origin
-        out[k] = device[a: a + v.nbytes].view(v.dtype).reshape(v.shape)
-    return out
+    return {k: _view(device, v.__array_interface__["data"][0] - origin, v.shape, v.dtype) for k, v in views.items()}
 
 
 def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
@@ -118,4 +125,4 @@ def scratch(backend: KernelBackend, specs: list[tuple[tuple[int, ...], DTypeLike
     sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
     starts, total = _packing(sizes)
     buf = xp.empty(total, dtype=np.uint8)
-    return [buf[a: a + n].view(dtype).reshape(shape) for a, n, (shape, dtype) in zip(starts, sizes, specs)]
+    return [_view(buf, a, shape, dtype) for a, (shape, dtype) in zip(starts, specs)]
