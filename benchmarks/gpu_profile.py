@@ -1,5 +1,6 @@
 """Where a loss step's time goes on the GPU: ``torch.profiler`` over chainfb's CTC steps (the shapes of
-``benchmarks/gpu_bench.py``, each beside torch's ``ctc_loss``) and an RNN-T step, every CUDA kernel of the process
+``benchmarks/gpu_bench.py``, each beside torch's ``ctc_loss``, and again with new labels every step, as in
+training: a graph compiled each step) and an RNN-T step, every CUDA kernel of the process
 (torch's, CuPy's and chainfb's), every host-side op and the host's Python functions.
 
 For each case: the step's device time (events, median of ``--repeat``), its host time (the clock around the Python
@@ -31,12 +32,14 @@ import torch
 import chainfb
 
 from ._gpu_place import make_place, until, write_json
-from .gpu_bench import CTC_SHAPES, loss_step
+from .gpu_bench import CTC_SHAPES, cycling_step, loss_step
 
 
 def cases(place, only):
     """``(name, step)`` of the cases in ``only`` (``ctc``, ``rnnt``) on ``place``'s device."""
     import torch.nn.functional as F
+
+    from chainfb.ctc import _compiled as ctc_cache  # the compiled graphs, per label set
 
     if "ctc" in only:
         for T, N, C, S in CTC_SHAPES["emulated" if place.emulated else "cuda"]:
@@ -47,6 +50,8 @@ def cases(place, only):
             name = f"ctc T={T} N={N} C={C} S={S}"
             yield name, loss_step(chainfb.ctc_loss, lp, tg, il, tl)
             yield name + " (torch)", loss_step(F.ctc_loss, lp, tg, il, tl)
+            sets = [place.tensor(torch.randint(1, C, (N, S), generator=g)) for _ in range(2 * ctc_cache.size)]
+            yield name + ", new labels each step", cycling_step(chainfb.ctc_loss, lp, sets, il, tl)
     if "rnnt" in only and not place.emulated:
         g = torch.Generator().manual_seed(1)
         B, T, U, V = 8, 400, 100, 500
