@@ -158,6 +158,12 @@ def bench_ctc(b, place, emulate):
         b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step",
                cycling_step(chainfb.ctc_loss, lp, sets, il, tl),
                "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, sets, il, tl))
+        # the same with the labels and lengths on the host, as a data loader gives them: nothing to read back from
+        # the device, so the host's compile of a step can overlap the device's work of the step before
+        host_sets, il_h, tl_h = [t.cpu() for t in sets], il.cpu(), tl.cpu()
+        b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step, on the host",
+               cycling_step(chainfb.ctc_loss, lp, host_sets, il_h, tl_h),
+               "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, host_sets, il_h, tl_h))
         if N > 1 and getattr(place.backend, "clusters", False):  # (one sequence: the shared-graph kernels)
             # the default is "auto"; on a GPU the row beside it is one block a direction, under the emulation (whose
             # tiny shapes take one block) two

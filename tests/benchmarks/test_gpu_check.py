@@ -165,6 +165,8 @@ def test_emulated_run_benchmarks_and_kernel_times(emulated_run):
     assert any("shape" in a for r in traced for a in r["args"]) and any("value" in a for r in traced for a in r["args"])
     ctc = next(b for b in data["benchmarks"] if b["name"] == "ctc")
     assert all("ms" in c["peer"] and "time_ratio" in c for c in ctc["cases"])  # torch's CTC on the CPU here
+    host = [c for c in ctc["cases"] if c["case"].endswith("new labels each step, on the host")]
+    assert len(host) == len(gpu_bench.CTC_SHAPES["emulated"])  # beside the device labels' rows
     clustered = [c for c in ctc["cases"] if c["case"].endswith("cluster=2")]  # the engine's default set to 2
     assert clustered and all(any(k["name"].startswith("chainfb::fb_cluster_recursion<float, 2>")
                                  for k in c["kernels"]) for c in clustered)
@@ -292,6 +294,7 @@ def test_a_step_over_its_limit_is_stopped(tmp_path):
 def test_cuda_place_with_fakes(monkeypatch):
     """What needs CUDA and CuPy, on stand-ins: the scope routes device data (and only it) to the recorder, the
     events time through torch's and CuPy's event APIs, the peak memory comes from torch's allocator."""
+
     import chainfb.cuda.kernels as kernels
 
     place = object.__new__(_gpu_place.CudaPlace)
