@@ -68,6 +68,7 @@ __all__ = [
     "require_cupy",
     "cuda_include_dirs",
     "null_or",
+    "REAL_TYPES",
 ]
 
 #: Kernel files (compiled separately) and the instantiations each provides.
@@ -100,9 +101,15 @@ MIN_COMPUTE = {"cluster.cu": 90}
 KERNELS = {name: src for src, names in SOURCES.items() for name in names}
 
 
+#: the C++ type of each real dtype the kernels are instantiated for (the ``R`` of ``fb_recursion<R>``, the ``In``
+#: and ``Out`` of ``pdf_gather<In, Out>``, ...)
+REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
 def null_or(a: Any) -> Any:
     """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array argument."""
     return np.uint64(0) if a is None else a
+
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 

@@ -21,11 +21,10 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from .._arrays import Array
-from .kernels import KernelBackend, null_or
+from .kernels import KERNELS, REAL_TYPES, KernelBackend, null_or
 
 __all__ = ["extent", "gather_kernel", "scatter_kernel", "gather", "scatter"]
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 #: threads per block; the grid-stride loops need no more blocks than this many
 BLOCK = 256
 MAX_BLOCKS = 4096
@@ -40,16 +39,22 @@ def extent(xp: ModuleType, arr: Array) -> tuple[Array, int]:
     return xp.lib.stride_tricks.as_strided(arr, shape=(n,), strides=(item,)), n
 
 
+def _instantiation(template: str, a: DTypeLike, b: DTypeLike) -> str | None:
+    """``chainfb::template<A, B>`` for the C++ types of dtypes ``a`` and ``b``, where ``pdf_map.cu`` has it
+    (:data:`~chainfb.cuda.kernels.KERNELS`), else None."""
+    ta, tb = REAL_TYPES.get(np.dtype(a)), REAL_TYPES.get(np.dtype(b))
+    name = f"chainfb::{template}<{ta}, {tb}>"
+    return name if name in KERNELS else None
+
+
 def gather_kernel(in_dtype: DTypeLike, out_dtype: DTypeLike) -> str | None:
     """The ``pdf_gather`` instantiation for these dtypes, or None (no kernel: the caller uses array operations)."""
-    i, o = _CTYPE.get(np.dtype(in_dtype)), _CTYPE.get(np.dtype(out_dtype))
-    return None if i is None or o is None or (i, o) == ("double", "float") else f"chainfb::pdf_gather<{i}, {o}>"
+    return _instantiation("pdf_gather", in_dtype, out_dtype)
 
 
 def scatter_kernel(post_dtype: DTypeLike, target_dtype: DTypeLike) -> str | None:
     """The ``pdf_scatter`` instantiation for these dtypes, or None (no kernel: the caller uses array operations)."""
-    p, g = _CTYPE.get(np.dtype(post_dtype)), _CTYPE.get(np.dtype(target_dtype))
-    return None if p is None or g is None or (p, g) == ("float", "double") else f"chainfb::pdf_scatter<{p}, {g}>"
+    return _instantiation("pdf_scatter", post_dtype, target_dtype)
 
 
 def _grid(total: int) -> int:

@@ -26,14 +26,13 @@ from numpy.typing import DTypeLike
 
 from .._arrays import Array
 from .._sort import stable_order
-from ..cuda.kernels import KernelBackend, null_or
+from ..cuda.kernels import REAL_TYPES, KernelBackend, null_or
 from ..lattice import Lattice
 from .cuda_memory import pack, scratch, upload
 
 __all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "lanes_per_state", "recursion_plan",
            "run_engine"]
 
-_REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _I32_MAX = 2**31 - 1
 
 
@@ -397,7 +396,7 @@ def check_inputs(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array)
     if X.ndim != 2 or X.shape[1] != lat.num_columns:
         raise ValueError(f"X: expected shape [T, {lat.num_columns}], got {tuple(X.shape)}")
     dtype = np.dtype(X.dtype)
-    if dtype not in _REAL:
+    if dtype not in REAL_TYPES:
         raise TypeError(f"X: expected dtype float32 or float64, got {dtype}")
     T, C = X.shape
     if T > _I32_MAX or C > _I32_MAX:
@@ -470,7 +469,7 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
     if cluster == "auto":
         cluster = auto_cluster(shape, N, state_lanes(shape), int(getattr(backend, "multiprocessors", DEFAULT_SMS)))
-    r = _REAL[dtype]
+    r = REAL_TYPES[dtype]
     if cluster > 1:  # each direction on `cluster` blocks
         lanes, block, mode, shared = cluster_plan(shape, max_span, dtype.itemsize, block_size,
                                                   shared_budget(backend), cluster)
