@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._arrays import extent_bytes
 from .kernels import require_cupy
 
 if TYPE_CHECKING:
@@ -212,6 +213,6 @@ def _wrap(cupy: Any, tensor: torch.Tensor, dtype: Any) -> Any:
     holding a reference to the tensor (so to its storage) for as long as it lives."""
     size = tensor.element_size()
     strides = tuple(size * s for s in tensor.stride())
-    extent = size + sum((n - 1) * s for n, s in zip(tensor.shape, strides))  # from data_ptr to the last element
-    mem = cupy.cuda.UnownedMemory(tensor.data_ptr(), extent, tensor, tensor.device.index)
+    mem = cupy.cuda.UnownedMemory(tensor.data_ptr(), extent_bytes(tensor.shape, strides, size), tensor,
+                                  tensor.device.index)
     return cupy.ndarray(tuple(tensor.shape), dtype, cupy.cuda.MemoryPointer(mem, 0), strides)

@@ -20,7 +20,7 @@ from types import ModuleType
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .._arrays import Array
+from .._arrays import Array, extent_bytes
 from .kernels import KERNELS, REAL_TYPES, KernelBackend, null_or
 
 __all__ = ["extent", "gather_kernel", "scatter_kernel", "gather", "scatter"]
@@ -35,7 +35,7 @@ def extent(xp: ModuleType, arr: Array) -> tuple[Array, int]:
     element to its last (non-negative strides), as a contiguous 1-D ``xp``
     view; element ``(i, j, k)`` of ``arr`` is ``flat[i sN + j sT + k sP]``."""
     item = arr.itemsize
-    n = 1 + sum((s - 1) * (st // item) for s, st in zip(arr.shape, arr.strides)) if arr.size else 0
+    n = extent_bytes(arr.shape, arr.strides, item) // item
     return xp.lib.stride_tricks.as_strided(arr, shape=(n,), strides=(item,)), n
 
 
