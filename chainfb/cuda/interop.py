@@ -101,24 +101,17 @@ def torch_malloc(size: int) -> Any:
     import torch
 
     cupy = require_cupy()
-
     device = cupy.cuda.Device().id
     stream = cupy.cuda.get_current_stream().ptr
-    alloc, free = _torch_private("_cuda_cudaCachingAllocator_raw_alloc"), _torch_private(
-        "_cuda_cudaCachingAllocator_raw_delete")
-    if alloc is None or free is None:
-        alloc = functools.partial(_public_alloc, device=device)
-        free = torch.cuda.caching_allocator_delete
-    # (the raw allocator takes CUDA's current device, which CuPy's current device is: CuPy sets it)
-    ptr = alloc(max(int(size), 1), stream)
+    n = max(int(size), 1)
+    alloc = _torch_private("_cuda_cudaCachingAllocator_raw_alloc")
+    free = _torch_private("_cuda_cudaCachingAllocator_raw_delete")
+    if alloc is not None and free is not None:  # (on CUDA's current device, which CuPy's current device is)
+        ptr = alloc(n, stream)
+    else:
+        ptr, free = torch.cuda.caching_allocator_alloc(n, device, stream), torch.cuda.caching_allocator_delete
     mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr, free), device)
     return cupy.cuda.MemoryPointer(mem, 0)
-
-
-def _public_alloc(size: int, stream: int, device: int) -> int:
-    import torch
-
-    return torch.cuda.caching_allocator_alloc(size, device, stream)
 
 
 def cuda_device_of(*xs: Any) -> int | None:
