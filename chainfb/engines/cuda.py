@@ -312,15 +312,19 @@ def clusters_pay(lat: Lattice, leaky: tuple[float, Array] | None, backend: Calla
     on an H200, docs/gpu.md)."""
     if CLUSTER == 1 or leaky is not None:
         return False
-    if CLUSTER == "auto":  # the lattice first: most are narrow enough for one block whatever the device
-        shape = layout_shape(lattice_host_arrays(lat.graph_lattice() if lat.graph is not None else lat))
-        lanes, N = state_lanes(shape), lat.num_sequences
-        if auto_cluster(shape, N, lanes, 2 * N * CLUSTERS[-1]) == 1:
-            return False
-    device = backend()
-    if not getattr(device, "clusters", False):
+    if CLUSTER != "auto":
+        return bool(getattr(backend(), "clusters", False))
+    shape = layout_shape(lattice_host_arrays(lat.graph_lattice() if lat.graph is not None else lat))
+    lanes, N = state_lanes(shape), lat.num_sequences
+    if auto_cluster(shape, N, lanes, 2 * N * CLUSTERS[-1]) == 1:  # one block on any device: no device asked
         return False
-    return CLUSTER != "auto" or auto_cluster(shape, N, lanes, int(getattr(device, "multiprocessors", DEFAULT_SMS))) > 1
+    device = backend()
+    return bool(getattr(device, "clusters", False)) and auto_cluster(shape, N, lanes, _sms(device)) > 1
+
+
+def _sms(backend: KernelBackend) -> int:
+    """The backend's SMs (:data:`DEFAULT_SMS` where it does not say)."""
+    return int(getattr(backend, "multiprocessors", DEFAULT_SMS))
 
 
 def cluster_plan(shape: dict, max_span: int, itemsize: int, block_size: int | None, budget: int,
@@ -468,7 +472,7 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
         return xp.zeros(0, dtype=dtype), post
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
     if cluster == "auto":
-        cluster = auto_cluster(shape, N, state_lanes(shape), int(getattr(backend, "multiprocessors", DEFAULT_SMS)))
+        cluster = auto_cluster(shape, N, state_lanes(shape), _sms(backend))
     r = REAL_TYPES[dtype]
     if cluster > 1:  # each direction on `cluster` blocks
         lanes, block, mode, shared = cluster_plan(shape, max_span, dtype.itemsize, block_size,
