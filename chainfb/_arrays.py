@@ -15,8 +15,8 @@ import torch
 from . import checks
 from .checks import FLOATS, INTS
 
-__all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "extent_bytes", "check_lengths",
-           "check_tensor", "FLOATS", "INTS", "Array", "Ints"]
+__all__ = ["is_torch", "is_cupy", "is_cuda", "as_array", "wrap_like", "check_lengths", "check_tensor",
+           "FLOATS", "INTS", "Array", "Ints"]
 
 #: An array argument: a NumPy array, a torch tensor (CPU or CUDA) or a CuPy array.  CuPy is optional, so its
 #: type cannot be named: the alias is ``Any``; each function's docstring gives the shape and dtypes it takes.
@@ -66,14 +66,6 @@ def as_array(x: Array, name: str,
 
         return x, cupy
     return x, np
-
-
-def extent_bytes(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
-    """The bytes of memory a strided array spans, from its first element to the end of its last (``strides`` in
-    bytes, non-negative); 0 for an empty array."""
-    if any(n == 0 for n in shape):
-        return 0
-    return itemsize + sum((n - 1) * s for n, s in zip(shape, strides))
 
 
 def wrap_like(arr: Array, like: Array) -> Array:

@@ -26,8 +26,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._arrays import extent_bytes
-from .kernels import require_cupy
+from .kernels import extent_bytes, require_cupy
 
 if TYPE_CHECKING:
     import torch

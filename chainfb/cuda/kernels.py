@@ -68,6 +68,7 @@ __all__ = [
     "require_cupy",
     "cuda_include_dirs",
     "null_or",
+    "extent_bytes",
     "REAL_TYPES",
 ]
 
@@ -109,6 +110,14 @@ REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 def null_or(a: Any) -> Any:
     """``a``, or a null pointer (``uint64`` 0) for None: an optional kernel array argument."""
     return np.uint64(0) if a is None else a
+
+
+def extent_bytes(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
+    """The bytes of memory a strided array spans, from its first element to the end of its last (``strides`` in
+    bytes, non-negative; what a kernel given the array's first element may reach); 0 for an empty array."""
+    if any(n == 0 for n in shape):
+        return 0
+    return itemsize + sum((n - 1) * s for n, s in zip(shape, strides))
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)

@@ -20,8 +20,8 @@ from types import ModuleType
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .._arrays import Array, extent_bytes
-from .kernels import KERNELS, REAL_TYPES, KernelBackend, null_or
+from .._arrays import Array
+from .kernels import KERNELS, REAL_TYPES, KernelBackend, extent_bytes, null_or
 
 __all__ = ["extent", "gather_kernel", "scatter_kernel", "gather", "scatter"]
 
