@@ -84,9 +84,10 @@ class FstBatch:
                     np.concatenate([f.span for f in fsts]), max(f.max_span for f in fsts))
 
     def _adopt(self, fsts, seq_to_graph, state_offsets, arc_offsets, start, final, src, dst, pdf, log_prob, span,
-               max_span) -> None:
+               max_span, index=None) -> None:
         """Take the packed arrays (the class docstring's attributes; ``fsts``
-        None: cut from them on first use) and index the arcs both ways."""
+        None: cut from them on first use) and index the arcs both ways
+        (``index``: ``(fwd_order, in_ptr, bwd_order, out_ptr)`` already built)."""
         self._fsts = fsts
         self._graph_memo = Memo()  # shared with the batches with_sequences derives
         self._memo = Memo()
@@ -94,12 +95,15 @@ class FstBatch:
         self.state_offsets, self.arc_offsets, self.start, self.final = state_offsets, arc_offsets, start, final
         self.src, self.dst, self.pdf, self.log_prob, self.span = src, dst, pdf, log_prob, span
         self.max_span = max_span
-        self.fwd_order, self.in_ptr = _csr(dst, self.num_states)
-        self.bwd_order, self.out_ptr = _csr(src, self.num_states)
+        if index is None:
+            index = (*_csr(dst, self.num_states), *_csr(src, self.num_states))
+        self.fwd_order, self.in_ptr, self.bwd_order, self.out_ptr = index
 
     @classmethod
     def packed(cls, state_offsets: np.ndarray, arc_offsets: np.ndarray, start: np.ndarray, final: np.ndarray,
-               src: np.ndarray, dst: np.ndarray, pdf: np.ndarray) -> FstBatch:
+               src: np.ndarray, dst: np.ndarray, pdf: np.ndarray,
+               index: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+               columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> FstBatch:
         """A batch of ``G`` graphs, one sequence each, from arrays a graph
         compiler built for all graphs at once: ``state_offsets [G+1]``,
         ``arc_offsets [G+1]``, ``start [G]``, ``final [S]``, ``src``, ``dst``,
@@ -107,13 +111,21 @@ class FstBatch:
         The compiler vouches for them: each graph's arcs in the canonical
         order of :class:`Fst` (its start state's arcs first, then by source),
         ids in range, ``final`` without NaN or +inf.  The :class:`Fst`
-        objects of :attr:`fsts` are cut from the arrays on first use."""
+        objects of :attr:`fsts` are cut from the arrays on first use.
+
+        A compiler that built the arcs' indexes along with them may hand
+        them over, vouching for them too (the values the batch would derive,
+        equal to the element): ``index = (fwd_order, in_ptr, bwd_order,
+        out_ptr)`` (the class docstring's attributes) and ``columns =
+        (ptr [G+1], pdfs [K], local_col [A])`` (:meth:`columns`)."""
         G = len(state_offsets) - 1
         if G < 1:
             raise ValueError("state_offsets: expected at least one graph")
         out = object.__new__(cls)
         out._adopt(None, np.arange(G, dtype=np.int64), state_offsets, arc_offsets, start, final, src, dst, pdf,
-                   np.zeros(len(src)), np.ones(len(src), dtype=np.int64), 1)
+                   np.zeros(len(src)), np.ones(len(src), dtype=np.int64), 1, index)
+        if columns is not None:
+            out.cache(("batch", "columns"), lambda: columns)
         return out
 
     @property

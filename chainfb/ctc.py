@@ -20,6 +20,13 @@ per frame by the pdf score map (Kaldi's strided column gather) straight
 from ``log_probs [T, N, C]``, viewed as ``[N, T, C]`` without a copy.  The
 engine does the rest; there is no CTC recursion here.
 
+A new label set (every training step) is compiled in one compiled pass
+(:func:`_ctc_arrays`, Numba) that also writes the arcs' order by destination
+and each sequence's columns, which the batch and the lattice would otherwise
+derive by sorting; where Numba does not run, by :func:`_ctc_batch`'s array
+operations.  Both give the same arrays (the tests compare them with the
+graphs written arc by arc, ``tests/oracles/ctc.py``).
+
 Gradient convention: the gradient w.r.t. ``log_probs`` is the true one
 (minus the label posteriors, as for free inputs; it passes
 ``gradcheck``).  ``torch.nn.functional.ctc_loss`` returns ``exp(log_probs)
@@ -40,6 +47,9 @@ from . import checks
 from ._arrays import Ints
 from .api import PdfCriterion
 from .criterion import apply
+from .engines import numba_log
+from .engines.numba_cache import njit
+from .engines.numba_log.arrays import counting_order
 from .batch import FstBatch
 from .lattice import Lattice
 from .score_map import PdfScoreMap
@@ -151,6 +161,110 @@ def _ctc_batch(U: np.ndarray, y: np.ndarray, blank: int) -> FstBatch:
     return FstBatch.packed(so, off[so], starts.copy(), final, src, dst, lab[dst])
 
 
+@njit(nogil=True)
+def _ctc_arrays(U: np.ndarray, y: np.ndarray, blank: np.int64) -> tuple:
+    """:func:`_ctc_batch`'s arrays in one compiled pass, with the indexes
+    :meth:`FstBatch.packed` takes: ``(so, ao, start, final, src, dst, pdf,
+    (fwd_order, in_ptr, bwd_order, out_ptr), (col_ptr, col_pdfs,
+    col_local))``, each the value the NumPy compiler and the batch derive
+    (tests/test_ctc.py checks them array for array).
+
+    The arcs are written by source, as :func:`_ctc_batch` orders them (so
+    ``bwd_order`` is the identity and ``out_ptr`` the arcs' offsets); the
+    order by destination is a counting sort of ``dst`` (stable: by arc id
+    within a state).  A sequence's columns are its distinct pdfs, sorted:
+    the blank and its labels, marked in a table of the vocabulary stamped
+    with the sequence's index."""
+    N = U.shape[0]
+    so = np.zeros(N + 1, np.int64)
+    for n in range(N):
+        so[n + 1] = so[n] + 2 * U[n] + 2
+    S = so[N]
+    # arcs a state: the start 2 (1 when U = 0); a position its stay, its advance (not the last), its skip
+    out_ptr = np.zeros(S + 1, np.int64)
+    j = 0  # the label of y at hand
+    for n in range(N):
+        s0, u = so[n], U[n]
+        out_ptr[s0 + 1] = 2 if u > 0 else 1
+        for p in range(2 * u + 1):
+            c = 1 if p == 2 * u else 2
+            if p % 2 == 1 and p < 2 * u - 1 and y[j + p // 2 + 1] != y[j + p // 2]:
+                c += 1
+            out_ptr[s0 + 2 + p] = c
+        j += u
+    for s in range(S):
+        out_ptr[s + 1] += out_ptr[s]
+    A = out_ptr[S]
+    src = np.empty(A, np.int64)
+    dst = np.empty(A, np.int64)
+    pdf = np.empty(A, np.int64)
+    final = np.full(S, -np.inf)
+    start = so[:N].copy()
+    ao = np.empty(N + 1, np.int64)
+    lab = np.empty(S, np.int64)  # the pdf every arc into a state reads
+    j = 0
+    for n in range(N):
+        s0, u = so[n], U[n]
+        ao[n] = out_ptr[s0]
+        lab[s0] = blank
+        for p in range(2 * u + 1):
+            lab[s0 + 1 + p] = y[j + p // 2] if p % 2 == 1 else blank
+        a = out_ptr[s0]
+        for d in range(1, 3 if u > 0 else 2):  # the start's arcs: to positions 0 and 1
+            src[a], dst[a] = s0, s0 + d
+            a += 1
+        for p in range(2 * u + 1):
+            s = s0 + 1 + p
+            for d in range(out_ptr[s + 1] - out_ptr[s]):  # stay, advance, skip
+                src[a], dst[a] = s, s + d
+                a += 1
+        final[so[n + 1] - 1] = 0.0  # the last blank
+        final[so[n + 1] - 2] = 0.0  # the last label (the start itself when U = 0)
+        j += u
+    ao[N] = A
+    for a in range(A):
+        pdf[a] = lab[dst[a]]
+    fwd_order, in_ptr = counting_order(dst, S)  # by destination, stably
+    bwd_order = np.arange(A)
+    # columns: each sequence's distinct pdfs, sorted, and each arc's index among them
+    width = blank + 1
+    for i in range(y.shape[0]):
+        width = max(width, y[i] + 1)
+    stamp = np.full(width, -1, np.int64)
+    rank = np.empty(width, np.int64)
+    col_ptr = np.zeros(N + 1, np.int64)
+    pdfs = np.empty(y.shape[0] + N, np.int64)
+    local = np.empty(A, np.int64)
+    k = 0
+    for n in range(N):
+        k0 = k
+        for s in range(so[n] + 1, so[n + 1]):
+            if stamp[lab[s]] != n:
+                stamp[lab[s]] = n
+                pdfs[k] = lab[s]
+                k += 1
+        pdfs[k0:k].sort()
+        for i in range(k0, k):
+            rank[pdfs[i]] = i - k0
+        for a in range(ao[n], ao[n + 1]):
+            local[a] = rank[pdf[a]]
+        col_ptr[n + 1] = k
+    return (so, ao, start, final, src, dst, pdf, (fwd_order, in_ptr, bwd_order, out_ptr),
+            (col_ptr, pdfs[:k].copy(), local))
+
+
+def _ctc_batch_compiled(U: np.ndarray, y: np.ndarray, blank: int) -> FstBatch:
+    """:func:`_ctc_batch` by :func:`_ctc_arrays` (compiled), its indexes handed to the batch."""
+    so, ao, start, final, src, dst, pdf, index, columns = _ctc_arrays(U, y, np.int64(blank))
+    return FstBatch.packed(so, ao, start, final, src, dst, pdf, index=index, columns=columns)
+
+
+def _compiler():
+    """The CTC compiler this process uses: the compiled one where Numba runs (see
+    :func:`chainfb.engines.numba_log.available`), else the NumPy one."""
+    return _ctc_batch_compiled if numba_log.available() else _ctc_batch
+
+
 def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], target_lengths: Ints | None = None,
               blank: int = 0) -> FstBatch:
     """The CTC topology of each label sequence, as one :class:`FstBatch`
@@ -182,7 +296,7 @@ def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], targ
     if not len(lens):
         raise ValueError("targets: expected at least one sequence")
     _check_labels(lens, labels, None)
-    return _ctc_batch(lens, labels, blank)
+    return _compiler()(lens, labels, blank)
 
 
 def _compile(lens: np.ndarray, labels: np.ndarray, blank: int):
@@ -192,7 +306,7 @@ def _compile(lens: np.ndarray, labels: np.ndarray, blank: int):
     key = (blank, lens.tobytes(), labels.tobytes())
 
     def build():
-        lattice = Lattice.of(_ctc_batch(lens, labels, blank))
+        lattice = Lattice.of(_compiler()(lens, labels, blank))
         return lattice, PdfScoreMap(lattice.col_seq, lattice.col_pdf, "log_probs")
 
     return _compiled.get(key, build)

@@ -189,19 +189,34 @@ def test_ctc_graph_structure():
     assert all(np.all(x.log_prob == 0) for x in g.fsts)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_ctc_graph_arrays_match_the_definition(seed):
+@pytest.mark.parametrize("compiler", ["numpy", "compiled"])
+@pytest.mark.parametrize("seed", range(6))
+def test_ctc_graph_arrays_match_the_definition(seed, compiler, monkeypatch):
     # the compiler builds all sequences at once; each graph equals the one
-    # written arc by arc from the definition, and so do the packed arrays
+    # written arc by arc from the definition, and so do the packed arrays, the
+    # arcs' indexes and the columns (which the compiled one hands to the batch)
+    from chainfb.engines import numba_log
+
+    if compiler == "numpy":
+        monkeypatch.setattr(numba_log, "numba", None)
+    elif not numba_log.available():
+        pytest.skip("Numba is not available")
     rng = np.random.default_rng(seed)
-    rows = [rng.integers(0, 4, size=rng.integers(0, 7)) for _ in range(rng.integers(1, 9))]
+    rows = [rng.integers(0, 4 + seed, size=rng.integers(0, 7)) for _ in range(rng.integers(1, 9))]
     blank = int(rng.integers(0, 4))
     rows = [r[r != blank] for r in rows] if seed else [np.zeros(0, np.int64)] * 3  # no labels at all
+    if seed == 5:  # repeats: no skip between equal labels
+        rows = [np.repeat(r, 2) for r in rows]
     got = chainfb.ctc_graph(rows, blank=blank)
     want = chainfb.FstBatch([ctc_fst(r, blank) for r in rows])
     for name in ("state_offsets", "arc_offsets", "start", "final", "src", "dst", "pdf", "log_prob", "span",
                  "fwd_order", "in_ptr", "bwd_order", "out_ptr", "seq_to_graph"):
-        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    for part, a, b in zip(("ptr", "pdfs", "local_col"), got.columns(), want.columns()):
+        assert a.dtype == b.dtype, part
+        np.testing.assert_array_equal(a, b, err_msg=part)
     assert got.max_span == want.max_span and got.num_pdfs == want.num_pdfs and got.num_graphs == len(rows)
     for f, g in zip(got.fsts, want.fsts):
         assert f.arcs() == g.arcs() and f.start == g.start and np.array_equal(f.final, g.final)

@@ -28,7 +28,9 @@ from .._arrays import Array
 from .._sort import stable_order
 from ..cuda.kernels import REAL_TYPES, KernelBackend, null_or
 from ..lattice import Lattice
+from . import numba_log
 from .cuda_memory import pack, scratch, upload
+from .numba_log.arrays import column_arcs, instance_arcs
 
 __all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "lanes_per_state", "recursion_plan",
            "run_engine"]
@@ -94,18 +96,24 @@ def _host_arrays(lat: Lattice) -> dict:
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
         raise ValueError(f"lattice too large for the CUDA engine (states {S}, columns {C}, arcs {A})")
-    f, b = lat.fwd, lat.bwd
-    order = stable_order(b.col, C)
-    col_sorted = b.col[order]
     spans = lat.max_span > 1
-    ca_ptr = np.searchsorted(col_sorted, np.arange(C + 1))
+    if spans or not numba_log.available():
+        f, b = lat.fwd, lat.bwd
+        (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = (
+            (f.ptr, f.src, f.log_prob, f.col), (b.ptr, b.dst, b.log_prob, b.col))
+        order = stable_order(out_col, C)
+        ca_ptr = np.searchsorted(out_col[order], np.arange(C + 1))
+        ca_src, ca_dst = b.src[order], out_dst[order]
+    else:  # the same arrays by compiled passes over the batch's arcs, without lat.fwd and lat.bwd
+        (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = instance_arcs(lat)
+        order, ca_ptr, ca_src, ca_dst = column_arcs(out_ptr, out_dst, out_col, C)
     widths = np.diff(lat.state_offsets)
     chunks = _chunks(ca_ptr, lat.col_offsets)
     ints = {
         "state_off": lat.state_offsets, "col_off": lat.col_offsets, "start": np.asarray(lat.start),
-        "in_ptr": f.ptr, "in_src": f.src, "in_col": f.col,
-        "out_ptr": b.ptr, "out_dst": b.dst, "out_col": b.col,
-        "ca_src": b.src[order], "ca_dst": b.dst[order],
+        "in_ptr": in_ptr, "in_src": in_src, "in_col": in_col,
+        "out_ptr": out_ptr, "out_dst": out_dst, "out_col": out_col,
+        "ca_src": ca_src, "ca_dst": ca_dst,
         **({"in_span": f.span, "out_span": b.span, "ca_span": b.span[order]} if spans else {}),
         **{k: v for k, v in chunks.items() if isinstance(v, np.ndarray)},
     }
@@ -113,15 +121,15 @@ def _host_arrays(lat: Lattice) -> dict:
         "in_span": None, "out_span": None, "ca_span": None,  # (replaced by the spans' arrays where there are any)
         **pack({k: (v, np.int32) for k, v in ints.items()}),
         "final": np.asarray(lat.final, dtype=np.float64),
-        "in_lp": np.asarray(f.log_prob, dtype=np.float64),
-        "out_lp": np.asarray(b.log_prob, dtype=np.float64),
-        "ca_lp": np.asarray(b.log_prob, dtype=np.float64)[order],
+        "in_lp": np.asarray(in_lp, dtype=np.float64),
+        "out_lp": np.asarray(out_lp, dtype=np.float64),
+        "ca_lp": np.asarray(out_lp, dtype=np.float64)[order],
         "chunk_arcs": chunks["chunk_arcs"],
         "max_chunks": chunks["max_chunks"],
         "max_span": int(lat.max_span),
         "max_states": int(widths.max(initial=0)),
-        "max_degree": int(max(np.diff(f.ptr).max(initial=0), np.diff(b.ptr).max(initial=0))),
-        "max_arcs": int(np.diff(f.ptr[lat.state_offsets]).max(initial=0)),
+        "max_degree": int(max(np.diff(in_ptr).max(initial=0), np.diff(out_ptr).max(initial=0))),
+        "max_arcs": int(np.diff(in_ptr[lat.state_offsets]).max(initial=0)),
         "max_columns": int(np.diff(lat.col_offsets).max(initial=0)),
     }
 

@@ -3,7 +3,9 @@ it compiles.
 
 Numba compiles the engine (:mod:`~chainfb.engines.numba_log`) and the
 transducer score maps (:mod:`chainfb.transducer.maps.cells`) the first time a
-process calls them -- about a minute of one core -- and keeps the result on
+process calls them -- about a minute of one core; the few functions the GPU
+path runs on the host (CTC's compiler, the CUDA engine's index arrays), a few
+seconds -- and keeps the result on
 disk, so that later processes load it in about a second.  Numba's own
 ``cache=True`` keeps it next to the source (``__pycache__``) or, where
 that is not writable, in ``~/.cache/numba``; where neither is writable (a
@@ -170,7 +172,8 @@ if numba is not None:
                 cache = getattr(d, "_cache", None)
                 where = getattr(cache, "cache_path", None)
                 _log.warning(
-                    "chainfb: compiling the CPU engine with Numba, about a minute of one core "
+                    "chainfb: compiling its CPU code with Numba (the CPU engine: about a minute of one core; "
+                    "what the GPU path compiles on the host: seconds) "
                     + (f"(once: later processes load it from the cache, e.g. {where})" if where else
                        "(in every process: no writable cache directory; set CHAINFB_CACHE to one)"))
 

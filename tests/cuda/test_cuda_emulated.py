@@ -525,6 +525,36 @@ def test_a_lattice_is_uploaded_at_once(be, monkeypatch, separate):
             {k for k, v in host.items() if not isinstance(v, np.ndarray)}
 
 
+@pytest.mark.parametrize("kind", ["own graphs", "one shared graph", "shared and own", "ctc"])
+def test_host_arrays_compiled_equal_numpy(kind, monkeypatch):
+    """Where Numba runs, the CUDA engine's index arrays of a lattice come from compiled passes over the batch's
+    arcs (``instance_arcs``, ``column_arcs``) instead of ``Lattice.fwd`` / ``bwd`` and a sort: the same arrays,
+    value and dtype, as the NumPy path's."""
+    from chainfb import ctc_graph
+    from chainfb.engines import cuda as per_sequence, numba_log
+
+    if not numba_log.available():
+        pytest.skip("Numba is not available")
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        if kind == "ctc":
+            batch = ctc_graph([rng.integers(1, 5, size=rng.integers(0, 6)) for _ in range(4)])
+        else:
+            fsts = [random_fst(rng) if i else numerator_like_fst(rng, num_phones=4, num_pdfs=6) for i in range(3)]
+            seq_to_graph = {"own graphs": None, "one shared graph": [1, 1, 1, 1], "shared and own": [2, 0, 2, 1]}[kind]
+            batch = FstBatch(fsts, seq_to_graph)
+        compiled = per_sequence._host_arrays(Lattice(batch))
+        with monkeypatch.context() as m:
+            m.setattr(numba_log, "numba", None)
+            plain = per_sequence._host_arrays(Lattice(batch))
+        assert compiled.keys() == plain.keys()
+        for k, v in plain.items():
+            if isinstance(v, np.ndarray):
+                assert compiled[k].dtype == v.dtype and np.array_equal(compiled[k], v), k
+            else:
+                assert compiled[k] == v, k
+
+
 def test_arc_tables_hold_spans_exactly_when_the_lattice_has_them():
     """``arc_table_bytes`` counts the spans' 16-bit column when ``max_span > 1``; the kernels copy the span arrays
     into the table whenever the lattice's arrays have them: the two must coincide."""

@@ -94,7 +94,7 @@ def test_a_read_only_install_compiles_once_into_the_user_cache(read_only_install
     first, err = run(CHAINFB_CACHE=str(cache), HOME=str(tmp_path / "home"))
     assert first["compiled"] == 1 and first["hits"] == 0
     assert first["module_cache"].startswith(str(cache / "numba") + os.sep)
-    notices = [ln for ln in err.splitlines() if "compiling the CPU engine with Numba" in ln]
+    notices = [ln for ln in err.splitlines() if "compiling its CPU code with Numba" in ln]
     assert len(notices) == 1 and str(cache / "numba") in notices[0], err
     assert [n for n in os.listdir(first["module_cache"]) if n.startswith("probe_module.add_one")]
     second, err = run(CHAINFB_CACHE=str(cache), HOME=str(tmp_path / "home"))

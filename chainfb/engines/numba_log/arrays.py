@@ -20,7 +20,8 @@ from ..numba_cache import njit
 from .bands import block_ranges, distances
 
 __all__ = ["Side", "LatticeArrays", "Distances", "Blocks", "SpanArrays", "lattice_arrays", "distance_arrays",
-           "block_arrays", "span_arrays", "span_bound"]
+           "block_arrays", "span_arrays", "span_bound", "instance_side", "instance_arcs", "counting_order",
+           "column_arcs"]
 
 
 class Side(NamedTuple):
@@ -108,6 +109,41 @@ def instance_side(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.nda
     return out_ptr, out_other, out_lp, out_col
 
 
+@njit(nogil=True)
+def counting_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order [n], ptr [bound + 1])``: ``keys [n]`` (integers in ``[0,
+    bound)``) sorted stably by a counting sort -- ``order`` is
+    ``np.argsort(keys, kind="stable")`` and key ``k``'s entries are
+    ``order[ptr[k] .. ptr[k + 1]]``."""
+    n = keys.shape[0]
+    ptr = np.zeros(bound + 1, np.int64)
+    for i in range(n):
+        ptr[keys[i] + 1] += 1
+    for k in range(bound):
+        ptr[k + 1] += ptr[k]
+    fill = ptr[:bound].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[fill[keys[i]]] = i
+        fill[keys[i]] += 1
+    return order, ptr
+
+
+@njit(nogil=True)
+def column_arcs(ptr: np.ndarray, dst: np.ndarray, col: np.ndarray,
+                num_columns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The out-arcs (CSR by source: ``ptr [S + 1]``, ``dst [A]``, ``col
+    [A]``) sorted by column, stably: ``(order [A], col_ptr [C + 1], src
+    [A], dst [A])`` -- arc ``order[i]`` of the out-arcs is the ``i``-th by
+    column, column ``c``'s are ``col_ptr[c] .. col_ptr[c + 1]``, and ``src``
+    / ``dst`` are their ends in that order."""
+    order, col_ptr = counting_order(col, num_columns)
+    src = np.empty(dst.shape[0], np.int64)
+    for s in range(ptr.shape[0] - 1):
+        src[ptr[s]: ptr[s + 1]] = s
+    return order, col_ptr, src[order], dst[order]
+
+
 def lattice_arrays(lat: Lattice) -> LatticeArrays:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source),
     kept by :meth:`~chainfb.lattice.Lattice.cache`: the arrays of ``lat.fwd``
@@ -116,15 +152,23 @@ def lattice_arrays(lat: Lattice) -> LatticeArrays:
     return lat.cache(("numba", "arrays"), lambda: _lattice_arrays(lat))
 
 
-def _lattice_arrays(lat: Lattice) -> LatticeArrays:
+def instance_arcs(lat: Lattice) -> tuple[tuple, tuple]:
+    """``((ptr, src, log_prob, col), (ptr, dst, log_prob, col))``: the arrays
+    of ``lat.fwd`` and ``lat.bwd`` (in-arcs by destination, out-arcs by
+    source), by :func:`instance_side` without building them."""
     batch = lat.batch
     so, co = np.asarray(lat.state_offsets, dtype=np.int64), np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
     g = np.asarray(batch.seq_to_graph, dtype=np.int64)
     lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
-    f_ptr, f_src, lp_in, f_col = instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.in_ptr,
-                                               batch.fwd_order, batch.src, lp, local)
-    b_ptr, b_dst, lp_out, b_col = instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.out_ptr,
-                                                batch.bwd_order, batch.dst, lp, local)
+    return (instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.in_ptr, batch.fwd_order, batch.src, lp,
+                          local),
+            instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.out_ptr, batch.bwd_order, batch.dst, lp,
+                          local))
+
+
+def _lattice_arrays(lat: Lattice) -> LatticeArrays:
+    so, co = np.asarray(lat.state_offsets, dtype=np.int64), np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
+    (f_ptr, f_src, lp_in, f_col), (b_ptr, b_dst, lp_out, b_col) = instance_arcs(lat)
     finite = lp_in[np.isfinite(lp_in)]
     # arc weights as probabilities relative to the largest (every path of L frames takes L arcs)
     wshift = float(finite.max()) if finite.size else 0.0
