@@ -253,8 +253,17 @@ def _ctc_arrays(U: np.ndarray, y: np.ndarray, blank: np.int64) -> tuple:
             (col_ptr, pdfs[:k].copy(), local))
 
 
+#: the widest vocabulary (largest label or blank, plus one) :func:`_ctc_arrays` takes a table of, beyond
+#: four entries a label: wider ones (sparse label ids, only through :func:`ctc_graph`) take the NumPy compiler
+TABLE_ENTRIES = 1 << 20
+
+
 def _ctc_batch_compiled(U: np.ndarray, y: np.ndarray, blank: int) -> FstBatch:
-    """:func:`_ctc_batch` by :func:`_ctc_arrays` (compiled), its indexes handed to the batch."""
+    """:func:`_ctc_batch` by :func:`_ctc_arrays` (compiled), its indexes handed to the batch; by
+    :func:`_ctc_batch` itself where the labels' ids are too sparse for its table (:data:`TABLE_ENTRIES`)."""
+    width = max(blank, int(y.max(initial=0))) + 1
+    if width > 4 * len(y) + TABLE_ENTRIES:
+        return _ctc_batch(U, y, blank)
     so, ao, start, final, src, dst, pdf, index, columns = _ctc_arrays(U, y, np.int64(blank))
     return FstBatch.packed(so, ao, start, final, src, dst, pdf, index=index, columns=columns)
 

@@ -170,10 +170,14 @@ class Lattice:
     def graph_lattice(self) -> Lattice:
         """The one-sequence lattice of the graph every sequence uses
         (graph-local states and columns), cached per graph in the batch's
-        memo (:meth:`~chainfb.batch.FstBatch.cache`); ValueError when the
-        sequences use several graphs."""
+        memo (:meth:`~chainfb.batch.FstBatch.cache`) -- this lattice itself
+        when it has one sequence (a new graph of one sequence, e.g. CTC's
+        labels of a batch of one, then builds its arrays once, not twice);
+        ValueError when the sequences use several graphs."""
         if self.graph is None:
             raise ValueError("lat: every sequence must use one graph")
+        if self.num_sequences == 1:
+            return self
         g = self.graph
         # (its batch has its own graph memo: the one that keeps it must not be reachable from it, see `of`)
         return self.batch.cache(("lattice", "graph", g),

@@ -222,6 +222,18 @@ def test_ctc_graph_arrays_match_the_definition(seed, compiler, monkeypatch):
         assert f.arcs() == g.arcs() and f.start == g.start and np.array_equal(f.final, g.final)
 
 
+def test_ctc_graph_of_sparse_label_ids():
+    """Label ids far beyond the labels' count (only ``ctc_graph`` takes labels without a vocabulary size): the
+    compiled compiler's table of the vocabulary would be that wide, so the NumPy one builds the graphs."""
+    rows = [[5, 2**40, 5], [2**40 + 7]]
+    got = chainfb.ctc_graph(rows, blank=0)
+    want = chainfb.FstBatch([ctc_fst(r, 0) for r in rows])
+    for name in ("src", "dst", "pdf", "fwd_order", "in_ptr"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    for a, b in zip(got.columns(), want.columns()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_ctc_graph_inputs():
     a = chainfb.ctc_graph([[1, 2], [3]])
     b = chainfb.ctc_graph(torch.tensor([1, 2, 3]), [2, 1])

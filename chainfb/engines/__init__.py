@@ -158,9 +158,9 @@ def _module(name):
 
 
 def _one_graph(lat) -> bool:
-    from .scipy_shared import shared_graph
-
-    return shared_graph(lat) is not None
+    """Whether every sequence of ``lat`` uses one graph (read from the lattice, without cutting the batch's
+    :class:`~chainfb.fst.Fst` objects)."""
+    return lat.graph is not None
 
 
 def _kernel_engine(lat, engine: str, X=None, leaky=None) -> str:
