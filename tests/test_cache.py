@@ -108,6 +108,23 @@ def test_the_engines_keep_their_data_in_the_lattice_memo_and_rebuild_it_after_cl
     assert {k[0] for k in lat.memo.keys()} == users
 
 
+def test_a_one_sequence_lattice_is_its_graphs_lattice():
+    """A lattice of one sequence is the one-sequence lattice of its graph: ``graph_lattice`` gives the lattice
+    itself (what the engines derive from the graph and from the lattice is then built once, e.g. the CUDA
+    engine's arrays of a new CTC label set of one sequence), and it holds no reference to itself through its
+    batch."""
+    rng = np.random.default_rng(4)
+    fsts = [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4) for _ in range(3)]
+    for g in range(3):
+        lat = Lattice.of(FstBatch(fsts, [g]))
+        assert lat.graph_lattice() is lat
+        assert lat.num_states == fsts[g].num_states and lat.start[0] == fsts[g].start  # graph-local ids
+        two = Lattice.of(FstBatch(fsts, [g, g])).graph_lattice()
+        for k in ("state_offsets", "start", "col_seq", "col_pdf", "final"):
+            np.testing.assert_array_equal(getattr(lat, k), getattr(two, k))
+    assert cyclic_garbage(lambda: Lattice.of(FstBatch(fsts, [1])).graph_lattice(), 3) == []
+
+
 def test_batch_memo_shares_the_graphs_and_keeps_each_batch_lattice_apart():
     lat, _ = _lattice()
     batch = lat.batch
