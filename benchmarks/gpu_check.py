@@ -338,12 +338,14 @@ def facts(path, emulate):
 
 def warm(path) -> None:
     """The ``warm`` step (in its own process): every case of ``benchmarks/_gpu_cases.py`` on the CPU (the criteria whose
-    CPU path Numba compiles: CTC, the transducers, the simple and pruned losses, spanning arcs), so that the compiled
+    CPU path Numba compiles: CTC, the transducers, the simple and pruned losses, spanning arcs), and the CUDA engine's
+    index arrays of a small CTC lattice, which the GPU path builds on the host by compiled passes, so that the compiled
     functions are in the cache; writes the seconds, the number of functions compiled and any case that raised."""
     t0 = time.time()
     from ._gpu_cases import CASES
 
-    from chainfb.engines import numba_cache
+    from chainfb import Lattice, ctc_graph
+    from chainfb.engines import cuda as cuda_engine, numba_cache
 
     errors = {}
     for name, case in CASES.items():
@@ -353,6 +355,10 @@ def warm(path) -> None:
             case(lambda x: x)  # on the CPU
         except Exception as e:  # noqa: BLE001 -- recorded; the compare step reports the cases themselves
             errors[name] = f"{type(e).__name__}: {e}"
+    try:
+        cuda_engine.lattice_host_arrays(Lattice.of(ctc_graph([[1, 2, 2], [3]])))
+    except Exception as e:  # noqa: BLE001 -- recorded as the cases are
+        errors["CUDA engine's host arrays"] = f"{type(e).__name__}: {e}"
     write_json(path, dict(seconds=round(time.time() - t0, 1), compiled=numba_cache.compiled(), errors=errors))
 
 
