@@ -6,6 +6,8 @@ import itertools
 import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,6 +222,29 @@ def test_ctc_graph_arrays_match_the_definition(seed, compiler, monkeypatch):
     assert got.max_span == want.max_span and got.num_pdfs == want.num_pdfs and got.num_graphs == len(rows)
     for f, g in zip(got.fsts, want.fsts):
         assert f.arcs() == g.arcs() and f.start == g.start and np.array_equal(f.final, g.final)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), max_size=12), min_size=1, max_size=10), st.integers(0, 9),
+       st.sampled_from([10, 5000]))
+def test_compiled_ctc_compiler_equals_the_numpy_one(rows, blank, scale):
+    """Differential: the compiled compiler (one pass) and the NumPy one give the same batch, indexes and columns for
+    any label sets (empty ones, repeats, the blank anywhere in the vocabulary, a wide vocabulary)."""
+    from chainfb import ctc
+    from chainfb.engines import numba_log
+
+    if not numba_log.available():
+        pytest.skip("Numba is not available")
+    rows = [[y * scale // 10 + (y >= blank) for y in r] for r in rows]  # never the blank
+    U = np.array([len(r) for r in rows], dtype=np.int64)
+    y = np.array([v for r in rows for v in r], dtype=np.int64)
+    a, b = ctc._ctc_batch_compiled(U, y, blank), ctc._ctc_batch(U, y, blank)
+    for name in ("state_offsets", "arc_offsets", "start", "final", "src", "dst", "pdf", "log_prob", "span",
+                 "fwd_order", "in_ptr", "bwd_order", "out_ptr"):
+        u, v = getattr(a, name), getattr(b, name)
+        assert u.dtype == v.dtype and np.array_equal(u, v), name
+    for u, v in zip(a.columns(), b.columns()):
+        assert u.dtype == v.dtype and np.array_equal(u, v)
 
 
 def test_ctc_graph_of_sparse_label_ids():
