@@ -166,7 +166,25 @@ class TestCtcCPUNumPy(CtcTests, OnCPUNumPy):
 
 
 class TestCtcCUDA(CtcTests, OnCUDA):
-    pass
+    @pytest.mark.parametrize("lengths", ["tensors", "lists"])
+    def test_host_labels_never_synchronise(self, rng, lengths):
+        """Labels and lengths on the host (as a data loader gives them): a step -- loss and backward, every
+        reduction -- makes no synchronising torch call (``torch.cuda.set_sync_debug_mode("error")`` raises on
+        one), so the host's compile overlaps the device's queued work."""
+        logits, tg, il, tl = batch(rng)
+        if lengths == "lists":
+            il, tl = il.tolist(), tl.tolist()
+        x = self.tensor(logits).log_softmax(-1).detach().requires_grad_()
+        torch.cuda.synchronize()
+        for reduction in ("mean", "sum", "none"):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = chainfb.ctc_loss(x, tg, il, tl, reduction=reduction, zero_infinity=True)
+                out.sum().backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        assert torch.isfinite(x.grad).all()
 
 
 class TestCtcEmulated(CtcTests, OnEmulatedKernels):
