@@ -1,7 +1,7 @@
 """Where a loss step's time goes on the GPU: ``torch.profiler`` over chainfb's CTC steps (the shapes of
 ``benchmarks/gpu_bench.py``, each beside torch's ``ctc_loss``, and again with new labels every step, as in
-training: a graph compiled each step) and an RNN-T step, every CUDA kernel of the process
-(torch's, CuPy's and chainfb's), every host-side op and the host's Python functions.
+training: a graph compiled each step, with the labels on the device and on the host) and an RNN-T step, every
+CUDA kernel of the process (torch's, CuPy's and chainfb's), every host-side op and the host's Python functions.
 
 For each case: the step's device time (events, median of ``--repeat``), its host time (the clock around the Python
 call, no synchronisation: the time the host needs to issue the step), and the step with a synchronisation at the
@@ -52,6 +52,9 @@ def cases(place, only):
             yield name + " (torch)", loss_step(F.ctc_loss, lp, tg, il, tl)
             sets = [place.tensor(torch.randint(1, C, (N, S), generator=g)) for _ in range(2 * ctc_cache.size)]
             yield name + ", new labels each step", cycling_step(chainfb.ctc_loss, lp, sets, il, tl)
+            # the same labels and lengths on the host (a data loader's): no read-back, so the compile can overlap
+            yield name + ", new labels each step, on the host", cycling_step(
+                chainfb.ctc_loss, lp, [t.cpu() for t in sets], il.cpu(), tl.cpu())
     if "rnnt" in only and not place.emulated:
         g = torch.Generator().manual_seed(1)
         B, T, U, V = 8, 400, 100, 500
