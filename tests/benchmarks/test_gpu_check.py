@@ -85,14 +85,16 @@ def test_emulated_run_writes_every_result(emulated_run):
 
 def test_emulated_run_profiles_the_ctc_steps(emulated_run):
     """The profile step times and profiles chainfb's and torch's step at each emulated CTC shape, and chainfb's
-    with new labels every step, the Python functions of chainfb's step among them."""
+    with new labels every step (on the device, and on the host), the Python functions of chainfb's step among
+    them."""
     from benchmarks.gpu_bench import CTC_SHAPES
 
     out, res, _ = emulated_run
     data = res["steps"]["profile"]["data"]
     names = [f"ctc T={T} N={N} C={C} S={S}" for T, N, C, S in CTC_SHAPES["emulated"]]
     assert [c["case"] for c in data["cases"]] == [n + s for n in names
-                                                  for s in ("", " (torch)", ", new labels each step")]
+                                                  for s in ("", " (torch)", ", new labels each step",
+                                                            ", new labels each step, on the host")]
     for c in data["cases"]:
         assert c["device_ms"] > 0 and c["host_ms"] > 0 and c["python"] and c["ops"], c["case"]
     ours = next(c for c in data["cases"] if c["case"] == names[0])
