@@ -555,6 +555,34 @@ def test_host_arrays_compiled_equal_numpy(kind, monkeypatch):
                 assert compiled[k] == v, k
 
 
+def test_host_lengths_upload_once_per_lattice(be, monkeypatch):
+    """Host lengths reach the device once while a lattice runs again with the same values (a loss with the same
+    labels every step); other values -- new ones, the ones before (the lattice keeps the last only), or the same
+    array changed in place -- are uploaded again, and the results follow them."""
+    import types
+
+    rng = np.random.default_rng(12)
+    lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4) for _ in range(3)]))
+    X = rng.normal(size=(6, lat.num_columns))
+    copies = []
+    counting = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)  # host -> device, on CuPy
+    counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
+    monkeypatch.setattr(be, "xp", counting)
+    a, b = np.array([6, 4, 5]), np.array([6, 2, 5])
+    # the first call also uploads the lattice's two buffers (its int32 arrays, its weights)
+    steps = [(a, 3), ([6, 4, 5], 3), (b, 4), (a, 5), ("b changed", 6), (b, 6)]
+    for lengths, want_copies in steps:
+        if isinstance(lengths, str):
+            b[1] = 3
+            lengths = b
+        got = lattice_forward_backward(be, lat, X.copy(), lengths)
+        want = forward_backward_numpy(lat, X.copy(), np.array(lengths))
+        assert len(copies) == want_copies, (lengths, copies)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-10, atol=1e-12)
+
+
 def test_arc_tables_hold_spans_exactly_when_the_lattice_has_them():
     """``arc_table_bytes`` counts the spans' 16-bit column when ``max_span > 1``; the kernels copy the span arrays
     into the table whenever the lattice's arrays have them: the two must coincide."""
