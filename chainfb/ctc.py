@@ -162,7 +162,7 @@ def _ctc_batch(U: np.ndarray, y: np.ndarray, blank: int) -> FstBatch:
 
 
 @njit(nogil=True)
-def _ctc_arrays(U: np.ndarray, y: np.ndarray, blank: np.int64) -> tuple:
+def _ctc_arrays(U: np.ndarray, y: np.ndarray, blank: np.int64, width: np.int64) -> tuple:
     """:func:`_ctc_batch`'s arrays in one compiled pass, with the indexes
     :meth:`FstBatch.packed` takes: ``(so, ao, start, final, src, dst, pdf,
     (fwd_order, in_ptr, bwd_order, out_ptr), (col_ptr, col_pdfs,
@@ -173,8 +173,9 @@ def _ctc_arrays(U: np.ndarray, y: np.ndarray, blank: np.int64) -> tuple:
     ``bwd_order`` is the identity and ``out_ptr`` the arcs' offsets); the
     order by destination is a counting sort of ``dst`` (stable: by arc id
     within a state).  A sequence's columns are its distinct pdfs, sorted:
-    the blank and its labels, marked in a table of the vocabulary stamped
-    with the sequence's index."""
+    the blank and its labels, marked in a table of the vocabulary (``width``
+    entries: the largest label or blank, plus one) stamped with the
+    sequence's index."""
     N = U.shape[0]
     so = np.zeros(N + 1, np.int64)
     for n in range(N):
@@ -227,9 +228,6 @@ def _ctc_arrays(U: np.ndarray, y: np.ndarray, blank: np.int64) -> tuple:
     fwd_order, in_ptr = counting_order(dst, S)  # by destination, stably
     bwd_order = np.arange(A)
     # columns: each sequence's distinct pdfs, sorted, and each arc's index among them
-    width = blank + 1
-    for i in range(y.shape[0]):
-        width = max(width, y[i] + 1)
     stamp = np.full(width, -1, np.int64)
     rank = np.empty(width, np.int64)
     col_ptr = np.zeros(N + 1, np.int64)
@@ -264,7 +262,7 @@ def _ctc_batch_compiled(U: np.ndarray, y: np.ndarray, blank: int) -> FstBatch:
     width = max(blank, int(y.max(initial=0))) + 1
     if width > 4 * len(y) + TABLE_ENTRIES:
         return _ctc_batch(U, y, blank)
-    so, ao, start, final, src, dst, pdf, index, columns = _ctc_arrays(U, y, np.int64(blank))
+    so, ao, start, final, src, dst, pdf, index, columns = _ctc_arrays(U, y, np.int64(blank), np.int64(width))
     return FstBatch.packed(so, ao, start, final, src, dst, pdf, index=index, columns=columns)
 
 
