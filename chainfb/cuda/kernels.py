@@ -216,18 +216,14 @@ def require_cupy() -> ModuleType:
     (Checked once: a step on the GPU asks several times.)"""
     global _checked_cupy
     major = _torch_cuda_major()
-    try:
-        cupy = _import_cupy()
-    except ImportError:
-        cupy = None
-    if cupy is not None and _checked_cupy is not None and _checked_cupy[0] is cupy and _checked_cupy[1] == major:
-        return cupy
     want = major if major is not None else 13
     line = f"pip install 'chainfb[gpu-cu{want}]'  (or: pip install 'cupy-cuda{want}x[ctk]')"
     try:
         cupy = _import_cupy()
     except ImportError as e:
         raise ImportError(f"chainfb's GPU path needs CuPy built for CUDA {want}: {line}") from e
+    if _checked_cupy == (cupy, major):
+        return cupy
     have = _cupy_cuda_major(cupy)
     if major is not None and have != major:
         raise RuntimeError(
