@@ -311,18 +311,18 @@ def auto_cluster(shape: dict, N: int, lanes: int, sms: int) -> int:
 
 
 def clusters_pay(lat: Lattice, leaky: tuple[float, Array] | None, backend: Callable[[], KernelBackend]) -> bool:
-    """Whether this engine with the default ``cluster`` (:data:`CLUSTER`) spreads each direction of ``lat``'s
-    sequences over several blocks on the backend ``backend()`` gives (asked for only when the lattice alone does
-    not settle it): no leaky HMM, a device that runs clusters, and :func:`auto_cluster` above 1 (for
-    ``"auto"``).  ``engine="auto"`` then takes this engine for a lattice
-    whose sequences all use one graph (:func:`chainfb.engines.select`), where the shared-graph engine would run
-    one block a direction: a long CTC sequence alone in its batch (T = 4000, S = 3000: 15.6 ms against 39.8 ms
-    on an H200, docs/gpu.md)."""
+    """Whether this engine with the default ``cluster`` (:data:`CLUSTER`) spreads each direction of the
+    sequences of ``lat`` -- whose sequences all use one graph, its one-sequence lattice sizing the launch -- over
+    several blocks on the backend ``backend()`` gives (asked for only when the lattice alone does not settle
+    it): no leaky HMM, a device that runs clusters, and :func:`auto_cluster` above 1 (for ``"auto"``).
+    ``engine="auto"`` then takes this engine (:func:`chainfb.engines.select`) where the shared-graph engine
+    would run one block a direction: a long CTC sequence alone in its batch (T = 4000, S = 3000: 15.6 ms
+    against 39.8 ms on an H200, docs/gpu.md)."""
     if CLUSTER == 1 or leaky is not None:
         return False
     if CLUSTER != "auto":
         return bool(getattr(backend(), "clusters", False))
-    shape = layout_shape(lattice_host_arrays(lat.graph_lattice() if lat.graph is not None else lat))
+    shape = layout_shape(lattice_host_arrays(lat.graph_lattice()))
     lanes, N = state_lanes(shape), lat.num_sequences
     if auto_cluster(shape, N, lanes, 2 * N * CLUSTERS[-1]) == 1:  # one block on any device: no device asked
         return False
@@ -431,10 +431,10 @@ def check_inputs(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array)
         X = xp.ascontiguousarray(X)
     h = host_array(lengths)
     N = lat.num_sequences
-    if h is not None:
-        if h.dtype.kind in "iu" and h.size and (h.min() < 0 or h.max() > T):
+    if h is not None and h.dtype.kind in "iu":
+        if h.size and (h.min() < 0 or h.max() > T):
             raise ValueError(f"lengths: every length must lie in [0, T={T}], got {h[(h < 0) | (h > T)][0]}")
-        if h.dtype.kind in "iu" and h.shape == (N,):
+        if h.shape == (N,):
             return X, _device_lengths(backend, lat, h), dtype
     lengths = xp.asarray(lengths)
     if lengths.shape != (N,):
