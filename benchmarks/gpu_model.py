@@ -128,7 +128,7 @@ def recursion_plan(lat, itemsize: int, budget: int, cluster: int = 1) -> tuple:
     block size (the sizes of the one graph when every sequence uses it, as
     the shared-graph engine reads them), each direction over ``cluster``
     blocks."""
-    sized = lat.graph_lattice() if lat.shared_fst is not None else lat
+    sized = lat.graph_lattice() if lat.graph is not None else lat
     shape = cuda_engine.layout_shape(cuda_engine.lattice_host_arrays(sized))
     if cluster > 1:
         return cuda_engine.cluster_plan(shape, int(lat.max_span), itemsize, None, budget, cluster)
