@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # chainfb._arrays imports this module
     from ._arrays import Ints
 
 __all__ = [
-    "FLOATS", "INTS", "tensor", "flag", "number", "integer", "choice", "reduction", "reduce", "lengths",
-    "int_array", "blank", "durations",
+    "FLOATS", "INTS", "tensor", "flag", "number", "integer", "choice", "reduction", "reduce", "values_like",
+    "lengths", "int_array", "blank", "durations",
 ]
 
 #: float dtypes the losses take (half types are computed in float32)
@@ -136,9 +136,23 @@ def reduce(values: torch.Tensor, how: str, total: Ints | float | None = None) ->
     if how in ("mean_volume", "frame"):
         if total is None:
             raise ValueError(f"reduction: {how!r} needs the total length")
-        t = torch.as_tensor(total, dtype=values.dtype, device=values.device).sum()
-        return values.sum() / torch.clamp(t, min=1)
+        return values.sum() / torch.clamp(values_like(total, values).sum(), min=1)
     raise ValueError(f"reduction: expected one of {_listed(REDUCTIONS)}, got {how!r}")
+
+
+def values_like(values: Ints | float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values`` (numbers, a NumPy array, or a tensor) as a tensor of ``like``'s dtype on its device.  Host
+    values reach a GPU without blocking: torch's blocking copy waits for all the device's queued work, where
+    this one is made from a fresh host tensor of the target dtype -- pageable memory, which CUDA stages at
+    once, so a later change of the caller's data cannot reach the copy.  So labels and lengths on the host (a
+    data loader's) cost a loss's reduction no synchronisation."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            return values.to(device=like.device, dtype=like.dtype)
+        host = values.detach().to(dtype=like.dtype, copy=True)
+    else:
+        host = torch.tensor(np.asarray(values), dtype=like.dtype)
+    return host.to(device=like.device, non_blocking=True)
 
 
 def int_array(x: Any, name: str, ndim: int | None = None) -> np.ndarray:

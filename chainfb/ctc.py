@@ -434,11 +434,6 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
         costs = costs.squeeze(0)
     if reduction != "mean":
         return checks.reduce(costs, reduction)
-    # host lengths reach the device without a blocking copy (torch's waits for the device's queued work): labels
-    # and lengths on the host (a data loader's) then cost the step no synchronisation at all
-    if length_tensor is not None:  # already a tensor (on the device for CUDA inputs)
-        div = length_tensor.reshape(-1).to(device=costs.device, dtype=costs.dtype, non_blocking=True)
-    else:
-        div = torch.from_numpy(tl).to(device=costs.device, dtype=costs.dtype, non_blocking=True)
-    div = div.clamp(min=1)
+    # the lengths as given (a device tensor stays there); host ones reach the device without blocking
+    div = checks.values_like(tl if length_tensor is None else length_tensor.reshape(-1), costs).clamp(min=1)
     return (costs / (div[0] if unbatched else div)).mean()

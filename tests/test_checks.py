@@ -70,6 +70,20 @@ def test_blank_and_durations():
         checks.durations([], "durations", 0)
 
 
+def test_values_like():
+    """Numbers, arrays and tensors as a tensor of another's dtype and device; a host tensor is copied, so a later
+    change of the caller's data does not reach the result."""
+    like = torch.zeros(2, dtype=torch.float64)
+    for values in ([2, 6], np.array([2, 6]), torch.tensor([2, 6]), torch.tensor([2.0, 6.0], dtype=torch.float64)):
+        got = checks.values_like(values, like)
+        assert got.dtype == torch.float64 and got.device == like.device and got.tolist() == [2.0, 6.0]
+        if isinstance(values, (np.ndarray, torch.Tensor)):
+            values[0] = 5
+            assert got.tolist() == [2.0, 6.0]
+    seven = checks.values_like(7, like.float())
+    assert seven.item() == 7.0 and seven.dtype == torch.float32
+
+
 def test_reduce():
     v = torch.tensor([1.0, 3.0])
     assert checks.reduce(v, "none") is v

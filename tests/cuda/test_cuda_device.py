@@ -17,6 +17,23 @@ from oracles import cuda_twins as twins
 from oracles.transducer import rnnt_reference, rnnt_step_case
 
 
+class TestHostValuesOnTheDevice(OnCUDA):
+    def test_reductions_by_host_lengths_never_synchronise(self):
+        """``checks.reduce``'s per-length means with host totals (TDT's, the compat losses') copy them to the
+        device without a synchronising call (``torch.cuda.set_sync_debug_mode("error")`` raises on one)."""
+        from chainfb import checks
+
+        values = torch.tensor([1.0, 3.0], device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = [checks.reduce(values, how, total) for how, total in
+                   (("mean_volume", [2, 6]), ("frame", 4), ("mean_volume", torch.tensor([2, 6])))]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert [float(o) for o in out] == [0.5, 1.0, 0.5]
+
+
 class TestCudaKernels(OnCUDA):
     def test_engine_leaky_and_bitwise_deterministic(self):
         import cupy
