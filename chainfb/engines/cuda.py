@@ -29,8 +29,8 @@ from .._sort import stable_order
 from ..cuda.kernels import REAL_TYPES, KernelBackend, null_or
 from ..lattice import Lattice
 from . import numba_log
-from .cuda_memory import pack, scratch, upload
-from .numba_log.arrays import column_arcs, instance_arcs
+from .cuda_memory import scratch, upload
+from .cuda_index import index_arrays
 
 __all__ = ["forward_backward", "best_path", "lattice_arrays", "default_block_size", "lanes_per_state", "recursion_plan",
            "run_engine"]
@@ -54,9 +54,9 @@ MAX_CHUNKS = 4096
 def _chunks(ca_ptr: np.ndarray, col_off: np.ndarray) -> dict:
     """The columns' arcs (``[ca_ptr[c], ca_ptr[c + 1])`` of the arcs sorted
     by column) cut into chunks of at most ``CHUNK_ARCS`` arcs (more when a
-    sequence would have over ``MAX_CHUNKS`` chunks), and the columns with
-    several chunks; ``col_off [N + 1]``: each sequence's columns.  The arrays
-    of engine.cu (int64 here: :func:`_host_arrays` packs them as int32),
+    sequence would have over ``MAX_CHUNKS`` chunks, until each column is one
+    chunk), and the columns with several chunks; ``col_off [N + 1]``: each sequence's columns.  The arrays
+    of engine.cu (int64 here: :func:`_host_arrays` converts them to int32),
     plus ``max_chunks`` and ``chunk_arcs``."""
     counts = np.diff(ca_ptr)
     size = CHUNK_ARCS
@@ -64,7 +64,7 @@ def _chunks(ca_ptr: np.ndarray, col_off: np.ndarray) -> dict:
         nch = -(-counts // size)
         first = np.concatenate([[0], np.cumsum(nch)])
         widest = int(np.diff(first[col_off]).max(initial=0))
-        if widest <= MAX_CHUNKS:
+        if widest <= MAX_CHUNKS or size >= counts.max(initial=0):  # (or one chunk a column: as few as can be)
             break
         size *= 2
     J = int(first[-1])
@@ -90,48 +90,58 @@ def _host_arrays(lat: Lattice) -> dict:
     """int32 CSR structure, chunks and float64 weights of a lattice (host
     side); the arcs' spans (``in_span``, ``out_span``, ``ca_span``) only when
     some arc spans several frames (None otherwise: the kernels read every
-    span as 1).  The int32 arrays are views of one buffer (:func:`~chainfb.engines.cuda_memory.pack`),
-    which :func:`~chainfb.engines.cuda_memory.upload` copies to the device as it is."""
+    span as 1), which :func:`~chainfb.engines.cuda_memory.upload` packs into one buffer and copies to the
+    device in one transfer.  Where Numba runs and no arc
+    spans several frames, one compiled pass writes them (:func:`~chainfb.engines.cuda_index.index_arrays`);
+    else array operations over ``lat.fwd`` and ``lat.bwd``, to the same arrays."""
     S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs
     if max(S, C, A) > _I32_MAX:
         raise ValueError(f"lattice too large for the CUDA engine (states {S}, columns {C}, arcs {A})")
     spans = lat.max_span > 1
-    if spans or not numba_log.available():
-        f, b = lat.fwd, lat.bwd
-        (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = (
-            (f.ptr, f.src, f.log_prob, f.col), (b.ptr, b.dst, b.log_prob, b.col))
-        order = stable_order(out_col, C)
-        ca_ptr = np.searchsorted(out_col[order], np.arange(C + 1))
-        ca_src, ca_dst = b.src[order], out_dst[order]
-    else:  # the same arrays by compiled passes over the batch's arcs, without lat.fwd and lat.bwd
-        (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = instance_arcs(lat)
-        order, ca_ptr, ca_src, ca_dst = column_arcs(out_ptr, out_dst, out_col, C)
+    heads = {"state_off": lat.state_offsets, "col_off": lat.col_offsets, "start": np.asarray(lat.start)}
+    if not spans and numba_log.available():
+        ints, floats, sizes = index_arrays(lat, CHUNK_ARCS, MAX_CHUNKS)
+    else:
+        ints, floats, sizes = _numpy_index_arrays(lat, spans)
+    return {
+        "in_span": None, "out_span": None, "ca_span": None,  # (replaced by the spans' arrays where there are any)
+        **{k: np.asarray(v, dtype=np.int32) for k, v in {**heads, **ints}.items()},
+        "final": np.asarray(lat.final, dtype=np.float64),
+        **floats,
+        "max_span": int(lat.max_span),
+        **sizes,
+    }
+
+
+def _numpy_index_arrays(lat: Lattice, spans: bool) -> tuple[dict, dict, dict]:
+    """:func:`~chainfb.engines.cuda_index.index_arrays` by array operations over ``lat.fwd`` and ``lat.bwd``
+    (any lattice; the ints in int64, which :func:`_host_arrays` converts), with the arcs' spans among the ints
+    where ``spans``."""
+    C = lat.num_columns
+    f, b = lat.fwd, lat.bwd
+    order = stable_order(b.col, C)
+    ca_ptr = np.searchsorted(b.col[order], np.arange(C + 1))
     widths = np.diff(lat.state_offsets)
     chunks = _chunks(ca_ptr, lat.col_offsets)
     ints = {
-        "state_off": lat.state_offsets, "col_off": lat.col_offsets, "start": np.asarray(lat.start),
-        "in_ptr": in_ptr, "in_src": in_src, "in_col": in_col,
-        "out_ptr": out_ptr, "out_dst": out_dst, "out_col": out_col,
-        "ca_src": ca_src, "ca_dst": ca_dst,
+        "in_ptr": f.ptr, "in_src": f.src, "in_col": f.col,
+        "out_ptr": b.ptr, "out_dst": b.dst, "out_col": b.col,
+        "ca_src": b.src[order], "ca_dst": b.dst[order],
         **({"in_span": f.span, "out_span": b.span, "ca_span": b.span[order]} if spans else {}),
         **{k: v for k, v in chunks.items() if isinstance(v, np.ndarray)},
     }
-    return {
-        "in_span": None, "out_span": None, "ca_span": None,  # (replaced by the spans' arrays where there are any)
-        **pack({k: (v, np.int32) for k, v in ints.items()}),
-        "final": np.asarray(lat.final, dtype=np.float64),
-        "in_lp": np.asarray(in_lp, dtype=np.float64),
-        "out_lp": np.asarray(out_lp, dtype=np.float64),
-        "ca_lp": np.asarray(out_lp, dtype=np.float64)[order],
+    floats = {"in_lp": np.asarray(f.log_prob, dtype=np.float64), "out_lp": np.asarray(b.log_prob, dtype=np.float64),
+              "ca_lp": np.asarray(b.log_prob, dtype=np.float64)[order]}
+    sizes = {
         "chunk_arcs": chunks["chunk_arcs"],
         "max_chunks": chunks["max_chunks"],
-        "max_span": int(lat.max_span),
         "max_states": int(widths.max(initial=0)),
-        "max_degree": int(max(np.diff(in_ptr).max(initial=0), np.diff(out_ptr).max(initial=0))),
-        "max_arcs": int(np.diff(in_ptr[lat.state_offsets]).max(initial=0)),
+        "max_degree": int(max(np.diff(f.ptr).max(initial=0), np.diff(b.ptr).max(initial=0))),
+        "max_arcs": int(np.diff(f.ptr[lat.state_offsets]).max(initial=0)),
         "max_columns": int(np.diff(lat.col_offsets).max(initial=0)),
     }
+    return ints, floats, sizes
 
 
 def cached(owner: Lattice, name: str, backend: KernelBackend, dtype: DTypeLike, build: Callable[[], Any]) -> Any:

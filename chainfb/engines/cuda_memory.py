@@ -3,8 +3,8 @@ allocations and transfers a call.
 
 - :func:`pack` builds host arrays as views of one host buffer;
 - :func:`upload` copies a lattice's host arrays (:func:`chainfb.engines.cuda.lattice_host_arrays`) to the
-  device as such buffers, each device array a view of its buffer's copy: two transfers and two allocations
-  a new lattice instead of some twenty of each (a new lattice every training step when the labels change);
+  device as one such buffer, each device array a view of its copy: one transfer and one allocation a new
+  lattice instead of some twenty of each (a new lattice every training step when the labels change);
 - :func:`scratch` gives the arrays a call uses and drops together (the rows, their offsets) as views of one
   allocation.
 
@@ -57,12 +57,6 @@ def pack(arrays: dict[str, tuple[np.ndarray, DTypeLike]]) -> dict[str, np.ndarra
     return out
 
 
-def _is_packed(views: dict[str, np.ndarray]) -> bool:
-    """Whether the arrays are all views of one byte buffer, as :func:`pack` makes them."""
-    base = next(iter(views.values())).base if views else None
-    return isinstance(base, np.ndarray) and base.dtype == np.uint8 and all(v.base is base for v in views.values())
-
-
 def _view(buf: Array, offset: int, shape: tuple, dtype: DTypeLike) -> Array:
     """The C-contiguous array of ``shape`` and ``dtype`` at byte ``offset`` of
     the 1-D byte buffer ``buf`` (NumPy or CuPy), keeping ``buf``'s memory
@@ -88,29 +82,24 @@ def _on_device(xp: ModuleType, views: dict[str, np.ndarray]) -> dict:
 def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
     """``host`` (arrays, ints and Nones from
     :func:`~chainfb.engines.cuda.lattice_host_arrays`) on ``backend``'s
-    device, float arrays in ``dtype``.
+    device, float arrays in ``dtype``, the others in their own dtypes.
 
-    Two transfers: the int32 arrays, which
-    :func:`~chainfb.engines.cuda.lattice_host_arrays` builds as views of one
-    host buffer, are copied to the device as that buffer (packed here when
-    they are not), and the float arrays are packed into one more
-    (:func:`pack`); each device array is a view of its buffer's copy.  A
-    lattice's arrays are some twenty; one device allocation and one copy
-    apiece would be twenty of each on every new lattice (new labels every
-    training step).  A backend whose ``separate_arrays`` is true (a run
-    under a memory checker, AddressSanitizer or compute-sanitizer, which sees
-    an access past an array only at the end of its allocation) gets one
-    allocation an array instead."""
+    One transfer: the arrays are packed into one host buffer (:func:`pack`),
+    copied to the device as it is, and each device array is a view of the
+    copy.  A lattice's arrays are some twenty; one device allocation and one
+    copy apiece would be twenty of each on every new lattice (new labels
+    every training step), and each copy costs the host about a tenth of a
+    millisecond on a GPU machine.  A backend whose ``separate_arrays`` is
+    true (a run under a memory checker, AddressSanitizer or
+    compute-sanitizer, which sees an access past an array only at the end of
+    its allocation) gets one allocation an array instead."""
     xp = backend.xp
     arrays = {k: v for k, v in host.items() if isinstance(v, np.ndarray)}
     if getattr(backend, "separate_arrays", False):
         return {**host, **{k: xp.array(v.astype(dtype) if v.dtype.kind == "f" else v)  # (a copy: its own buffer)
                            for k, v in arrays.items()}}
-    ints = {k: v for k, v in arrays.items() if v.dtype.kind != "f"}
-    if not _is_packed(ints):
-        ints = pack({k: (v, v.dtype) for k, v in ints.items()})
-    floats = pack({k: (v, dtype) for k, v in arrays.items() if v.dtype.kind == "f"})
-    return {**host, **_on_device(xp, ints), **_on_device(xp, floats)}
+    return {**host, **_on_device(xp, pack({k: (v, dtype if v.dtype.kind == "f" else v.dtype)
+                                           for k, v in arrays.items()}))}
 
 
 def scratch(backend: KernelBackend, specs: list[tuple[tuple[int, ...], DTypeLike]]) -> list[Array]:

@@ -495,11 +495,10 @@ def test_a_call_allocates_its_rows_at_once(be, monkeypatch, separate):
 
 @pytest.mark.parametrize("separate", [False, True])
 def test_a_lattice_is_uploaded_at_once(be, monkeypatch, separate):
-    """``lattice_arrays`` copies the lattice's host arrays to the device in two transfers: the int32 arrays, which
-    ``lattice_host_arrays`` gives as views of one host buffer, as that buffer, and the weights in the engine's
-    dtype packed in another.  Every device array is a view of one of the two, at a multiple of ``PACK_ALIGN``
-    bytes, and holds the host array's values.  With the backend's ``separate_arrays`` each array has a buffer of
-    its own."""
+    """``lattice_arrays`` copies the lattice's host arrays to the device in one transfer: the int32 arrays and
+    the weights in the engine's dtype packed in one buffer.  Every device array is a view of it, at a multiple of
+    ``PACK_ALIGN`` bytes, and holds the host array's values.  With the backend's ``separate_arrays`` each array
+    has a buffer of its own."""
     from chainfb.engines import cuda as per_sequence
     from test_cuda_emulated_spans import span_fst
 
@@ -518,24 +517,31 @@ def test_a_lattice_is_uploaded_at_once(be, monkeypatch, separate):
                 assert v.dtype == (np.dtype(dtype) if host[k].dtype.kind == "f" else host[k].dtype), k
                 np.testing.assert_array_equal(v, host[k].astype(v.dtype), err_msg=k)
                 assert v.flags.c_contiguous
-            _check_packed(list(arrays.values()), separate, buffers=2)
-        ints = [v for v in host.values() if isinstance(v, np.ndarray) and v.dtype == np.int32]
-        _check_packed(ints, False)  # the host's int32 arrays: one buffer
+            _check_packed(list(arrays.values()), separate, buffers=1)
+        host_dtypes = {v.dtype for v in host.values() if isinstance(v, np.ndarray)}
+        assert host_dtypes == {np.dtype(np.int32), np.dtype(np.float64)}
         assert {k for k, v in dev.items() if not isinstance(v, np.ndarray)} == \
             {k for k, v in host.items() if not isinstance(v, np.ndarray)}
 
 
+@pytest.mark.parametrize("chunks", ["default", "one arc", "few"])
 @pytest.mark.parametrize("kind", ["own graphs", "one shared graph", "shared and own", "ctc"])
-def test_host_arrays_compiled_equal_numpy(kind, monkeypatch):
-    """Where Numba runs, the CUDA engine's index arrays of a lattice come from compiled passes over the batch's
-    arcs (``instance_arcs``, ``column_arcs``) instead of ``Lattice.fwd`` / ``bwd`` and a sort: the same arrays,
-    value and dtype, as the NumPy path's."""
+def test_host_arrays_compiled_equal_numpy(kind, chunks, monkeypatch):
+    """Where Numba runs, the CUDA engine's index arrays of a lattice come from one compiled pass over the batch's
+    arcs (``cuda_index.index_arrays``) instead of ``Lattice.fwd`` / ``bwd``, a sort and a dozen array operations:
+    the same arrays, value and dtype, and the same sizes, as the NumPy path's.  With chunks of one arc, columns
+    have several; with at most three chunks a sequence, the chunk size doubles until they fit or each column is
+    one chunk (a sequence with more columns than chunks allowed)."""
     from chainfb import ctc_graph
     from chainfb.engines import cuda as per_sequence, numba_log
 
     if not numba_log.available():
         pytest.skip("Numba is not available")
+    if chunks != "default":
+        monkeypatch.setattr(per_sequence, "CHUNK_ARCS", 1)
+        monkeypatch.setattr(per_sequence, "MAX_CHUNKS", 3 if chunks == "few" else 10**6)
     rng = np.random.default_rng(11)
+    sizes, several = set(), False
     for _ in range(5):
         if kind == "ctc":
             batch = ctc_graph([rng.integers(1, 5, size=rng.integers(0, 6)) for _ in range(4)])
@@ -553,6 +559,12 @@ def test_host_arrays_compiled_equal_numpy(kind, monkeypatch):
                 assert compiled[k].dtype == v.dtype and np.array_equal(compiled[k], v), k
             else:
                 assert compiled[k] == v, k
+        sizes.add(compiled["chunk_arcs"])
+        several |= compiled["mc_col"].size > 0
+        if chunks == "few":  # at most three chunks a sequence, or one a column (no fewer can be)
+            assert compiled["max_chunks"] <= max(3, compiled["max_columns"])
+    # the branches the default sizes do not reach on such small graphs
+    assert {"one arc": several, "few": max(sizes) > 1}.get(chunks, True)
 
 
 def test_host_lengths_upload_once_per_lattice(be, monkeypatch):
@@ -570,8 +582,8 @@ def test_host_lengths_upload_once_per_lattice(be, monkeypatch):
     counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
     monkeypatch.setattr(be, "xp", counting)
     a, b = np.array([6, 4, 5]), np.array([6, 2, 5])
-    # the first call also uploads the lattice's two buffers (its int32 arrays, its weights)
-    steps = [(a, 3), ([6, 4, 5], 3), (b, 4), (a, 5), ("b changed", 6), (b, 6)]
+    # the first call also uploads the lattice's buffer (its int32 arrays and its weights)
+    steps = [(a, 2), ([6, 4, 5], 2), (b, 3), (a, 4), ("b changed", 5), (b, 5)]
     for lengths, want_copies in steps:
         if isinstance(lengths, str):
             b[1] = 3

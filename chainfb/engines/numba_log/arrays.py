@@ -20,8 +20,7 @@ from ..numba_cache import njit
 from .bands import block_ranges, distances
 
 __all__ = ["Side", "LatticeArrays", "Distances", "Blocks", "SpanArrays", "lattice_arrays", "distance_arrays",
-           "block_arrays", "span_arrays", "span_bound", "instance_side", "instance_arcs", "counting_order",
-           "column_arcs"]
+           "block_arrays", "span_arrays", "span_bound", "instance_side", "instance_arcs", "counting_order"]
 
 
 class Side(NamedTuple):
@@ -127,21 +126,6 @@ def counting_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray
         order[fill[keys[i]]] = i
         fill[keys[i]] += 1
     return order, ptr
-
-
-@njit(nogil=True)
-def column_arcs(ptr: np.ndarray, dst: np.ndarray, col: np.ndarray,
-                num_columns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The out-arcs (CSR by source: ``ptr [S + 1]``, ``dst [A]``, ``col
-    [A]``) sorted by column, stably: ``(order [A], col_ptr [C + 1], src
-    [A], dst [A])`` -- arc ``order[i]`` of the out-arcs is the ``i``-th by
-    column, column ``c``'s are ``col_ptr[c] .. col_ptr[c + 1]``, and ``src``
-    / ``dst`` are their ends in that order."""
-    order, col_ptr = counting_order(col, num_columns)
-    src = np.empty(dst.shape[0], np.int64)
-    for s in range(ptr.shape[0] - 1):
-        src[ptr[s]: ptr[s + 1]] = s
-    return order, col_ptr, src[order], dst[order]
 
 
 def lattice_arrays(lat: Lattice) -> LatticeArrays:
