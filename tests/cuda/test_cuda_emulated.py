@@ -567,6 +567,25 @@ def test_host_arrays_compiled_equal_numpy(kind, chunks, monkeypatch):
     assert {"one arc": several, "few": max(sizes) > 1}.get(chunks, True)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_sequence_with_more_columns_than_chunks(compiled, monkeypatch):
+    """A sequence with more columns holding arcs than ``MAX_CHUNKS`` (a CTC target of 4,200 distinct labels) cannot
+    have fewer chunks than columns: the chunk size stops doubling once each column is one chunk (it used to double
+    without end), on both paths."""
+    from chainfb import ctc_graph
+    from chainfb.engines import cuda as per_sequence, numba_log
+
+    if compiled and not numba_log.available():
+        pytest.skip("Numba is not available")
+    if not compiled:
+        monkeypatch.setattr(numba_log, "numba", None)
+    lat = Lattice(ctc_graph([np.arange(1, 4201)]))
+    a = per_sequence._host_arrays(lat)
+    assert lat.num_columns == 4201 > per_sequence.MAX_CHUNKS
+    assert a["max_chunks"] == 4201 and a["mc_col"].size == 0  # one chunk a column
+    assert a["chunk_arcs"] >= int(np.diff(a["chunk_arc"]).max())
+
+
 def test_host_lengths_upload_once_per_lattice(be, monkeypatch):
     """Host lengths reach the device once while a lattice runs again with the same values (a loss with the same
     labels every step); other values -- new ones, the ones before (the lattice keeps the last only), or the same
