@@ -70,13 +70,17 @@ class PdfScoreMap:
             raise ValueError(f"{name or self.name}: strides must be non-negative multiples of the item size, "
                              f"got {strides} for item size {item}")
 
+        device = getattr(getattr(arr, "device", None), "id", None)  # CuPy: one offsets copy per GPU
+
         def build():
             sN, _, sP = (s // item for s in strides)
             offs = self.col_seq * sN + self.col_pdf * sP
             width = int(offs.max()) + 1 if offs.size else 1
-            return xp.asarray(offs), width
+            # the sequences ride along (one transfer to a GPU, not two): scatter_add's seq_scale reads them
+            both = xp.asarray(np.stack([offs, self.col_seq]))
+            self._layouts.get((xp.__name__, device, "sequences"), lambda: both[1])
+            return both[0], width
 
-        device = getattr(getattr(arr, "device", None), "id", None)  # CuPy: one offsets copy per GPU
         return self._layouts.get((xp.__name__, device, item, strides), build)
 
     def _sequences(self, xp, arr):

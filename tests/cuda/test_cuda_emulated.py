@@ -586,6 +586,36 @@ def test_sequence_with_more_columns_than_chunks(compiled, monkeypatch):
     assert a["chunk_arcs"] >= int(np.diff(a["chunk_arc"]).max())
 
 
+def test_score_map_uploads_once():
+    """A score map's first gather to a device copies its column offsets and the columns' sequences there in one
+    transfer (a new CTC label set every step makes a new map every step); the scatter with per-sequence scales
+    then copies nothing, and both give the host's numbers."""
+    import types
+
+    from chainfb.score_map import PdfScoreMap
+
+    rng = np.random.default_rng(13)
+    N, T, P, C = 3, 4, 5, 7
+    flat = np.sort(rng.choice(N * P, C, replace=False))  # distinct columns (sequence, pdf)
+    col_seq, col_pdf = flat // P, flat % P
+    copies = []
+    counting = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)  # host -> device, on CuPy
+    counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
+    counting.__name__ = "counting"
+    scores = rng.normal(size=(N, T, P))
+    sm = PdfScoreMap(col_seq, col_pdf)
+    X = sm.gather(counting, scores)
+    assert len(copies) == 1
+    np.testing.assert_array_equal(X, scores[col_seq, :, col_pdf].T)
+    target, scale = np.zeros((N, T, P)), np.array([1.0, 2.0, 3.0])
+    sm.scatter_add(counting, target, np.ones((T, len(col_seq))), seq_scale=scale)
+    assert len(copies) == 1
+    want = np.zeros((N, T, P))
+    want[col_seq, :, col_pdf] = scale[col_seq][:, None]
+    np.testing.assert_array_equal(target, want)
+
+
 def test_host_lengths_upload_once_per_lattice(be, monkeypatch):
     """Host lengths reach the device once while a lattice runs again with the same values (a loss with the same
     labels every step); other values -- new ones, the ones before (the lattice keeps the last only), or the same
