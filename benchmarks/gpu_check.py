@@ -325,8 +325,9 @@ def facts(path, emulate):
         except Exception as e:  # noqa: BLE001
             out[name] = f"not available ({type(e).__name__})"
     try:
-        out["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                       timeout=10).stdout.strip() or "unknown"
+        # "-dirty" when the tracked files differ from that commit (a copied tree whose .git is older than its files)
+        out["commit"] = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], cwd=ROOT,
+                                       capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
     except Exception:  # noqa: BLE001
         out["commit"] = "unknown"
     if emulate:

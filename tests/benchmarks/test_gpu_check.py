@@ -408,3 +408,27 @@ def test_bench_transducer_maps_cuda_path(fake_cuda, monkeypatch, capsys):
                                 "--vocab", "8", "--repeat", "1", "--peak-gbps", "1"])
     out = capsys.readouterr().out
     assert "device cuda (emulated), logits (2, 6, 4, 8) float32" in out and "peak memory allocated by torch" in out
+
+
+def test_host_phases_resolve_and_time(monkeypatch):
+    """benchmarks/gpu_host_phases.py (a GPU only) names chainfb functions by module and attribute: every one of them
+    exists (a rename fails here, not on a GPU), and a wrapped phase returns what it did and adds its time."""
+    import collections
+
+    import numpy as np
+
+    from benchmarks import gpu_host_phases
+    from chainfb import ctc
+
+    import importlib
+    for module, path in gpu_host_phases.PHASES:  # undone by monkeypatch below: instrument sets them all
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    totals, counts = collections.defaultdict(float), collections.Counter()
+    gpu_host_phases.instrument(totals, counts)
+    lattice, score_map = ctc._compile(np.array([2, 1]), np.array([1, 2, 3]), 0)
+    assert lattice.num_sequences == 2
+    assert counts == {"chainfb.ctc._compile": 1} and totals["chainfb.ctc._compile"] > 0
