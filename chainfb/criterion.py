@@ -230,8 +230,8 @@ def first_order_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
 
 class _CriterionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, criterion, returned, *xs):
-        need = any(ctx.needs_input_grad[2:])
+    def forward(ctx, criterion, returned, weights, *xs):
+        need = any(ctx.needs_input_grad[3:])
         x = xs[0] if len(xs) == 1 else xs
         value, grad = criterion.run(x, need or returned is not None, defer=returned is None)
         if returned is not None:  # the caller keeps the gradient: backward scales it out of place
@@ -241,6 +241,10 @@ class _CriterionFunction(torch.autograd.Function):
         ctx.shared = _shared_inputs(criterion, xs, grad if ctx.several else (grad,), value.shape[0]) if need else ()
         if need:
             ctx.save_for_backward(*xs)
+        ctx.weights = None
+        if weights is not None:  # the weighted total: one kernel, and backward weighs the incoming gradient
+            ctx.weights = _weights_like(weights, value)
+            return torch.dot(value, ctx.weights)
         return value
 
     @staticmethod
@@ -248,6 +252,8 @@ class _CriterionFunction(torch.autograd.Function):
         # the inputs as they were: an input changed in place since forward is autograd's usual error here (a
         # DeferredGrad may still read it: the transducers' gradient kernel reads the logits in backward)
         ctx.saved_tensors  # noqa: B018 -- read for autograd's version check
+        if ctx.weights is not None:  # d total / d value[n] = weights[n]
+            grad_out = ctx.weights * grad_out
         if not torch.is_grad_enabled():
             return _CriterionFunction._gradients(ctx, grad_out)
         # create_graph=True: the gradient, tied to the saved input (its derivative through the input
@@ -257,7 +263,7 @@ class _CriterionFunction(torch.autograd.Function):
         grads = first_order(grads, ctx.saved_tensors)
         go = torch.nan_to_num(grad_out, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite: 0 (one kernel)
         out = [None if g is None else g * go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)) for g in grads]
-        return (None, None, *(g.sum(dim=0) if shared else g for g, shared in zip(out, ctx.shared)))
+        return (None, None, None, *(g.sum(dim=0) if shared else g for g, shared in zip(out, ctx.shared)))
 
     @staticmethod
     def _unscaled(ctx) -> tuple:
@@ -294,7 +300,7 @@ class _CriterionFunction(torch.autograd.Function):
                 factor = go.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1))
                 g = g * factor if shared else g.mul_(factor)
             out.append(g)
-        return (None, None, *out)
+        return (None, None, None, *out)
 
 
 def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
@@ -316,13 +322,32 @@ def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
     return tuple(out)
 
 
+def _weights_like(weights: np.ndarray | torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``weights [N]`` as a tensor of ``value``'s dtype on its device (host weights without blocking: see
+    :func:`chainfb.checks.values_like`)."""
+    from .checks import values_like
+
+    w = values_like(weights, value)
+    if tuple(w.shape) != tuple(value.shape):
+        raise ValueError(f"weights: expected shape {tuple(value.shape)} (one a sequence), got {tuple(w.shape)}")
+    return w
+
+
 def apply(x: torch.Tensor | tuple[torch.Tensor, ...], criterion: Criterion,
-          return_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, Any]:
+          return_grad: bool = False, weights: np.ndarray | torch.Tensor | None = None
+          ) -> torch.Tensor | tuple[torch.Tensor, Any]:
     """The criterion's per-sequence value ``[N]``, differentiable w.r.t. ``x``
     (a tensor, or a tuple of tensors when the criterion reads several; its
     ``gather`` and ``finish`` then take and give tuples).  Each input is
     batch-first (``[N, ...]``) or shared by the sequences, its gradient
     given per sequence (module docstring).
+
+    With ``weights`` (``[N]``: a NumPy array or a tensor), the scalar
+    ``sum_n weights[n] * value[n]`` instead: a loss's ``"sum"`` or
+    ``"mean"`` in one kernel, whose backward weighs the incoming gradient
+    per sequence before the gradient is written -- where ``value`` then a
+    negation, a division and a mean would each add a kernel and an
+    autograd node to both passes.
 
     With ``return_grad``, ``(value, grad)``: also the gradient ``finish``
     gave (computed in the same run; ``d value[n] / d x`` unscaled), which
@@ -332,5 +357,5 @@ def apply(x: torch.Tensor | tuple[torch.Tensor, ...], criterion: Criterion,
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(t).__name__}" + (f" at {i}" if len(xs) > 1 else ""))
     returned = [] if return_grad else None
-    value = _CriterionFunction.apply(criterion, returned, *xs)
+    value = _CriterionFunction.apply(criterion, returned, weights, *xs)
     return (value, returned[0]) if return_grad else value

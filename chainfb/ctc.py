@@ -427,7 +427,11 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
         costs = log_probs.sum((0, 2)) * 0
     else:
         lattice, score_map = _compile(lens, labels, blank)
-        costs = -apply(log_probs.transpose(0, 1), CtcCriterion(lattice, il, score_map))
+        criterion = CtcCriterion(lattice, il, score_map)
+        if reduction != "none" and not zero_infinity:  # the reduced loss in one step (criterion.apply's weights)
+            per = -1.0 / np.maximum(tl, 1) / N if reduction == "mean" else np.full(N, -1.0)
+            return apply(log_probs.transpose(0, 1), criterion, weights=per)
+        costs = -apply(log_probs.transpose(0, 1), criterion)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
     if unbatched:

@@ -129,6 +129,67 @@ def test_pdf_gradient_is_written_in_backward_already_scaled():
     assert isinstance(grad, torch.Tensor) and torch.equal(grad, dense.run(scores[..., :3], True)[1])
 
 
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_weighted_total(kind):
+    """``apply(..., weights=w)`` is ``sum_n w[n] * value[n]`` in one step: the same value and gradients as the
+    per-sequence values weighted and summed by torch (also a shared parameter's, and under gradcheck), an
+    incoming NaN counting as 0 as everywhere, the first derivative with ``create_graph=True``, and a clear error
+    for weights of the wrong length."""
+    lengths = [5, 4, 2, 5]
+    scores, bias = _inputs()
+    w = np.array([0.25, -1.0, 2.0, 0.5])
+    weights = w if kind == "numpy" else torch.from_numpy(w)
+    total = apply((scores, bias), Biased(scores.shape, lengths), weights=weights)
+    assert total.shape == ()
+    total.backward()
+    s2, b2 = (t.detach().clone().requires_grad_() for t in (scores, bias))
+    want = (apply((s2, b2), Biased(scores.shape, lengths)) * torch.from_numpy(w)).sum()
+    want.backward()
+    torch.testing.assert_close(total, want, rtol=1e-15, atol=0)
+    torch.testing.assert_close(scores.grad, s2.grad)
+    torch.testing.assert_close(bias.grad, b2.grad)
+    assert torch.autograd.gradcheck(lambda s, b: apply((s, b), Biased(s.shape, lengths), weights=weights),
+                                    (scores, bias))
+    (gs,) = torch.autograd.grad(apply((scores, bias), Biased(scores.shape, lengths), weights=weights), scores,
+                                create_graph=True)
+    torch.testing.assert_close(gs.detach(), s2.grad)
+    (g_nan,) = torch.autograd.grad(apply((scores, bias), Biased(scores.shape, lengths), weights=weights), scores,
+                                   torch.tensor(float("nan"), dtype=torch.float64))
+    assert torch.equal(g_nan, torch.zeros_like(g_nan))
+    with pytest.raises(ValueError, match=r"weights: expected shape \(4,\)"):
+        apply((scores, bias), Biased(scores.shape, lengths), weights=w[:3])
+
+
+def test_ctc_reductions_in_one_step_match_the_per_sequence_losses():
+    """``ctc_loss``'s ``"mean"`` and ``"sum"`` (weighted totals of the criterion) equal the per-sequence losses
+    reduced by torch, value and gradient, with an impossible sequence (inf, zero gradient) and a NaN one, and
+    unbatched; ``zero_infinity`` still zeroes the impossible one."""
+    g = torch.Generator().manual_seed(5)
+    lp = torch.randn(6, 4, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+    targets = torch.tensor([[1, 2, 2], [3, 3, 3], [4, 1, 0], [2, 0, 0]])
+    il, tl = [6, 4, 5, 6], [3, 3, 2, 0]  # sequence 1: 3 3 3 needs 5 frames, has 4 (impossible)
+    for reduction in ("mean", "sum"):
+        for zero_infinity in (False, True):
+            x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+            got = chainfb.ctc_loss(x, targets, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+            per = chainfb.ctc_loss(y, targets, il, tl, reduction="none", zero_infinity=zero_infinity)
+            want = (per / torch.tensor(tl).clamp(min=1)).mean() if reduction == "mean" else per.sum()
+            torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+            got.backward(torch.tensor(0.5, dtype=torch.float64))
+            if torch.isfinite(want):
+                want.backward(torch.tensor(0.5, dtype=torch.float64))
+                torch.testing.assert_close(x.grad, y.grad, rtol=1e-13, atol=1e-15)
+            assert torch.isfinite(x.grad).all() and (x.grad[:, 1] == 0).all()  # impossible: zero gradient
+    x = lp[:, 0].clone().requires_grad_()
+    got = chainfb.ctc_loss(x, targets[0], 6, 3)
+    torch.testing.assert_close(got, chainfb.ctc_loss(lp[:, 0], targets[0], 6, 3, reduction="none") / 3)
+    nan = lp.clone()
+    nan[2, 3, 0] = float("nan")  # on sequence 3's only path (blanks)
+    x = nan.requires_grad_()
+    chainfb.ctc_loss(x, targets, il, tl).backward()
+    assert torch.isnan(x.grad[:, 3]).any() and torch.isfinite(x.grad[:, [0, 2]]).all()  # a NaN stays in its sequence
+
+
 # ------------------------------------------------- one criterion object, two threads at once
 
 def _transducer_case(rng):
