@@ -267,8 +267,9 @@ class CupyBackend:
         self.xp = cupy
         self._modules = {}
         self._facts = {}  # (fact, device) -> int
-        self._functions = {}  # (instantiation, device) -> RawKernel
-        self._opted_in = set()  # (instantiation, device) whose max_dynamic_shared_size_bytes was set
+        # (instantiation, device) -> [RawKernel, its static shared memory, the dynamic shared memory it was opted
+        # in for (0: never)]: each a driver query, asked once, not at every launch
+        self._functions = {}
 
     def module(self, src: str) -> Any:
         """The compiled ``RawModule`` of source file ``src`` for the current device."""
@@ -322,14 +323,15 @@ class CupyBackend:
         if shared_mem < 0:
             raise ValueError(f"{name}: shared_mem must be >= 0, got {shared_mem}")
         key = (name, self.xp.cuda.Device().id)
-        fn = self._functions.get(key)
-        if fn is None:
-            fn = self._functions[key] = self.function(name)
-        if fn.shared_size_bytes + shared_mem > _DEFAULT_SHARED and (
-                key not in self._opted_in or fn.max_dynamic_shared_size_bytes < shared_mem):
+        entry = self._functions.get(key)
+        if entry is None:
+            fn = self.function(name)
+            entry = self._functions[key] = [fn, int(fn.shared_size_bytes), 0]
+        fn, static, opted = entry
+        if static + shared_mem > _DEFAULT_SHARED and opted < shared_mem:
             # opt in (whether the attribute's default counts the static shared memory or not)
             fn.max_dynamic_shared_size_bytes = max(shared_mem, fn.max_dynamic_shared_size_bytes)
-            self._opted_in.add(key)
+            entry[2] = fn.max_dynamic_shared_size_bytes
         fn((int(grid),), (int(block),), tuple(args), shared_mem=shared_mem)
 
     def cache_key(self) -> tuple[str, int, int]:

@@ -58,13 +58,20 @@ class _FakeKernel:
     memory (as CUDA reports it) rather than 48 KiB."""
 
     def __init__(self, static=0, counts_static=True):
-        self.shared_size_bytes = static
+        self._static = static
         self._max = 48 * 1024 - (static if counts_static else 0)
         self.sets = []
         self.calls = []
+        self.queries = 0  # attribute reads: each a driver call on a real kernel
+
+    @property
+    def shared_size_bytes(self):
+        self.queries += 1
+        return self._static
 
     @property
     def max_dynamic_shared_size_bytes(self):
+        self.queries += 1
         return self._max
 
     @max_dynamic_shared_size_bytes.setter
@@ -113,5 +120,7 @@ def test_cupy_backend_opts_in_when_static_and_dynamic_pass_48_kib(monkeypatch, c
     assert kern.calls[-1][3:] == (48484, max(48484, kern.max_dynamic_shared_size_bytes))
     kern = _FakeKernel(static=1024, counts_static=counts_static)  # under 48 KiB together: nothing to set
     be = _fake_backend(monkeypatch, kern)
-    be.launch("chainfb::fb_recursion<float>", 3, 64, [1], shared_mem=47 * 1024)
-    assert kern.sets == []
+    for _ in range(3):
+        be.launch("chainfb::fb_recursion<float>", 3, 64, [1], shared_mem=47 * 1024)
+    assert kern.sets == [] and len(kern.calls) == 3
+    assert kern.queries == 1  # the static size, read once: no driver query at every launch
