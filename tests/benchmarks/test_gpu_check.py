@@ -432,3 +432,13 @@ def test_host_phases_resolve_and_time(monkeypatch):
     lattice, score_map = ctc._compile(np.array([2, 1]), np.array([1, 2, 3]), 0)
     assert lattice.num_sequences == 2
     assert counts == {"chainfb.ctc._compile": 1} and totals["chainfb.ctc._compile"] > 0
+
+
+def test_host_ops_needs_a_gpu(monkeypatch, capsys):
+    """benchmarks/gpu_host_ops.py (a GPU only) says so and exits where torch sees no CUDA device."""
+    from benchmarks import gpu_host_ops
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        gpu_host_ops.main(["--repeat", "3"])
+    assert "needs a CUDA device" in capsys.readouterr().err
