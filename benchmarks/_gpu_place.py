@@ -28,6 +28,13 @@ def json_number(x):
     return x
 
 
+def write_lines(path: str | None, lines: list[str]) -> None:
+    """Write ``lines`` to ``path`` (None: nothing), one a line."""
+    if path:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def write_json(path: str, obj) -> None:
     """Write ``obj`` to ``path`` whole or not at all (a reader, or a kill, never sees half a file)."""
     import json

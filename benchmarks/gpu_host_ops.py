@@ -14,6 +14,8 @@ import time
 import numpy as np
 import torch
 
+from ._gpu_place import write_lines
+
 
 def measure(fn, repeat: int) -> float:
     """The median microseconds of ``fn()`` over ``repeat`` calls after 50 warm-up ones."""
@@ -92,9 +94,7 @@ def main(argv=None) -> int:
             us = measure(fn, args.repeat)
         lines.append(f"{label:60s} {us:8.1f} us")
         print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
     return 0
 
 

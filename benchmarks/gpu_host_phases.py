@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from ._gpu_place import write_lines
+
 #: (module, attribute) of each timed phase
 PHASES = [("chainfb.ctc", "_to_host"), ("chainfb.ctc", "_labels"), ("chainfb.ctc", "_compile"),
           ("chainfb.engines.cuda", "lattice_host_arrays"), ("chainfb.engines.cuda", "upload"),
@@ -110,9 +112,7 @@ def main(argv=None) -> int:
                 say(f"  {label:55s} {t / args.steps * 1e3:8.3f} ms a step  {counts[label] / args.steps:5.1f} calls")
             say()
         gc.collect()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
     return 0
 
 

@@ -92,7 +92,7 @@ def _host_arrays(lat: Lattice) -> dict:
     some arc spans several frames (None otherwise: the kernels read every
     span as 1), which :func:`~chainfb.engines.cuda_memory.upload` packs into one buffer and copies to the
     device in one transfer.  Where Numba runs and no arc
-    spans several frames, one compiled pass writes them (:func:`~chainfb.engines.cuda_index.index_arrays`);
+    spans several frames, compiled passes write them (:func:`~chainfb.engines.cuda_index.index_arrays`);
     else array operations over ``lat.fwd`` and ``lat.bwd``, to the same arrays."""
     S, C = lat.num_states, lat.num_columns
     A = lat.num_arcs

@@ -1,4 +1,4 @@
-"""The CUDA engine's index arrays of a new lattice in one compiled pass.
+"""The CUDA engine's index arrays of a new lattice by compiled passes, already in int32.
 
 ``engine.cu`` reads a lattice as int32 CSR arrays: its in-arcs by
 destination (the forward recursion), its out-arcs by source (the backward),
@@ -9,17 +9,18 @@ fixed-order tree: see ``forward_backward.cuh``).  The NumPy way to these
 ``Lattice.fwd`` and ``bwd`` first, then sorts and cuts them in a dozen array
 operations, each with its own temporaries.  With new labels every training
 step that is host time on every step, so where Numba runs this module
-writes them in one pass over the batch's arcs, already in int32:
+writes them in compiled passes over the batch's arcs, already in int32:
 
-1. the in-arcs of every sequence's graph instance in the batch's order
-   (``fwd_order``), shifted to the instance's state and column ids, counting
-   each column's arcs on the way;
-2. the out-arcs likewise (``bwd_order``), each also dropped into its place
-   among the arcs by column (a counting sort by the counts of step 1:
-   stable, so the same order as ``np.argsort(kind="stable")``);
+1. the in-arcs and the out-arcs of every sequence's graph instance in the
+   batch's orders (``fwd_order``, ``bwd_order``), shifted to the instance's
+   state and column ids (:func:`~chainfb.engines.numba_log.arrays.instance_side_into`,
+   the CPU engine's pass, writing int32), and each column's arcs counted;
+2. the out-arcs dropped into their places among the arcs by column (a
+   counting sort by those counts: stable, so the same order as
+   ``np.argsort(kind="stable")``);
 3. the chunks of each column (``ceil(arcs / chunk_arcs)``, ``chunk_arcs``
-   doubled while a sequence would have over ``max_chunks`` of them) and the
-   columns with several;
+   doubled while a sequence would have over ``max_chunks`` of them, until
+   each column is one chunk) and the columns with several;
 4. the sizes the launch plan reads (widest sequence, largest degree...).
 
 ``N`` sequences, ``S`` states, ``A`` arcs, ``C`` columns and ``J`` chunks in
@@ -33,74 +34,29 @@ import numpy as np
 
 from ..lattice import Lattice
 from .numba_cache import njit
+from .numba_log.arrays import instance_side_into
 
 __all__ = ["index_arrays"]
 
 
 @njit(nogil=True)
-def _instance_in_arcs(g_of, bso, so, co, num_arcs, ptr, order, src, log_prob, local_col, num_columns):
-    """Step 1: ``(in_ptr [S + 1], in_src [A], in_col [A], in_lp [A], col_count [C])``."""
-    N = g_of.shape[0]
-    in_ptr = np.empty(so[N] + 1, np.int32)
-    in_src = np.empty(num_arcs, np.int32)
-    in_col = np.empty(num_arcs, np.int32)
-    in_lp = np.empty(num_arcs, np.float64)
-    count = np.zeros(num_columns, np.int64)
-    in_ptr[0] = 0
-    a = 0
-    for n in range(N):
-        g = g_of[n]
-        shift = so[n] - bso[g]
-        for k in range(bso[g], bso[g + 1]):
-            for i in range(ptr[k], ptr[k + 1]):
-                arc = order[i]
-                c = co[n] + local_col[arc]
-                in_src[a] = src[arc] + shift
-                in_col[a] = c
-                in_lp[a] = log_prob[arc]
-                count[c] += 1
-                a += 1
-            in_ptr[k + shift + 1] = a
-    return in_ptr, in_src, in_col, in_lp, count
-
-
-@njit(nogil=True)
-def _instance_out_arcs(g_of, bso, so, co, num_arcs, ptr, order, dst, log_prob, local_col, col_ptr):
-    """Step 2: ``(out_ptr [S + 1], out_dst [A], out_col [A], out_lp [A], ca_src [A], ca_dst [A], ca_lp [A])``:
-    the out-arcs by source, and the same arcs by column (``col_ptr [C + 1]``: column ``c``'s are ``col_ptr[c] ..
-    col_ptr[c + 1]``), in the out-arcs' order within a column."""
-    N = g_of.shape[0]
-    out_ptr = np.empty(so[N] + 1, np.int32)
-    out_dst = np.empty(num_arcs, np.int32)
-    out_col = np.empty(num_arcs, np.int32)
-    out_lp = np.empty(num_arcs, np.float64)
-    ca_src = np.empty(num_arcs, np.int32)
-    ca_dst = np.empty(num_arcs, np.int32)
-    ca_lp = np.empty(num_arcs, np.float64)
+def _by_column(out_ptr, out_dst, out_col, out_lp, col_ptr):
+    """Step 2: the out-arcs (CSR by source) dropped into their places among the arcs by column (``col_ptr [C +
+    1]``: column ``c``'s are ``col_ptr[c] .. col_ptr[c + 1]``), in the out-arcs' order within a column: ``(ca_src,
+    ca_dst [A] int32, ca_lp [A])``."""
+    A = out_dst.shape[0]
+    ca_src = np.empty(A, np.int32)
+    ca_dst = np.empty(A, np.int32)
+    ca_lp = np.empty(A, np.float64)
     fill = col_ptr[:-1].copy()
-    out_ptr[0] = 0
-    a = 0
-    for n in range(N):
-        g = g_of[n]
-        shift = so[n] - bso[g]
-        for k in range(bso[g], bso[g + 1]):
-            s = k + shift
-            for i in range(ptr[k], ptr[k + 1]):
-                arc = order[i]
-                c = co[n] + local_col[arc]
-                d = dst[arc] + shift
-                lp = log_prob[arc]
-                out_dst[a] = d
-                out_col[a] = c
-                out_lp[a] = lp
-                j = fill[c]
-                fill[c] = j + 1
-                ca_src[j] = s
-                ca_dst[j] = d
-                ca_lp[j] = lp
-                a += 1
-            out_ptr[s + 1] = a
-    return out_ptr, out_dst, out_col, out_lp, ca_src, ca_dst, ca_lp
+    for s in range(out_ptr.shape[0] - 1):
+        for a in range(out_ptr[s], out_ptr[s + 1]):
+            j = fill[out_col[a]]
+            fill[out_col[a]] = j + 1
+            ca_src[j] = s
+            ca_dst[j] = out_dst[a]
+            ca_lp[j] = out_lp[a]
+    return ca_src, ca_dst, ca_lp
 
 
 @njit(nogil=True)
@@ -191,13 +147,16 @@ def index_arrays(lat: Lattice, chunk_arcs: int, max_chunks: int) -> tuple[dict, 
     co = np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
     g_of = np.asarray(batch.seq_to_graph, dtype=np.int64)
     lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
-    C, A = lat.num_columns, lat.num_arcs
-    in_ptr, in_src, in_col, in_lp, count = _instance_in_arcs(
-        g_of, batch.state_offsets, so, co, A, batch.in_ptr, batch.fwd_order, batch.src, lp, local, C)
+    C, A, S = lat.num_columns, lat.num_arcs, lat.num_states
+    sides = []
+    for ptr, order, other in ((batch.in_ptr, batch.fwd_order, batch.src), (batch.out_ptr, batch.bwd_order, batch.dst)):
+        side = (np.empty(S + 1, np.int32), np.empty(A, np.int32), np.empty(A, np.float64), np.empty(A, np.int32))
+        instance_side_into(g_of, batch.state_offsets, so, co, ptr, order, other, lp, local, *side)
+        sides.append(side)
+    (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = sides
     col_ptr = np.zeros(C + 1, np.int64)
-    np.cumsum(count, out=col_ptr[1:])
-    out_ptr, out_dst, out_col, out_lp, ca_src, ca_dst, ca_lp = _instance_out_arcs(
-        g_of, batch.state_offsets, so, co, A, batch.out_ptr, batch.bwd_order, batch.dst, lp, local, col_ptr)
+    np.cumsum(np.bincount(in_col, minlength=C), out=col_ptr[1:])
+    ca_src, ca_dst, ca_lp = _by_column(out_ptr, out_dst, out_col, out_lp, col_ptr)
     (chunk_ptr, mc_ptr, chunk_arc, chunk_col, chunk_sole, mc_col, mc_begin, mc_end, size,
      widest) = _chunk_arrays(col_ptr, co, chunk_arcs, max_chunks)
     max_states, max_degree, max_arcs, max_columns = _sizes(so, co, in_ptr, out_ptr)

@@ -20,7 +20,8 @@ from ..numba_cache import njit
 from .bands import block_ranges, distances
 
 __all__ = ["Side", "LatticeArrays", "Distances", "Blocks", "SpanArrays", "lattice_arrays", "distance_arrays",
-           "block_arrays", "span_arrays", "span_bound", "instance_side", "instance_arcs", "counting_order"]
+           "block_arrays", "span_arrays", "span_bound", "instance_side", "instance_side_into", "instance_arcs",
+           "counting_order"]
 
 
 class Side(NamedTuple):
@@ -79,19 +80,13 @@ class SpanArrays(NamedTuple):
 
 
 @njit(nogil=True)
-def instance_side(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.ndarray, lat_co: np.ndarray, num_arcs: int,
-                  ptr: np.ndarray, order: np.ndarray, other: np.ndarray, log_prob: np.ndarray,
-                  local_col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One side of every sequence's graph instance as CSR arrays, from the
-    batch's (``ptr``, ``order``: its arcs by the key end; ``other``: their
-    far ends): ``(ptr [S + 1], far end [A], log_prob [A], column [A])`` with
-    instance state and column ids -- :attr:`Lattice.fwd` / ``bwd``'s arrays,
-    in their order, in one pass over the arcs."""
+def instance_side_into(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.ndarray, lat_co: np.ndarray,
+                       ptr: np.ndarray, order: np.ndarray, other: np.ndarray, log_prob: np.ndarray,
+                       local_col: np.ndarray, out_ptr: np.ndarray, out_other: np.ndarray, out_lp: np.ndarray,
+                       out_col: np.ndarray) -> None:
+    """:func:`instance_side` written into the given arrays (``out_ptr [S + 1]``, ``out_other``, ``out_lp``,
+    ``out_col [A]``, of any integer and float dtypes that hold them: the CUDA engine's are int32)."""
     N = seq_to_graph.shape[0]
-    out_ptr = np.empty(lat_so[N] + 1, np.int64)
-    out_other = np.empty(num_arcs, np.int64)
-    out_lp = np.empty(num_arcs)
-    out_col = np.empty(num_arcs, np.int64)
     out_ptr[0] = 0
     a = 0
     for n in range(N):
@@ -105,6 +100,23 @@ def instance_side(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.nda
                 out_col[a] = lat_co[n] + local_col[arc]
                 a += 1
             out_ptr[k + shift + 1] = a
+
+
+@njit(nogil=True)
+def instance_side(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.ndarray, lat_co: np.ndarray, num_arcs: int,
+                  ptr: np.ndarray, order: np.ndarray, other: np.ndarray, log_prob: np.ndarray,
+                  local_col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One side of every sequence's graph instance as CSR arrays, from the
+    batch's (``ptr``, ``order``: its arcs by the key end; ``other``: their
+    far ends): ``(ptr [S + 1], far end [A], log_prob [A], column [A])`` with
+    instance state and column ids -- :attr:`Lattice.fwd` / ``bwd``'s arrays,
+    in their order, in one pass over the arcs."""
+    out_ptr = np.empty(lat_so[seq_to_graph.shape[0]] + 1, np.int64)
+    out_other = np.empty(num_arcs, np.int64)
+    out_lp = np.empty(num_arcs)
+    out_col = np.empty(num_arcs, np.int64)
+    instance_side_into(seq_to_graph, batch_so, lat_so, lat_co, ptr, order, other, log_prob, local_col, out_ptr,
+                       out_other, out_lp, out_col)
     return out_ptr, out_other, out_lp, out_col
 
 
