@@ -13,7 +13,7 @@ writes them in compiled passes over the batch's arcs, already in int32:
 
 1. the in-arcs and the out-arcs of every sequence's graph instance in the
    batch's orders (``fwd_order``, ``bwd_order``), shifted to the instance's
-   state and column ids (:func:`~chainfb.engines.numba_log.arrays.instance_side_into`,
+   state and column ids (:func:`~chainfb.engines.numba_log.arrays.instance_arcs`,
    the CPU engine's pass, writing int32), and each column's arcs counted;
 2. the out-arcs dropped into their places among the arcs by column (a
    counting sort by those counts: stable, so the same order as
@@ -34,7 +34,7 @@ import numpy as np
 
 from ..lattice import Lattice
 from .numba_cache import njit
-from .numba_log.arrays import instance_side_into
+from .numba_log.arrays import instance_arcs
 
 __all__ = ["index_arrays"]
 
@@ -142,18 +142,10 @@ def index_arrays(lat: Lattice, chunk_arcs: int, max_chunks: int) -> tuple[dict, 
     float64 weights (``in_lp``, ``out_lp``, ``ca_lp [A]``), and the sizes
     (``chunk_arcs``, ``max_chunks``, ``max_states``, ``max_degree``,
     ``max_arcs``, ``max_columns``)."""
-    batch = lat.batch
     so = np.asarray(lat.state_offsets, dtype=np.int64)
     co = np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
-    g_of = np.asarray(batch.seq_to_graph, dtype=np.int64)
-    lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
-    C, A, S = lat.num_columns, lat.num_arcs, lat.num_states
-    sides = []
-    for ptr, order, other in ((batch.in_ptr, batch.fwd_order, batch.src), (batch.out_ptr, batch.bwd_order, batch.dst)):
-        side = (np.empty(S + 1, np.int32), np.empty(A, np.int32), np.empty(A, np.float64), np.empty(A, np.int32))
-        instance_side_into(g_of, batch.state_offsets, so, co, ptr, order, other, lp, local, *side)
-        sides.append(side)
-    (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = sides
+    C = lat.num_columns
+    (in_ptr, in_src, in_lp, in_col), (out_ptr, out_dst, out_lp, out_col) = instance_arcs(lat, np.int32)
     col_ptr = np.zeros(C + 1, np.int64)
     np.cumsum(np.bincount(in_col, minlength=C), out=col_ptr[1:])
     ca_src, ca_dst, ca_lp = _by_column(out_ptr, out_dst, out_col, out_lp, col_ptr)

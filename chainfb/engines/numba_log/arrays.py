@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ...lattice import Lattice
 from ..numba_cache import njit
 from .bands import block_ranges, distances
 
 __all__ = ["Side", "LatticeArrays", "Distances", "Blocks", "SpanArrays", "lattice_arrays", "distance_arrays",
-           "block_arrays", "span_arrays", "span_bound", "instance_side", "instance_side_into", "instance_arcs",
-           "counting_order"]
+           "block_arrays", "span_arrays", "span_bound", "instance_side_into", "instance_arcs", "counting_order"]
 
 
 class Side(NamedTuple):
@@ -84,8 +84,13 @@ def instance_side_into(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: n
                        ptr: np.ndarray, order: np.ndarray, other: np.ndarray, log_prob: np.ndarray,
                        local_col: np.ndarray, out_ptr: np.ndarray, out_other: np.ndarray, out_lp: np.ndarray,
                        out_col: np.ndarray) -> None:
-    """:func:`instance_side` written into the given arrays (``out_ptr [S + 1]``, ``out_other``, ``out_lp``,
-    ``out_col [A]``, of any integer and float dtypes that hold them: the CUDA engine's are int32)."""
+    """One side of every sequence's graph instance as CSR arrays, from the
+    batch's (``ptr``, ``order``: its arcs by the key end; ``other``: their
+    far ends), written into ``out_ptr [S + 1]``, ``out_other [A]`` (far
+    end), ``out_lp [A]`` and ``out_col [A]`` (of any integer and float
+    dtypes that hold them) with instance state and column ids --
+    :attr:`Lattice.fwd` / ``bwd``'s arrays, in their order, in one pass over
+    the arcs."""
     N = seq_to_graph.shape[0]
     out_ptr[0] = 0
     a = 0
@@ -100,24 +105,6 @@ def instance_side_into(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: n
                 out_col[a] = lat_co[n] + local_col[arc]
                 a += 1
             out_ptr[k + shift + 1] = a
-
-
-@njit(nogil=True)
-def instance_side(seq_to_graph: np.ndarray, batch_so: np.ndarray, lat_so: np.ndarray, lat_co: np.ndarray, num_arcs: int,
-                  ptr: np.ndarray, order: np.ndarray, other: np.ndarray, log_prob: np.ndarray,
-                  local_col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One side of every sequence's graph instance as CSR arrays, from the
-    batch's (``ptr``, ``order``: its arcs by the key end; ``other``: their
-    far ends): ``(ptr [S + 1], far end [A], log_prob [A], column [A])`` with
-    instance state and column ids -- :attr:`Lattice.fwd` / ``bwd``'s arrays,
-    in their order, in one pass over the arcs."""
-    out_ptr = np.empty(lat_so[seq_to_graph.shape[0]] + 1, np.int64)
-    out_other = np.empty(num_arcs, np.int64)
-    out_lp = np.empty(num_arcs)
-    out_col = np.empty(num_arcs, np.int64)
-    instance_side_into(seq_to_graph, batch_so, lat_so, lat_co, ptr, order, other, log_prob, local_col, out_ptr,
-                       out_other, out_lp, out_col)
-    return out_ptr, out_other, out_lp, out_col
 
 
 @njit(nogil=True)
@@ -143,23 +130,29 @@ def counting_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray
 def lattice_arrays(lat: Lattice) -> LatticeArrays:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source),
     kept by :meth:`~chainfb.lattice.Lattice.cache`: the arrays of ``lat.fwd``
-    and ``lat.bwd``, built by :func:`instance_side` without them (a new batch's lattice costs one
+    and ``lat.bwd``, built by :func:`instance_side_into` without them (a new batch's lattice costs one
     compiled pass per side, not a dozen array operations)."""
     return lat.cache(("numba", "arrays"), lambda: _lattice_arrays(lat))
 
 
-def instance_arcs(lat: Lattice) -> tuple[tuple, tuple]:
+def instance_arcs(lat: Lattice, index_dtype: DTypeLike = np.int64) -> tuple[tuple, tuple]:
     """``((ptr, src, log_prob, col), (ptr, dst, log_prob, col))``: the arrays
     of ``lat.fwd`` and ``lat.bwd`` (in-arcs by destination, out-arcs by
-    source), by :func:`instance_side` without building them."""
+    source), by :func:`instance_side_into` without building them; the
+    indexes in ``index_dtype`` (the CUDA engine's: int32), the weights in
+    float64."""
     batch = lat.batch
     so, co = np.asarray(lat.state_offsets, dtype=np.int64), np.ascontiguousarray(lat.col_offsets, dtype=np.int64)
     g = np.asarray(batch.seq_to_graph, dtype=np.int64)
     lp, local = np.asarray(batch.log_prob, dtype=np.float64), batch.columns()[2]
-    return (instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.in_ptr, batch.fwd_order, batch.src, lp,
-                          local),
-            instance_side(g, batch.state_offsets, so, co, lat.num_arcs, batch.out_ptr, batch.bwd_order, batch.dst, lp,
-                          local))
+    S, A = lat.num_states, lat.num_arcs
+    sides = []
+    for ptr, order, other in ((batch.in_ptr, batch.fwd_order, batch.src), (batch.out_ptr, batch.bwd_order, batch.dst)):
+        side = (np.empty(S + 1, index_dtype), np.empty(A, index_dtype), np.empty(A, np.float64),
+                np.empty(A, index_dtype))
+        instance_side_into(g, batch.state_offsets, so, co, ptr, order, other, lp, local, *side)
+        sides.append(side)
+    return sides[0], sides[1]
 
 
 def _lattice_arrays(lat: Lattice) -> LatticeArrays:
