@@ -413,7 +413,6 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
                          f"got shape {tuple(targets.shape)}")
     if isinstance(targets, torch.Tensor) and targets.dim() == 2 and targets.shape[0] != N:
         raise ValueError(f"targets: batch size {targets.shape[0]} does not match log_probs' batch size {N}")
-    length_tensor = target_lengths if isinstance(target_lengths, torch.Tensor) else None
     targets, input_lengths, target_lengths = _to_host(
         targets=targets, input_lengths=input_lengths, target_lengths=target_lengths)
     if unbatched:
@@ -429,15 +428,21 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
         lattice, score_map = _compile(lens, labels, blank)
         criterion = CtcCriterion(lattice, il, score_map)
         if reduction != "none" and not zero_infinity:  # the reduced loss in one step (criterion.apply's weights)
-            per = -1.0 / np.maximum(tl, 1) / N if reduction == "mean" else np.full(N, -1.0)
-            return apply(log_probs.transpose(0, 1), criterion, weights=per)
+            return apply(log_probs.transpose(0, 1), criterion, weights=-_shares(tl, reduction))
         costs = -apply(log_probs.transpose(0, 1), criterion)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
     if unbatched:
         costs = costs.squeeze(0)
-    if reduction != "mean":
+    if reduction == "none" or N == 0:  # (an empty batch: sum 0, mean NaN)
         return checks.reduce(costs, reduction)
-    # the lengths as given (a device tensor stays there); host ones reach the device without blocking
-    div = checks.values_like(tl if length_tensor is None else length_tensor.reshape(-1), costs).clamp(min=1)
-    return (costs / (div[0] if unbatched else div)).mean()
+    return (costs.reshape(-1) * checks.values_like(_shares(tl, reduction), costs)).sum()
+
+
+def _shares(target_lengths: np.ndarray, reduction: str) -> np.ndarray:
+    """Each sequence's weight in the reduced loss, ``[N]``: ``"mean"`` divides
+    its loss by its target length (at least 1), then by ``N``; ``"sum"``
+    weighs each 1."""
+    if reduction == "mean":
+        return 1.0 / np.maximum(target_lengths, 1) / len(target_lengths)
+    return np.ones(len(target_lengths))
