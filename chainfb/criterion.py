@@ -65,6 +65,7 @@ import torch
 
 from . import engines
 from ._arrays import as_array
+from .checks import values_like
 from .cuda.interop import on_torch_stream, torch_stream
 
 if TYPE_CHECKING:
@@ -325,8 +326,6 @@ def _shared_inputs(criterion, xs, grads, N: int) -> tuple:
 def _weights_like(weights: np.ndarray | torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``weights [N]`` as a tensor of ``value``'s dtype on its device (host weights without blocking: see
     :func:`chainfb.checks.values_like`)."""
-    from .checks import values_like
-
     w = values_like(weights, value)
     if tuple(w.shape) != tuple(value.shape):
         raise ValueError(f"weights: expected shape {tuple(value.shape)} (one a sequence), got {tuple(w.shape)}")
