@@ -36,15 +36,21 @@ PHASES = [("chainfb.ctc", "_to_host"), ("chainfb.ctc", "_labels"), ("chainfb.ctc
 SHAPES = [(500, 16, 500, 100), (150, 64, 5000, 50)]
 
 
-def instrument(totals: dict, counts: collections.Counter) -> None:
-    """Wrap every phase of :data:`PHASES` in a timer adding to ``totals`` / ``counts``."""
+def owner_of(module: str, path: str) -> tuple:
+    """``(owner, name)``: the object holding phase ``module``.``path`` (a module or a class) and its name there."""
     import importlib
 
+    owner = importlib.import_module(module)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+def instrument(totals: dict, counts: collections.Counter) -> None:
+    """Wrap every phase of :data:`PHASES` in a timer adding to ``totals`` / ``counts``."""
     for module, path in PHASES:
-        owner = importlib.import_module(module)
-        *outer, name = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
+        owner, name = owner_of(module, path)
         fn, label = getattr(owner, name), f"{module}.{path}"
 
         def timed(*a, _fn=fn, _label=label, **k):

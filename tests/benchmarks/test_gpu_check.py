@@ -420,7 +420,6 @@ def test_host_phases_resolve_and_time(monkeypatch):
     from benchmarks import gpu_host_phases
     from chainfb import ctc
 
-    import importlib
     import importlib.util
 
     # CuPy's own functions only where CuPy is installed (a GPU machine); chainfb's everywhere
@@ -428,10 +427,7 @@ def test_host_phases_resolve_and_time(monkeypatch):
     assert sum(m.startswith("chainfb") for m, _ in phases) >= 17
     monkeypatch.setattr(gpu_host_phases, "PHASES", phases)
     for module, path in phases:  # undone by monkeypatch below: instrument sets them all
-        owner = importlib.import_module(module)
-        *outer, name = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
+        owner, name = gpu_host_phases.owner_of(module, path)
         monkeypatch.setattr(owner, name, getattr(owner, name))
     totals, counts = collections.defaultdict(float), collections.Counter()
     gpu_host_phases.instrument(totals, counts)
