@@ -586,12 +586,21 @@ def test_sequence_with_more_columns_than_chunks(compiled, monkeypatch):
     assert a["chunk_arcs"] >= int(np.diff(a["chunk_arc"]).max())
 
 
+def _counting_numpy(copies: list):
+    """NumPy as an array module whose ``array`` and ``asarray`` -- a host-to-device copy each, on CuPy -- append
+    to ``copies``."""
+    import types
+
+    counting = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)
+    counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
+    return counting
+
+
 def test_score_map_uploads_once():
     """A score map's first gather to a device copies its column offsets and the columns' sequences there in one
     transfer (a new CTC label set every step makes a new map every step); the scatter with per-sequence scales
     then copies nothing, and both give the host's numbers."""
-    import types
-
     from chainfb.score_map import PdfScoreMap
 
     rng = np.random.default_rng(13)
@@ -599,9 +608,7 @@ def test_score_map_uploads_once():
     flat = np.sort(rng.choice(N * P, C, replace=False))  # distinct columns (sequence, pdf)
     col_seq, col_pdf = flat // P, flat % P
     copies = []
-    counting = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)  # host -> device, on CuPy
-    counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
+    counting = _counting_numpy(copies)
     counting.__name__ = "counting"
     scores = rng.normal(size=(N, T, P))
     sm = PdfScoreMap(col_seq, col_pdf)
@@ -620,15 +627,11 @@ def test_host_lengths_upload_once_per_lattice(be, monkeypatch):
     """Host lengths reach the device once while a lattice runs again with the same values (a loss with the same
     labels every step); other values -- new ones, the ones before (the lattice keeps the last only), or the same
     array changed in place -- are uploaded again, and the results follow them."""
-    import types
-
     rng = np.random.default_rng(12)
     lat = Lattice.of(FstBatch([random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4) for _ in range(3)]))
     X = rng.normal(size=(6, lat.num_columns))
     copies = []
-    counting = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)  # host -> device, on CuPy
-    counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
+    counting = _counting_numpy(copies)
     monkeypatch.setattr(be, "xp", counting)
     a, b = np.array([6, 4, 5]), np.array([6, 2, 5])
     # the first call also uploads the lattice's buffer (its int32 arrays and its weights)
