@@ -1,5 +1,7 @@
 """Where the host's time of a CTC step goes on a GPU, phase by phase, with the labels the same every step, new on
-the device and new on the host, against torch's ``ctc_loss`` with new labels.
+the device, new on the host and new but compiled ahead (``chainfb.CtcTargets`` made and pickled before the steps,
+as a ``DataLoader`` worker would; each step unpickles its own, as the main process does), against torch's
+``ctc_loss`` with new labels.
 
 Each phase is a chainfb function wrapped in a wall-clock timer (inclusive: a phase holds the phases it calls).
 Unlike cProfile (``benchmarks/gpu_profile.py``), the timers also see ``backward()``, which torch's autograd runs
@@ -16,6 +18,7 @@ import argparse
 import collections
 import functools
 import gc
+import pickle
 import statistics
 import time
 
@@ -64,6 +67,17 @@ def instrument(totals: dict, counts: collections.Counter) -> None:
         setattr(owner, name, functools.wraps(fn)(timed))
 
 
+class _Unpickled:
+    """Pickled ``CtcTargets``, unpickled inside the timed step (what the main process does with a worker's
+    batch)."""
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    def load(self):
+        return pickle.loads(self.blob)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=50, help="timed steps per case after 10 warm-up ones")
@@ -86,13 +100,16 @@ def main(argv=None) -> int:
         lp = torch.randn(T, N, C, generator=g).log_softmax(-1).to(dev)
         il, tl = torch.full((N,), T), torch.full((N,), S)
         n = args.steps + 10
-        sets = [torch.randint(1, C, (N, S), generator=g) for _ in range(3 * n)]
+        sets = [torch.randint(1, C, (N, S), generator=g) for _ in range(4 * n)]
         cases = {"chainfb, same labels (device)": (chainfb.ctc_loss, [sets[0].to(dev)] * n, il.to(dev), tl.to(dev)),
                  "chainfb, new labels on the device": (chainfb.ctc_loss, [s.to(dev) for s in sets[:n]], il.to(dev),
                                                        tl.to(dev)),
                  "chainfb, new labels on the host": (chainfb.ctc_loss, sets[n:2 * n], il, tl),
+                 "chainfb, new labels compiled ahead": (chainfb.ctc_loss, [
+                     _Unpickled(pickle.dumps(chainfb.CtcTargets(s, tl, device="cuda"))) for s in sets[3 * n:]],
+                     il.to(dev), None),
                  "torch, new labels on the device": (torch.nn.functional.ctc_loss,
-                                                     [s.to(dev) for s in sets[2 * n:]], il.to(dev), tl.to(dev))}
+                                                     [s.to(dev) for s in sets[2 * n:3 * n]], il.to(dev), tl.to(dev))}
         for case, (loss_fn, ys, a, b) in cases.items():
             fwd, bwd, wait, total = [], [], [], []
             for i, y in enumerate(ys):
@@ -102,7 +119,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 x = lp.detach().requires_grad_()
                 t0 = time.perf_counter()
-                loss = loss_fn(x, y, a, b).sum()
+                loss = loss_fn(x, y.load() if isinstance(y, _Unpickled) else y, a, b).sum()
                 t1 = time.perf_counter()
                 loss.backward()
                 t2 = time.perf_counter()

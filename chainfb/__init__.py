@@ -19,7 +19,7 @@ from .chain import ChainLoss, DenominatorGraph
 from .fst import Fst
 from .compat.kaldi import DenominatorComputation, GenericNumeratorComputation, Supervision
 from . import kaldi  # noqa: F401 -- chainfb.kaldi, the old path of chainfb.compat.kaldi
-from .ctc import ctc_graph, ctc_loss
+from .ctc import CtcTargets, ctc_graph, ctc_loss
 from .lattice import Lattice
 from .transducer import multiblank_rnnt_loss, rnnt_loss, tdt_loss
 from . import alignment
@@ -44,6 +44,7 @@ __all__ = [
     "tdt_loss",
     "ctc_loss",
     "ctc_graph",
+    "CtcTargets",
     "chain",
     "ChainLoss",
     "DenominatorGraph",

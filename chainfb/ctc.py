@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ._cache import LRU
-from . import checks
+from . import checks, engines
 from ._arrays import Ints
 from .api import PdfCriterion
 from .criterion import apply
@@ -54,7 +54,7 @@ from .batch import FstBatch
 from .lattice import Lattice
 from .score_map import PdfScoreMap
 
-__all__ = ["ctc_graph", "ctc_loss", "CtcCriterion"]
+__all__ = ["ctc_graph", "ctc_loss", "CtcCriterion", "CtcTargets"]
 
 
 def _labels(targets, target_lengths) -> tuple[np.ndarray, np.ndarray]:
@@ -323,6 +323,77 @@ def _compile(lens: np.ndarray, labels: np.ndarray, blank: int):
 _compiled = LRU(8)
 
 
+class CtcTargets:
+    """A batch of CTC label sequences compiled ahead of :func:`ctc_loss`, which
+    takes it in place of ``targets``.
+
+    A new label set costs a GPU training step its host work before the
+    first kernel: the labels' transfer and checks, the graphs' compile and
+    the engine's index arrays (about half of such a step's host time at
+    short shapes, see docs/gpu.md).  Made where the batch is made -- a
+    ``DataLoader``'s ``collate_fn``, which runs in its worker processes --
+    that work overlaps the training step; the object pickles with what it
+    built (the worker hands it over by pickling), and the step then
+    uploads the arrays and runs::
+
+        def collate(batch):
+            ...
+            return feats, feat_lens, chainfb.CtcTargets(targets, target_lengths, device="cuda")
+
+        feats, feat_lens, targets = next(iter(loader))
+        loss = chainfb.ctc_loss(log_probs, targets, input_lengths, targets.target_lengths)
+
+    Parameters
+    ----------
+    targets, target_lengths : as :func:`ctc_graph` (padded ``[N, S]`` or
+        concatenated 1-D integer tensor/array, or a list of label lists;
+        ``[N]`` ints).
+    blank : int >= 0, the blank's index (:func:`ctc_loss` must be given the
+        same).
+    device : where the loss will run (``"cpu"``, ``"cuda"``, a
+        ``torch.device``; None: ``"cpu"``): which engine's index arrays are
+        built now.  Nothing is put on a GPU here.
+
+    Attributes
+    ----------
+    target_lengths : int64 NumPy ``[N]``
+    labels : int64 NumPy ``[sum(target_lengths)]``, the sequences' labels
+        concatenated.
+    blank : int
+    lattice : :class:`~chainfb.lattice.Lattice` of the CTC graphs.
+    score_map : its :class:`~chainfb.score_map.PdfScoreMap`.
+    """
+
+    def __init__(self, targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]],
+                 target_lengths: Ints | None = None, blank: int = 0, device: str | torch.device | None = None):
+        self.blank = checks.blank(blank)
+        gpu = torch.device("cpu" if device is None else device).type == "cuda"
+        targets, target_lengths = _to_host(targets=targets, target_lengths=target_lengths)
+        if target_lengths is not None:
+            target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
+        self.target_lengths, self.labels = _labels(targets, target_lengths)
+        if not len(self.target_lengths):
+            raise ValueError("targets: expected at least one sequence")
+        _check_labels(self.target_lengths, self.labels, None)
+        self.lattice, self.score_map = _compile(self.target_lengths, self.labels, self.blank)
+        self._built = {key: self.lattice.memo[key] for key in engines.prepare(self.lattice, gpu)}
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.target_lengths)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)  # (the lattice's memo travels empty: its host arrays ride in _built)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for key, value in self._built.items():
+            self.lattice.cache(key, lambda v=value: v)
+
+    def __repr__(self) -> str:
+        return f"CtcTargets(num_sequences={self.num_sequences}, labels={len(self.labels)}, blank={self.blank})"
+
+
 class CtcCriterion(PdfCriterion):
     """CTC over ``log_probs [T, N, C]``: value = minus the CTC loss per
     sequence (the log-likelihood of the targets), gradient w.r.t.
@@ -371,8 +442,9 @@ def _to_host(**named):
     return tuple(out.values())
 
 
-def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints | int, target_lengths: Ints | int,
-             blank: int = 0, reduction: str = "mean", zero_infinity: bool = False) -> torch.Tensor:
+def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor | CtcTargets, input_lengths: Ints | int,
+             target_lengths: Ints | int | None, blank: int = 0, reduction: str = "mean",
+             zero_infinity: bool = False) -> torch.Tensor:
     """The CTC loss, ``torch.nn.functional.ctc_loss``'s signature and numbers.
 
     Parameters
@@ -381,9 +453,13 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
         tensor, CPU or CUDA: per-frame log-probabilities (e.g.
         ``log_softmax`` outputs).
     targets : padded ``[N, S]`` or concatenated 1-D (``sum(target_lengths)``)
-        integer tensor of labels in ``[0, C)``, none equal to ``blank``.
+        integer tensor of labels in ``[0, C)``, none equal to ``blank``; or
+        a :class:`CtcTargets` (the labels compiled ahead, e.g. in a
+        ``DataLoader`` worker), whose ``blank`` must be ``blank``.
     input_lengths, target_lengths : ``[N]`` ints (tensors or sequences; an
-        int for unbatched input).
+        int for unbatched input).  With :class:`CtcTargets`,
+        ``target_lengths`` may be None (its own); if given, they must be
+        its ``target_lengths``.
     blank : int in ``[0, C)``.
     reduction : ``"none"`` (``[N]``), ``"sum"``, or ``"mean"``: each loss
         divided by its target length (clamped to at least 1), then the
@@ -408,6 +484,13 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
     checks.tensor(log_probs, "log_probs", ndim=3, layout="[T, N, C]")
     T, N, C = log_probs.shape
     blank = checks.blank(blank, C)
+    prepared = targets if isinstance(targets, CtcTargets) else None
+    if prepared is not None:
+        targets = None
+        if prepared.blank != blank:
+            raise ValueError(f"blank: {blank} is not the blank the targets were compiled with ({prepared.blank})")
+        if prepared.num_sequences != N:
+            raise ValueError(f"targets: {prepared.num_sequences} sequences do not match log_probs' batch size {N}")
     if isinstance(targets, torch.Tensor) and targets.dim() not in (1, 2):
         raise ValueError(f"targets: expected a padded [N, S] or a concatenated 1-D tensor, "
                          f"got shape {tuple(targets.shape)}")
@@ -415,17 +498,28 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Ints
         raise ValueError(f"targets: batch size {targets.shape[0]} does not match log_probs' batch size {N}")
     targets, input_lengths, target_lengths = _to_host(
         targets=targets, input_lengths=input_lengths, target_lengths=target_lengths)
+    if prepared is not None and target_lengths is None:
+        target_lengths = prepared.target_lengths
     if unbatched:
         input_lengths = checks.int_array(input_lengths, "input_lengths").reshape(-1)
         target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
     il = checks.lengths(input_lengths, "input_lengths", N, T)
     tl = checks.lengths(target_lengths, "target_lengths", N)
-    lens, labels = _labels(targets, tl)
-    _check_labels(lens, labels, C)
+    if prepared is None:
+        lens, labels = _labels(targets, tl)
+        _check_labels(lens, labels, C)
+    else:
+        lens, labels = prepared.target_lengths, prepared.labels
+        if not np.array_equal(tl, lens):
+            raise ValueError(f"target_lengths: {tl.tolist()} are not the lengths the targets were compiled with, "
+                             f"{lens.tolist()} (CtcTargets.target_lengths; or pass None)")
+        if labels.size and labels.max() >= C:
+            _check_labels(lens, labels, C)
     if N == 0:
         costs = log_probs.sum((0, 2)) * 0
     else:
-        lattice, score_map = _compile(lens, labels, blank)
+        lattice, score_map = (_compile(lens, labels, blank) if prepared is None else
+                              (prepared.lattice, prepared.score_map))
         criterion = CtcCriterion(lattice, il, score_map)
         if reduction != "none" and not zero_infinity:  # the reduced loss in one step (criterion.apply's weights)
             return apply(log_probs.transpose(0, 1), criterion, weights=-_shares(tl, reduction))

@@ -4,6 +4,7 @@ graph's structure, bad inputs; per device (CPU, CUDA, emulated kernels)."""
 
 import itertools
 import math
+import pickle
 
 import numpy as np
 from hypothesis import given, settings
@@ -13,6 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import chainfb
+import chainfb.ctc as ctc_module
+import chainfb.engines.cuda as cuda_engine
+import chainfb.engines.numba_log.arrays as numba_arrays
 from tests.cycles import cyclic_garbage
 from tests.devices import OnCPU, OnCPUNumPy, OnCUDA, OnEmulatedKernels
 from tests.oracles.ctc import ctc_fst
@@ -141,6 +145,47 @@ class CtcTests:
         want = unit * self.tensor(torch.tensor([0.5, -2.0, 0.0, 0.0], dtype=torch.float64)).view(1, -1, 1)
         np.testing.assert_allclose(self.numpy(got), self.numpy(want), rtol=1e-12, atol=0)
         assert not got[:, 2:].any()
+
+    @pytest.mark.parametrize("reduction, zero_infinity", [("none", False), ("mean", False), ("sum", True)])
+    def test_targets_compiled_ahead(self, rng, reduction, zero_infinity, monkeypatch):
+        """Labels compiled ahead (``CtcTargets``, handed over pickled as a DataLoader worker does) give the
+        loss and the gradient of the same labels given as a tensor, bit for bit; the step compiles nothing and
+        builds none of the engine's index arrays (they came with the object)."""
+        logits, tg, il, tl = batch(rng, blank=2)
+        x = self.tensor(logits).log_softmax(-1).detach()
+        made = chainfb.CtcTargets(tg, tl, blank=2, device="cuda" if self.engine_device == "gpu" else "cpu")
+        assert made.num_sequences == 5 and made.target_lengths.tolist() == tl.tolist() and made.blank == 2
+        prepared = pickle.loads(pickle.dumps(made))
+        outs = []
+        for targets, lengths in ((self.tensor(tg), self.tensor(tl)), (prepared, None), (prepared, tl.tolist())):
+            xd = x.clone().requires_grad_()
+            out = chainfb.ctc_loss(xd, targets, self.tensor(il), lengths, blank=2, reduction=reduction,
+                                   zero_infinity=zero_infinity)
+            outs.append((out, torch.autograd.grad(out.sum(), xd)[0]))
+            if targets is prepared:
+                assert made.lattice.num_states == prepared.lattice.num_states
+            else:  # from here on, a compile or an index array built in the step is an error
+                def boom(*a, **k):
+                    raise AssertionError("built in the step")
+
+                monkeypatch.setattr(ctc_module, "_compile", boom)
+                monkeypatch.setattr(cuda_engine, "_host_arrays", boom)
+                monkeypatch.setattr(numba_arrays, "_lattice_arrays", boom)
+        for out, grad in outs[1:]:
+            assert torch.equal(out, outs[0][0]) and torch.equal(grad, outs[0][1])
+
+    def test_targets_compiled_ahead_refuse_what_they_do_not_match(self, rng):
+        logits, tg, il, tl = batch(rng)
+        x = self.tensor(logits).log_softmax(-1)
+        made = chainfb.CtcTargets(tg, tl)
+        with pytest.raises(ValueError, match="^blank: 1 is not the blank"):
+            chainfb.ctc_loss(x, made, self.tensor(il), None, blank=1)
+        with pytest.raises(ValueError, match="^target_lengths: .* are not the lengths"):
+            chainfb.ctc_loss(x, made, self.tensor(il), [4, 3, 3, 0, 1])
+        with pytest.raises(ValueError, match="^targets: 5 sequences do not match log_probs' batch size 4"):
+            chainfb.ctc_loss(x[:, :4], made, self.tensor(il[:4]), None)
+        with pytest.raises(ValueError, match=r"^targets: label \d+ \(sequence 0\) is outside the vocabulary"):
+            chainfb.ctc_loss(x[:, :, :3], chainfb.CtcTargets([[5, 1]] + [[1]] * 4), self.tensor(il), None)
 
     @pytest.mark.parametrize("N", [1, 3])  # one sequence: the shared-graph engines, with their graph's lattice
     def test_new_labels_leave_no_reference_cycle(self, N):
@@ -373,3 +418,25 @@ def test_layout_cache_is_the_thread_safe_lru():
     from chainfb.ctc import _compiled
 
     assert isinstance(_compiled, checks.LRU)
+
+
+def _collate(batch):
+    """A DataLoader's collate_fn that compiles the batch's CTC labels in the worker."""
+    targets = torch.nn.utils.rnn.pad_sequence([y for y in batch], batch_first=True)
+    lengths = torch.tensor([len(y) for y in batch])
+    return chainfb.CtcTargets(targets, lengths, device="cuda"), targets, lengths
+
+
+def test_targets_compiled_ahead_in_a_dataloader_worker():
+    """``CtcTargets`` made in a DataLoader worker process come through the worker's hand-over with their index
+    arrays and give the loss of the labels themselves."""
+    g = torch.Generator().manual_seed(3)
+    labels = [torch.randint(1, 7, (int(n),), generator=g) for n in (3, 1, 4, 2, 0, 3)]
+    loader = torch.utils.data.DataLoader(labels, batch_size=3, collate_fn=_collate, num_workers=1)
+    lp = torch.randn(8, 3, 7, generator=g, dtype=torch.float64).log_softmax(-1)
+    for made, targets, lengths in loader:
+        assert cuda_engine.HOST_ARRAYS in made.lattice.memo.keys()
+        il = torch.tensor([8, 7, 6])
+        want = F.ctc_loss(lp, targets, il, lengths, reduction="none")
+        np.testing.assert_allclose(chainfb.ctc_loss(lp, made, il, None, reduction="none").numpy(), want.numpy(),
+                                   rtol=1e-12)

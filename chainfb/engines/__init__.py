@@ -72,8 +72,8 @@ from ..cuda import kernels
 from ..lattice import Lattice
 from .threads import get_num_threads, set_num_threads
 
-__all__ = ["ENGINES", "CAPABILITIES", "Capabilities", "engines_with", "select", "forward_backward", "best_path",
-           "set_num_threads", "get_num_threads"]
+__all__ = ["ENGINES", "CAPABILITIES", "Capabilities", "engines_with", "select", "prepare", "forward_backward",
+           "best_path", "set_num_threads", "get_num_threads"]
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,33 @@ def _auto(lat, X, op, leaky, on_gpu) -> str:
         if available():
             return "numba"
     return check("numpy", lat, op, leaky)
+
+
+def prepare(lat: Lattice, gpu: bool) -> list:
+    """Build now, on the host, what the per-sequence engine that runs ``lat``
+    keeps in :meth:`~chainfb.lattice.Lattice.cache` from its first run: the
+    CUDA engine's index arrays (before their upload) when ``gpu``, else the
+    compiled engine's arrays.  For work done ahead of the step that runs
+    the lattice, e.g. in a data-loading process
+    (:class:`chainfb.CtcTargets`).  A lattice of several sequences that all
+    use one graph keeps its data per graph instead (the shared-graph
+    engines): then nothing is built.  Returns the keys of those entries
+    (built now or before)."""
+    if _one_graph(lat) and lat.num_sequences > 1:
+        return []
+    if gpu:
+        from .cuda import HOST_ARRAYS, lattice_host_arrays
+
+        lattice_host_arrays(lat)
+        return [HOST_ARRAYS]
+    from . import numba_log
+
+    if not numba_log.available():
+        return []
+    from .numba_log.arrays import ARRAYS, lattice_arrays
+
+    lattice_arrays(lat)
+    return [ARRAYS]
 
 
 def forward_backward(lat: Lattice, X: Array, lengths: Array, leaky: tuple[float, Array] | None = None,

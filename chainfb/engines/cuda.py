@@ -157,9 +157,14 @@ def cached(owner: Lattice, name: str, backend: KernelBackend, dtype: DTypeLike, 
     return owner.cache(("cuda", name, backend.cache_key(), np.dtype(dtype).name), build)
 
 
+#: the key of :func:`lattice_host_arrays`' entry in a lattice's cache
+HOST_ARRAYS = ("cuda", "host_arrays")
+
+
 def lattice_host_arrays(lat: Lattice) -> dict:
-    """:func:`_host_arrays` of ``lat``, built once and kept by it (:meth:`~chainfb.lattice.Lattice.cache`)."""
-    return lat.cache(("cuda", "host_arrays"), lambda: _host_arrays(lat))
+    """:func:`_host_arrays` of ``lat``, built once and kept by it (:meth:`~chainfb.lattice.Lattice.cache`
+    under :data:`HOST_ARRAYS`)."""
+    return lat.cache(HOST_ARRAYS, lambda: _host_arrays(lat))
 
 
 def lattice_arrays(backend: KernelBackend, lat: Lattice, dtype: DTypeLike) -> dict:

@@ -127,12 +127,16 @@ def counting_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray
     return order, ptr
 
 
+#: the key of :func:`lattice_arrays`' entry in a lattice's cache
+ARRAYS = ("numba", "arrays")
+
+
 def lattice_arrays(lat: Lattice) -> LatticeArrays:
     """The lattice as CSR arrays (in-arcs by destination, out-arcs by source),
-    kept by :meth:`~chainfb.lattice.Lattice.cache`: the arrays of ``lat.fwd``
+    kept by :meth:`~chainfb.lattice.Lattice.cache` under :data:`ARRAYS`: the arrays of ``lat.fwd``
     and ``lat.bwd``, built by :func:`instance_side_into` without them (a new batch's lattice costs one
     compiled pass per side, not a dozen array operations)."""
-    return lat.cache(("numba", "arrays"), lambda: _lattice_arrays(lat))
+    return lat.cache(ARRAYS, lambda: _lattice_arrays(lat))
 
 
 def instance_arcs(lat: Lattice, index_dtype: DTypeLike = np.int64) -> tuple[tuple, tuple]:
