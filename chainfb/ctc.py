@@ -47,6 +47,7 @@ from . import checks, engines
 from ._arrays import Ints
 from .api import PdfCriterion
 from .criterion import apply
+from .cuda.interop import current_torch_stream
 from .engines import numba_log
 from .engines.numba_cache import njit
 from .engines.numba_log.arrays import counting_order
@@ -431,7 +432,9 @@ def _to_host(**named):
             checks.int_array(t, name)  # raises, naming the argument
     out = dict(named)
     if len({t.device for t in tensors.values()}) == 1:
-        flat = torch.cat([t.detach().reshape(-1).to(torch.int64) for t in tensors.values()])
+        # (integers: no autograd to detach from; an int64 tensor is not converted, a call for nothing)
+        flat = torch.cat([t.reshape(-1) if t.dtype == torch.int64 else t.reshape(-1).to(torch.int64)
+                          for t in tensors.values()])
         host = flat.cpu().numpy()  # the one device -> host crossing
         pos = 0
         for name, t in tensors.items():
@@ -522,7 +525,7 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor | CtcTargets, input_
                               (prepared.lattice, prepared.score_map))
         criterion = CtcCriterion(lattice, il, score_map)
         if reduction != "none" and not zero_infinity:  # the reduced loss in one step (criterion.apply's weights)
-            return apply(log_probs.transpose(0, 1), criterion, weights=-_shares(tl, reduction))
+            return apply(log_probs.transpose(0, 1), criterion, weights=_weights(lattice, tl, reduction, log_probs))
         costs = -apply(log_probs.transpose(0, 1), criterion)
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
@@ -531,6 +534,16 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor | CtcTargets, input_
     if reduction == "none" or N == 0:  # (an empty batch: sum 0, mean NaN)
         return checks.reduce(costs, reduction)
     return (costs.reshape(-1) * checks.values_like(_shares(tl, reduction), costs)).sum()
+
+
+def _weights(lattice: Lattice, target_lengths: np.ndarray, reduction: str, like: torch.Tensor) -> torch.Tensor:
+    """Minus each sequence's share of the reduced loss (:func:`_shares`) as a tensor of ``like``'s dtype on its
+    device, kept by the lattice (whose graphs fix the target lengths) per reduction, dtype, device and stream: a
+    step with the labels of an earlier step copies nothing to the device for it."""
+    device = like.device
+    stream = current_torch_stream(device.index) if device.type == "cuda" else None
+    key = ("ctc", "weights", reduction, str(like.dtype), str(device), stream)
+    return lattice.cache(key, lambda: checks.values_like(-_shares(target_lengths, reduction), like))
 
 
 def _shares(target_lengths: np.ndarray, reduction: str) -> np.ndarray:

@@ -174,6 +174,21 @@ class CtcTests:
         for out, grad in outs[1:]:
             assert torch.equal(out, outs[0][0]) and torch.equal(grad, outs[0][1])
 
+    def test_same_labels_reuse_the_reduction_weights(self, rng, monkeypatch):
+        """The reduced loss's per-sequence weights reach the loss's device once per label set and reduction (a
+        GPU step with the labels of an earlier step copies nothing for them); the values follow the reduction."""
+        logits, tg, il, tl = batch(rng)
+        monkeypatch.setattr(ctc_module, "_compiled", type(ctc_module._compiled)(8))  # no lattice of other tests
+        made = []
+        real = chainfb.checks.values_like
+        monkeypatch.setattr(chainfb.checks, "values_like", lambda *a: made.append(1) or real(*a))
+        x = self.tensor(logits).log_softmax(-1)
+        for reduction, copies in (("mean", 1), ("mean", 1), ("sum", 2), ("mean", 2), ("sum", 2)):
+            out = chainfb.ctc_loss(x, self.tensor(tg), self.tensor(il), self.tensor(tl), reduction=reduction,
+                                   zero_infinity=False)
+            want = F.ctc_loss(logits.log_softmax(-1), tg, il, tl, reduction=reduction)
+            assert len(made) == copies and out.item() == pytest.approx(want.item(), rel=1e-12)
+
     def test_targets_compiled_ahead_refuse_what_they_do_not_match(self, rng):
         logits, tg, il, tl = batch(rng)
         x = self.tensor(logits).log_softmax(-1)

@@ -71,7 +71,7 @@ void fb_recursion(int N, const int* state_off, const int* col_off, const int* st
                  qoffs + (i64)n * (T + 1), mode, lanes, log_init, log_c);
 }
 
-// post [T, C] (R), zero-filled by the caller; F frames a block.
+// post [T, C] (R), every element written (no fill beforehand); F frames a block.
 template <typename R>
 CHAINFB_KERNEL void fb_posteriors(int N, int F, const int* state_off, const int* col_off, const int* chunk_ptr,
                                   const int* mc_ptr, const int* ca_src, const int* ca_dst, const R* ca_lp,

@@ -681,8 +681,18 @@ __device__ R fixed_sum(const R* v, int n, R* sm) {
   return sm[0];
 }
 
-// Posteriors of sequence n's columns at frames [t0, t1) (t1 <= lengths[n];
-// the caller zero-fills post): per frame, each chunk's sum into
+// post[t, c0 + i] = v for the frames t in [a, b) and the nc columns i of a
+// sequence (the block's threads over the cells).
+template <typename R>
+__device__ __forceinline__ void fill_frames(R* post, int C, int c0, int nc, int a, int b, R v) {
+  const i64 cells = (i64)(b > a ? b - a : 0) * nc;
+  for (i64 i = threadIdx.x; i < cells; i += blockDim.x) post[(a + i / nc) * C + c0 + i % nc] = v;
+}
+
+// Posteriors of sequence n's columns at frames [t0, t1) (t1 <= T), every
+// one of them written (post needs no fill beforehand): zero past the
+// sequence's length and for an impossible sequence, NaN up to its length for
+// a NaN one; else per frame, each chunk's sum into
 // chunk_sum [J] (shared), then with one-frame arcs the frame's total (1 in
 // exact arithmetic; every posterior is divided by it), then each column's
 // posterior: its chunk's sum, or one warp adding its chunks' sums.  Every sum
@@ -699,14 +709,17 @@ __device__ void posterior_body(const SeqSpan& q, int n, int t0, int t1, const in
   const int tid = threadIdx.x, nt = blockDim.x;
   const int gs = q.gs, gc = q.gc, c0 = q.c0, nc = q.c1 - q.c0;
   const int L = clamp_len(lengths[n], T);
+  const int t_end = t1 < T ? t1 : T;
   if (t1 > L) t1 = L;
   const R total = loglike[n];
-  if (total != total) {  // NaN (uniform over the block): NaN posteriors up to its length, as NumPy
-    const i64 cells = (i64)(t1 > t0 ? t1 - t0 : 0) * nc;
-    for (i64 i = tid; i < cells; i += nt) post[(t0 + i / nc) * C + c0 + i % nc] = total;
+  const bool nan = total != total, impossible = !nan && !(total > Num<R>::neg_inf());
+  // the frames past the length (every frame of an impossible sequence): zero
+  fill_frames<R>(post, C, c0, nc, impossible ? t0 : (t1 > t0 ? t1 : t0), t_end, R(0));
+  if (impossible) return;
+  if (nan) {  // (uniform over the block) NaN posteriors up to its length, as NumPy
+    fill_frames<R>(post, C, c0, nc, t0, t1, total);
     return;
   }
-  if (!(total > Num<R>::neg_inf())) return;  // impossible: zero posteriors
   const int M = (ca_span && max_span > 1) ? max_span : 1;
   const double PL = P[L];
   const R z = lz[n];

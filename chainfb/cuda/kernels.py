@@ -217,18 +217,21 @@ def require_cupy() -> ModuleType:
     global _checked_cupy
     major = _torch_cuda_major()
     want = major if major is not None else 13
-    line = f"pip install 'chainfb[gpu-cu{want}]'  (or: pip install 'cupy-cuda{want}x[ctk]')"
+
+    def line():  # (made only for an error: a step asks several times)
+        return f"pip install 'chainfb[gpu-cu{want}]'  (or: pip install 'cupy-cuda{want}x[ctk]')"
+
     try:
         cupy = _import_cupy()
     except ImportError as e:
-        raise ImportError(f"chainfb's GPU path needs CuPy built for CUDA {want}: {line}") from e
+        raise ImportError(f"chainfb's GPU path needs CuPy built for CUDA {want}: {line()}") from e
     if _checked_cupy == (cupy, major):
         return cupy
     have = _cupy_cuda_major(cupy)
     if major is not None and have != major:
         raise RuntimeError(
             f"CuPy is built for CUDA {have} but torch for CUDA {major} (torch.version.cuda = "
-            f"{_torch_version_cuda()}); install the matching CuPy: pip uninstall cupy-cuda{have}x && {line}")
+            f"{_torch_version_cuda()}); install the matching CuPy: pip uninstall cupy-cuda{have}x && {line()}")
     _checked_cupy = (cupy, major)
     return cupy
 

@@ -506,9 +506,9 @@ def run_engine(backend: KernelBackend, lat: Lattice, X: Array, lengths: Array, l
     xp = backend.xp
     T, C = X.shape
     N, S = lat.num_sequences, lat.num_states
-    post = xp.zeros((T, C), dtype=dtype) if need_posteriors else None
     if N == 0:
-        return xp.zeros(0, dtype=dtype), post
+        return xp.zeros(0, dtype=dtype), xp.zeros((T, C), dtype=dtype) if need_posteriors else None
+    post = xp.empty((T, C), dtype=dtype) if need_posteriors else None  # (the posterior kernel writes every element)
     prefix, rec_head, post_head, log_init, shape = layout(backend, lat, dtype, leaky)
     if cluster == "auto":
         cluster = auto_cluster(shape, N, state_lanes(shape), _sms(backend))

@@ -6,6 +6,8 @@ enumeration, gradcheck, ...) run on both kernel engines from
 tests/engines/test_engine.py (``TestEngineEmulated``)."""
 
 import paths  # tests/paths.py: the repository's and the tests' folders
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -595,6 +597,39 @@ def _counting_numpy(copies: list):
     counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)
     counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
     return counting
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_posteriors_need_no_fill(be, monkeypatch, shared):
+    """The posterior kernels write every element of ``post [T, C]`` -- zero past each length and for an
+    impossible sequence, NaN up to its length for a NaN one -- so the engine allocates it without a fill: with
+    every new device array's bytes all ones (a NaN in every float, what uninitialised memory may hold), the
+    posteriors are the NumPy engine's."""
+    from chainfb.engines.cuda_shared import forward_backward as shared_forward_backward
+
+    rng = np.random.default_rng(21)
+    f = random_fst(rng, num_states=6, num_arcs=16, num_pdfs=4, num_finals=2)
+    N, T = 5, 7
+    lat = Lattice.of(FstBatch([f], np.zeros(N, dtype=np.int64)) if shared else
+                     FstBatch([f] + [random_fst(rng, num_states=5, num_arcs=12, num_pdfs=4) for _ in range(N - 1)]))
+    X = rng.normal(size=(T, lat.num_columns))
+    X[:, lat.col_seq == 1] = -np.inf  # sequence 1: impossible
+    X[2, np.flatnonzero(lat.col_seq == 3)[0]] = np.nan  # sequence 3: NaN
+    lengths = np.array([7, 5, 0, 4, 2])
+    poisoned = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    def empty(shape, dtype=float, **k):
+        return np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0xFF, np.uint8).view(dtype).reshape(shape)
+
+    poisoned.empty = empty
+    monkeypatch.setattr(be, "xp", poisoned)
+    run = shared_forward_backward if shared else lattice_forward_backward
+    ll, post = forward_backward_numpy(lat, X.copy(), lengths)
+    lle, poste = run(be, lat, X.copy(), lengths)
+    np.testing.assert_allclose(lle, ll, rtol=1e-10)
+    np.testing.assert_allclose(poste, post, rtol=1e-10, atol=1e-12)  # (NaN where the NumPy engine has NaN)
+    nan_seq = lat.col_seq == 3
+    assert np.isnan(poste[:4, nan_seq]).all() and not poste[4:, nan_seq].any()
+    assert not poste[:, lat.col_seq == 1].any() and not np.isnan(poste[:, ~nan_seq]).any()
 
 
 def test_score_map_uploads_once():
