@@ -41,23 +41,29 @@ array code) with every kernel launch replaced by nothing and NumPy arrays as
 device memory (the tests' ``emulation.placement.run_on``), at the GPU
 benchmark's shapes with 2 frames (the host's work does not depend on T; the
 arrays' does): the median step with the same labels every step (the graph
-cached), with new labels every step, and with new labels compiled ahead
-(``chainfb.CtcTargets``, made and pickled beforehand as a ``DataLoader``
-worker would; the step unpickles them), the time to make one
-``CtcTargets``, and the page faults of a step with new labels (fresh pages
-the host's allocations touched).  NumPy's array operations run here
+cached) and with new labels every step, and the page faults of a step with
+new labels (fresh pages the host's allocations touched).  NumPy's array operations run here
 where CuPy's would be queued on the device, so this bounds the host's work
 from above.
 
     PYTHONPATH=tests python -m benchmarks.bench_ctc --host-step [--repeat 7]
+
+``--host-step-loader``: the same step in the main process of a training
+loop, which first takes the step's labels from a ``DataLoader`` with one
+worker (the worker given time to make them first): the labels the same
+every step, new every step (compiled in the step), and new but compiled in
+the worker (``chainfb.CtcTargets`` in its ``collate_fn``, handed over
+through shared memory); and the time to make one ``CtcTargets``.
+
+    PYTHONPATH=tests python -m benchmarks.bench_ctc --host-step-loader [--repeat 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
-import pickle
 import statistics
 import subprocess
 import sys
@@ -229,58 +235,105 @@ def run_compile(args):
         print(f"{str((T, N, C, S)):24s} {arcs:8d} {statistics.median(times[1:]) * 1e3:8.2f}")
 
 
+class _NoLaunch:
+    """A kernel backend over NumPy arrays whose launches do nothing."""
+
+    xp = np
+    max_shared_mem = 227 * 1024
+
+    def launch(self, name, grid, block, args, shared_mem=0):
+        pass
+
+    def cache_key(self):
+        return ("host",)
+
+
+def _host_case(T, N, C, S, seed, frames=2):
+    """The inputs of a host-step measurement at a GPU shape: log-probs of ``frames`` frames, lengths, and a label
+    set maker."""
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(frames, N, C, generator=g).log_softmax(-1)
+    il, tl = torch.full((N,), frames), torch.full((N,), S)
+    return lp, il, tl, lambda: torch.randint(1, C, (N, S), generator=g)
+
+
 def run_host_step(args):
     from emulation.placement import run_on
 
-    class NoLaunch:
-        """A kernel backend over NumPy arrays whose launches do nothing."""
-
-        xp = np
-        max_shared_mem = 227 * 1024
-
-        def launch(self, name, grid, block, args, shared_mem=0):
-            pass
-
-        def cache_key(self):
-            return ("host",)
-
     import resource
 
-    print(f"host time of a GPU step (loss + backward, no kernels run), 2 frames, median of {args.repeat}: the same "
-          "labels every step, new labels, and new labels compiled ahead (chainfb.CtcTargets, made and pickled "
-          "as a DataLoader worker would; the step unpickles them); the time to make one CtcTargets; the median "
-          "page faults (fresh pages) of a step with new labels")
-    print(f"{'T, N, C, S':24s} {'same labels ms':>15s} {'new labels ms':>14s} {'ahead ms':>9s} {'making ms':>10s} "
-          f"{'faults':>7s}")
-    frames = 2
+    print(f"host time of a GPU step (loss + backward, no kernels run), 2 frames, median of {args.repeat}; and the "
+          "median page faults (fresh pages) of a step with new labels")
+    print(f"{'T, N, C, S':24s} {'same labels ms':>15s} {'new labels ms':>14s} {'faults':>7s}")
     for T, N, C, S in GPU_SHAPES:
-        g = torch.Generator().manual_seed(args.seed)
-        lp = torch.randn(frames, N, C, generator=g).log_softmax(-1)
-        il, tl = torch.full((N,), frames), torch.full((N,), S)
-        sets = [torch.randint(1, C, (N, S), generator=g) for _ in range(args.repeat + 2)]
-        ahead, making = [], []
-        for s in [torch.randint(1, C, (N, S), generator=g) for _ in range(args.repeat + 1)]:
-            t0 = time.perf_counter()
-            made = chainfb.CtcTargets(s, tl, device="cuda")
-            making.append(time.perf_counter() - t0)
-            ahead.append(pickle.dumps(made))
+        lp, il, tl, labels = _host_case(T, N, C, S, args.seed)
+        sets = [labels() for _ in range(args.repeat + 2)]
         out = []
-        with run_on(NoLaunch()):
-            for case in ("same", "new", "ahead"):
+        with run_on(_NoLaunch()):
+            for new in (False, True):
                 times, faults = [], []
                 for i in range(args.repeat + 1):
                     x = lp.clone().requires_grad_()
                     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
-                    y = sets[0] if case == "same" else sets[i] if case == "new" else pickle.loads(ahead[i])
-                    chainfb.ctc_loss(x, y, il, tl).backward()
+                    chainfb.ctc_loss(x, sets[i if new else 0], il, tl).backward()
                     times.append(time.perf_counter() - t0)
                     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
                 out.append(statistics.median(times[1:]) * 1e3)
-                if case == "new":
-                    new_faults = statistics.median(faults[1:])
+        print(f"{str((T, N, C, S)):24s} {out[0]:15.2f} {out[1]:14.2f} {statistics.median(faults[1:]):7.0f}")
+
+
+def _compiled_ahead(target_lengths, labels):
+    """A ``collate_fn``: the labels compiled in the loader's worker."""
+    return chainfb.CtcTargets(labels, target_lengths, device="cuda")
+
+
+def _as_they_are(labels):
+    return labels
+
+
+def run_host_step_loader(args):
+    from emulation.placement import run_on
+
+    print(f"host time of a GPU step in the main process (no kernels run), 2 frames, median of {args.repeat}: "
+          "receiving the step's labels from a one-worker DataLoader, then loss + backward; the labels the same "
+          "every step, new every step (compiled in the step), new and compiled in the worker "
+          "(chainfb.CtcTargets in its collate_fn); and the time to make one CtcTargets")
+    print(f"{'T, N, C, S':24s} {'same labels ms':>15s} {'new labels ms':>14s} {'ahead ms':>9s} {'making ms':>10s}")
+    for T, N, C, S in GPU_SHAPES:
+        lp, il, tl, labels = _host_case(T, N, C, S, args.seed)
+        first = labels()
+        cases = {"same": ([first] * (args.repeat + 1), _as_they_are),
+                 "new": ([labels() for _ in range(args.repeat + 1)], _as_they_are),
+                 "ahead": ([labels() for _ in range(args.repeat + 1)], functools.partial(_compiled_ahead, tl))}
+        out = []
+        with run_on(_NoLaunch()):
+            for sets, collate in cases.values():
+                loader = torch.utils.data.DataLoader(sets, batch_size=None, collate_fn=collate, num_workers=1,
+                                                     prefetch_factor=4)
+                times = []
+                for y_next in _timed_batches(loader):
+                    x = lp.clone().requires_grad_()
+                    t0 = time.perf_counter()
+                    chainfb.ctc_loss(x, y_next(), il, tl).backward()
+                    times.append(time.perf_counter() - t0)
+                out.append(statistics.median(times[1:]) * 1e3)
+        making = []
+        for _ in range(args.repeat + 1):
+            t0 = time.perf_counter()
+            chainfb.CtcTargets(labels(), tl, device="cuda")
+            making.append(time.perf_counter() - t0)
         print(f"{str((T, N, C, S)):24s} {out[0]:15.2f} {out[1]:14.2f} {out[2]:9.2f} "
-              f"{statistics.median(making[1:]) * 1e3:10.2f} {new_faults:7.0f}")
+              f"{statistics.median(making[1:]) * 1e3:10.2f}")
+
+
+def _timed_batches(loader):
+    """For each batch of ``loader``, a function that takes it from the loader (timed by the caller), called once
+    the worker has had time to make it (so the step waits for no work of the worker's)."""
+    it = iter(loader)
+    for _ in range(len(loader)):
+        time.sleep(0.005)
+        yield lambda: next(it)
 
 
 def main(argv=None):
@@ -290,6 +343,8 @@ def main(argv=None):
     ap.add_argument("--long", action="store_true", help="long sequences, one thread, time and peak memory")
     ap.add_argument("--compile", action="store_true", help="the host work of a new label set on the GPU path")
     ap.add_argument("--host-step", action="store_true", help="the host's share of a GPU step (PYTHONPATH=tests)")
+    ap.add_argument("--host-step-loader", action="store_true",
+                    help="the same, the labels from a DataLoader, compiled there or in the step (PYTHONPATH=tests)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --long")
     ap.add_argument("--long-worker", dest="method", choices=LONG_METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -306,6 +361,8 @@ def main(argv=None):
         return run_compile(args)
     if args.host_step:
         return run_host_step(args)
+    if args.host_step_loader:
+        return run_host_step_loader(args)
     return run(args, *args.size)
 
 

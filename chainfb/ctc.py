@@ -37,6 +37,7 @@ Gradient convention: the gradient w.r.t. ``log_probs`` is the true one
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 
 import numpy as np
@@ -334,8 +335,8 @@ class CtcTargets:
     short shapes, see docs/gpu.md).  Made where the batch is made -- a
     ``DataLoader``'s ``collate_fn``, which runs in its worker processes --
     that work overlaps the training step; the object pickles with what it
-    built (the worker hands it over by pickling), and the step then
-    uploads the arrays and runs::
+    built, as one tensor of its arrays (which the loader hands over through
+    shared memory), and the step then uploads the arrays and runs::
 
         def collate(batch):
             ...
@@ -383,16 +384,45 @@ class CtcTargets:
     def num_sequences(self) -> int:
         return len(self.target_lengths)
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__)  # (the lattice's memo travels empty: its host arrays ride in _built)
+    def __reduce__(self) -> tuple:
+        """Pickled as a small header and one ``uint8`` tensor holding every array the object keeps (the graphs',
+        the lattice's, the index arrays built; the lattice's memo travels empty, the index arrays ride beside
+        it): a ``DataLoader`` hands a tensor from its worker to the main process through shared memory, so the
+        main process maps the arrays instead of unpickling them."""
+        buffers: list = []
+        header = pickle.dumps(self.__dict__, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        starts, end = [], 0
+        for r in raws:
+            starts.append(end)
+            end += -(-r.nbytes // _ALIGN) * _ALIGN
+        flat = np.empty(end, dtype=np.uint8)
+        for a, r in zip(starts, raws):
+            flat[a: a + r.nbytes] = np.frombuffer(r, dtype=np.uint8)
+        layout = [(a, r.nbytes) for a, r in zip(starts, raws)]
+        return _unpickled_targets, (header, torch.from_numpy(flat), layout)
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+    def _keep_built(self) -> None:
+        """Seed the lattice's memo with the index arrays the object carries."""
         for key, value in self._built.items():
             self.lattice.cache(key, lambda v=value: v)
 
     def __repr__(self) -> str:
         return f"CtcTargets(num_sequences={self.num_sequences}, labels={len(self.labels)}, blank={self.blank})"
+
+
+#: where each array of a pickled :class:`CtcTargets` starts in its buffer (bytes)
+_ALIGN = 64
+
+
+def _unpickled_targets(header: bytes, flat: torch.Tensor, layout: list) -> CtcTargets:
+    """:meth:`CtcTargets.__reduce__`'s inverse: the arrays are views of ``flat``'s memory (no copy)."""
+    memory = flat.numpy()
+    state = pickle.loads(header, buffers=[memory[a: a + n] for a, n in layout])
+    out = CtcTargets.__new__(CtcTargets)
+    out.__dict__.update(state)
+    out._keep_built()
+    return out
 
 
 class CtcCriterion(PdfCriterion):

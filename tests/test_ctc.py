@@ -442,6 +442,24 @@ def _collate(batch):
     return chainfb.CtcTargets(targets, lengths, device="cuda"), targets, lengths
 
 
+def test_targets_compiled_ahead_pickle_their_arrays_as_one_tensor():
+    """A pickled ``CtcTargets`` is a small header and one tensor holding its arrays (a DataLoader worker hands a
+    tensor over through shared memory); unpickled, its arrays are views of that tensor's memory."""
+    made = chainfb.CtcTargets([[1, 2, 2], [3], [4, 5]], device="cuda")
+    _, args = made.__reduce__()
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    assert len(tensors) == 1 and tensors[0].dtype == torch.uint8
+    assert all(isinstance(a, (bytes, list)) for a in args if a is not tensors[0])
+    assert sum(len(a) for a in args if isinstance(a, bytes)) < tensors[0].numel()
+    back = pickle.loads(pickle.dumps(made))
+    memory = back.labels
+    while isinstance(memory, np.ndarray):  # a view of a view ... of the tensor's memory, not a copy
+        memory = memory.base
+    assert isinstance(memory, torch.Tensor)
+    assert back.labels.tolist() == [1, 2, 2, 3, 4, 5] and back.target_lengths.tolist() == [3, 1, 2]
+    assert cuda_engine.HOST_ARRAYS in back.lattice.memo.keys()
+
+
 def test_targets_compiled_ahead_in_a_dataloader_worker():
     """``CtcTargets`` made in a DataLoader worker process come through the worker's hand-over with their index
     arrays and give the loss of the labels themselves."""
