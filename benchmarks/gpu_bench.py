@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import pickle
 import statistics
 import time
 import traceback
@@ -166,6 +167,13 @@ def bench_ctc(b, place, emulate):
         b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step, on the host",
                cycling_step(chainfb.ctc_loss, lp, host_sets, il_h, tl_h),
                "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, host_sets, il_h, tl_h))
+        # the same with the labels compiled ahead (chainfb.CtcTargets, as a DataLoader worker makes them; each
+        # unpickled before the steps, as the main process receives them): one object a step, none reused
+        ahead_sets = [torch.randint(1, C, (N, S), generator=g) for _ in range(b.repeat + 2)]
+        ahead = [pickle.loads(pickle.dumps(chainfb.CtcTargets(y, tl_h, device="cuda"))) for y in ahead_sets]
+        b.case("ctc", f"T={T} N={N} C={C} S={S}, new labels each step, compiled ahead",
+               cycling_step(chainfb.ctc_loss, lp, ahead, il_h, tl_h),
+               "torch.nn.functional.ctc_loss", cycling_step(F.ctc_loss, lp, ahead_sets, il_h, tl_h))
         if N > 1 and getattr(place.backend, "clusters", False):  # (one sequence: the shared-graph kernels)
             # the default is "auto"; on a GPU the row beside it is one block a direction, under the emulation (whose
             # tiny shapes take one block) two

@@ -1,7 +1,7 @@
 """Where the host's time of a CTC step goes on a GPU, phase by phase, with the labels the same every step, new on
-the device, new on the host and new but compiled ahead (``chainfb.CtcTargets`` made and pickled before the steps,
-as a ``DataLoader`` worker would; each step unpickles its own, as the main process does), against torch's
-``ctc_loss`` with new labels.
+the device, new on the host and new but compiled ahead (``chainfb.CtcTargets`` made, pickled and unpickled before
+the steps, as a ``DataLoader`` worker hands them over; one object a step), against torch's ``ctc_loss`` with new
+labels.
 
 Each phase is a chainfb function wrapped in a wall-clock timer (inclusive: a phase holds the phases it calls).
 Unlike cProfile (``benchmarks/gpu_profile.py``), the timers also see ``backward()``, which torch's autograd runs
@@ -67,17 +67,6 @@ def instrument(totals: dict, counts: collections.Counter) -> None:
         setattr(owner, name, functools.wraps(fn)(timed))
 
 
-class _Unpickled:
-    """Pickled ``CtcTargets``, unpickled inside the timed step (what the main process does with a worker's
-    batch)."""
-
-    def __init__(self, blob: bytes):
-        self.blob = blob
-
-    def load(self):
-        return pickle.loads(self.blob)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=50, help="timed steps per case after 10 warm-up ones")
@@ -106,7 +95,7 @@ def main(argv=None) -> int:
                                                        tl.to(dev)),
                  "chainfb, new labels on the host": (chainfb.ctc_loss, sets[n:2 * n], il, tl),
                  "chainfb, new labels compiled ahead": (chainfb.ctc_loss, [
-                     _Unpickled(pickle.dumps(chainfb.CtcTargets(s, tl, device="cuda"))) for s in sets[3 * n:]],
+                     pickle.loads(pickle.dumps(chainfb.CtcTargets(s, tl, device="cuda"))) for s in sets[3 * n:]],
                      il.to(dev), None),
                  "torch, new labels on the device": (torch.nn.functional.ctc_loss,
                                                      [s.to(dev) for s in sets[2 * n:3 * n]], il.to(dev), tl.to(dev))}
@@ -119,7 +108,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 x = lp.detach().requires_grad_()
                 t0 = time.perf_counter()
-                loss = loss_fn(x, y.load() if isinstance(y, _Unpickled) else y, a, b).sum()
+                loss = loss_fn(x, y, a, b).sum()
                 t1 = time.perf_counter()
                 loss.backward()
                 t2 = time.perf_counter()

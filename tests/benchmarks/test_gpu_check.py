@@ -169,6 +169,8 @@ def test_emulated_run_benchmarks_and_kernel_times(emulated_run):
     assert all("ms" in c["peer"] and "time_ratio" in c for c in ctc["cases"])  # torch's CTC on the CPU here
     host = [c for c in ctc["cases"] if c["case"].endswith("new labels each step, on the host")]
     assert len(host) == len(gpu_bench.CTC_SHAPES["emulated"])  # beside the device labels' rows
+    ahead = [c for c in ctc["cases"] if c["case"].endswith("new labels each step, compiled ahead")]
+    assert len(ahead) == len(host) and all(c["chainfb"]["ms"] > 0 and "ms" in c["peer"] for c in ahead)
     clustered = [c for c in ctc["cases"] if c["case"].endswith("cluster=2")]  # the engine's default set to 2
     assert clustered and all(any(k["name"].startswith("chainfb::fb_cluster_recursion<float, 2>")
                                  for k in c["kernels"]) for c in clustered)
