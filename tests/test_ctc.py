@@ -442,6 +442,39 @@ def _collate(batch):
     return chainfb.CtcTargets(targets, lengths, device="cuda"), targets, lengths
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 6), max_size=5), min_size=1, max_size=5), st.integers(0, 1),
+       st.sampled_from(["none", "mean", "sum"]), st.booleans(), st.data())
+def test_targets_compiled_ahead_equal_the_labels_themselves(rows, blank, reduction, nan, data):
+    """Differential: for any label sets (empty ones, repeats, impossible pairs of lengths) and a NaN frame placed
+    anywhere, ``CtcTargets`` (pickled and back) give the loss and the gradient of the labels as a tensor, bit for
+    bit; a NaN stays in its own sequence."""
+    N, T, C = len(rows), 6, 8
+    rows = [[v + (v >= blank) for v in r] for r in rows]  # never the blank
+    il = torch.tensor(data.draw(st.lists(st.integers(0, T), min_size=N, max_size=N)))
+    lp = torch.randn(T, N, C, generator=torch.Generator().manual_seed(len(rows)), dtype=torch.float64)
+    hit = data.draw(st.integers(0, N - 1))
+    if nan:
+        lp[data.draw(st.integers(0, T - 1)), hit, 0] = float("nan")
+    lp = lp.log_softmax(-1)
+    tl = torch.tensor([len(r) for r in rows])
+    padded = torch.zeros(N, max(1, int(tl.max())), dtype=torch.long)
+    for n, r in enumerate(rows):
+        padded[n, : len(r)] = torch.tensor(r, dtype=torch.long)
+    made = pickle.loads(pickle.dumps(chainfb.CtcTargets(rows, blank=blank)))
+    outs = []
+    for targets in (padded, made):
+        x = lp.clone().requires_grad_()
+        out = chainfb.ctc_loss(x, targets, il, tl, blank=blank, reduction=reduction)
+        outs.append((out, torch.autograd.grad(out.sum(), x)[0]))
+    (a, ga), (b, gb) = outs
+    assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+    assert torch.equal(ga.nan_to_num(7.0), gb.nan_to_num(7.0))
+    if reduction == "none":
+        others = torch.arange(N) != hit
+        assert not b[others].isnan().any() and not gb[:, others].isnan().any()
+
+
 def test_targets_compiled_ahead_pickle_their_arrays_as_one_tensor():
     """A pickled ``CtcTargets`` is a small header and one tensor holding its arrays (a DataLoader worker hands a
     tensor over through shared memory); unpickled, its arrays are views of that tensor's memory."""
