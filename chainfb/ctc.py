@@ -382,6 +382,7 @@ class CtcTargets:
 
     @property
     def num_sequences(self) -> int:
+        """``N``, the number of label sequences."""
         return len(self.target_lengths)
 
     def __reduce__(self) -> tuple:
