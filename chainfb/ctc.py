@@ -48,7 +48,7 @@ from . import checks, engines
 from ._arrays import Ints
 from .api import PdfCriterion
 from .criterion import apply
-from .cuda.interop import current_torch_stream
+from .cuda.interop import torch_place
 from .engines import numba_log
 from .engines.numba_cache import njit
 from .engines.numba_log.arrays import counting_order
@@ -571,9 +571,7 @@ def _weights(lattice: Lattice, target_lengths: np.ndarray, reduction: str, like:
     """Minus each sequence's share of the reduced loss (:func:`_shares`) as a tensor of ``like``'s dtype on its
     device, kept by the lattice (whose graphs fix the target lengths) per reduction, dtype, device and stream: a
     step with the labels of an earlier step copies nothing to the device for it."""
-    device = like.device
-    stream = current_torch_stream(device.index) if device.type == "cuda" else None
-    key = ("ctc", "weights", reduction, str(like.dtype), str(device), stream)
+    key = ("ctc", "weights", reduction, str(like.dtype)) + torch_place(like.device)
     return lattice.cache(key, lambda: checks.values_like(-_shares(target_lengths, reduction), like))
 
 

@@ -31,7 +31,7 @@ from .kernels import extent_bytes, require_cupy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of", "current_torch_stream"]
+__all__ = ["cupy_view", "torch_stream", "on_torch_stream", "cuda_device_of", "current_torch_stream", "torch_place"]
 
 
 def _dtypes() -> dict:
@@ -66,6 +66,21 @@ def current_torch_stream(device: int) -> int:
     import torch
 
     return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def torch_place(device: torch.device) -> tuple:
+    """Where torch tensors made now on ``device`` live and are ordered: ``(type,)`` off the GPU, ``("cuda",
+    index, torch's current stream there)`` on it -- the key of tensors kept across calls (a tensor used only on
+    the stream that made it needs no cross-stream synchronisation)."""
+    if device.type != "cuda":
+        return (device.type,)
+    if device.index is None:
+        import torch
+
+        index = torch.cuda.current_device()
+    else:
+        index = device.index
+    return ("cuda", index, current_torch_stream(index))
 
 
 class _TorchBlock:

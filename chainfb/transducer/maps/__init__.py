@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from ...cuda import kernels
+from ...cuda.interop import torch_place
 from ..._arrays import Array
 from ..graphs import TransducerLayout
 
@@ -140,16 +141,6 @@ def as_tensor(arr: Array, device: torch.device | str) -> torch.Tensor:
     return torch.from_dlpack(arr).to(device)
 
 
-def _place(device: torch.device) -> tuple:
-    """Where torch tensors made now live and are ordered: the device and,
-    on a GPU, torch's current stream (arrays used only on the stream that
-    allocated them need no cross-stream synchronisation)."""
-    if device.type != "cuda":
-        return (device.type,)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return ("cuda", index, torch.cuda.current_stream(index).cuda_stream)
-
-
 def layout_tables(layout: TransducerLayout, device: torch.device | str, T: int | None = None) -> dict:
     """The layout's index tables as int64 torch tensors on ``device``, built
     once per device and stream and kept with the layout: ``target_lengths``
@@ -166,4 +157,4 @@ def layout_tables(layout: TransducerLayout, device: torch.device | str, T: int |
                        arcs=e.arcs)
         return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
 
-    return layout.cache(("torch", T) + _place(device), build)
+    return layout.cache(("torch", T) + torch_place(device), build)
