@@ -299,13 +299,19 @@ def ctc_graph(targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]], targ
         :class:`chainfb.PdfCriterion`.
     """
     blank = checks.blank(blank)
+    return _compiler()(*_label_sets(targets, target_lengths), blank)
+
+
+def _label_sets(targets, target_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths [N], labels)`` of :func:`ctc_graph`'s arguments (:func:`_labels`), checked: at least one
+    sequence, no negative label."""
     if target_lengths is not None:
         target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
     lens, labels = _labels(targets, target_lengths)
     if not len(lens):
         raise ValueError("targets: expected at least one sequence")
     _check_labels(lens, labels, None)
-    return _compiler()(lens, labels, blank)
+    return lens, labels
 
 
 def _compile(lens: np.ndarray, labels: np.ndarray, blank: int):
@@ -370,13 +376,7 @@ class CtcTargets:
                  target_lengths: Ints | None = None, blank: int = 0, device: str | torch.device | None = None):
         self.blank = checks.blank(blank)
         gpu = torch.device("cpu" if device is None else device).type == "cuda"
-        targets, target_lengths = _to_host(targets=targets, target_lengths=target_lengths)
-        if target_lengths is not None:
-            target_lengths = checks.int_array(target_lengths, "target_lengths").reshape(-1)
-        self.target_lengths, self.labels = _labels(targets, target_lengths)
-        if not len(self.target_lengths):
-            raise ValueError("targets: expected at least one sequence")
-        _check_labels(self.target_lengths, self.labels, None)
+        self.target_lengths, self.labels = _label_sets(*_to_host(targets=targets, target_lengths=target_lengths))
         self.lattice, self.score_map = _compile(self.target_lengths, self.labels, self.blank)
         self._built = {key: self.lattice.memo[key] for key in engines.prepare(self.lattice, gpu)}
 
