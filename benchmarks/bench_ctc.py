@@ -288,10 +288,6 @@ def _compiled_ahead(target_lengths, labels):
     return chainfb.CtcTargets(labels, target_lengths, device="cuda")
 
 
-def _as_they_are(labels):
-    return labels
-
-
 def run_host_step_loader(args):
     from emulation.placement import run_on
 
@@ -303,8 +299,8 @@ def run_host_step_loader(args):
     for T, N, C, S in GPU_SHAPES:
         lp, il, tl, labels = _host_case(T, N, C, S, args.seed)
         first = labels()
-        cases = {"same": ([first] * (args.repeat + 1), _as_they_are),
-                 "new": ([labels() for _ in range(args.repeat + 1)], _as_they_are),
+        cases = {"same": ([first] * (args.repeat + 1), None),  # (no collate_fn: each tensor as it is)
+                 "new": ([labels() for _ in range(args.repeat + 1)], None),
                  "ahead": ([labels() for _ in range(args.repeat + 1)], functools.partial(_compiled_ahead, tl))}
         out = []
         with run_on(_NoLaunch()):

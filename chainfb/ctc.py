@@ -50,6 +50,7 @@ from .api import PdfCriterion
 from .criterion import apply
 from .cuda.interop import torch_place
 from .engines import numba_log
+from .engines.cuda_memory import packing
 from .engines.numba_cache import njit
 from .engines.numba_log.arrays import counting_order
 from .batch import FstBatch
@@ -393,10 +394,7 @@ class CtcTargets:
         buffers: list = []
         header = pickle.dumps(self.__dict__, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
-        starts, end = [], 0
-        for r in raws:
-            starts.append(end)
-            end += -(-r.nbytes // _ALIGN) * _ALIGN
+        starts, end = packing([r.nbytes for r in raws])
         flat = np.empty(end, dtype=np.uint8)
         for a, r in zip(starts, raws):
             flat[a: a + r.nbytes] = np.frombuffer(r, dtype=np.uint8)
@@ -410,10 +408,6 @@ class CtcTargets:
 
     def __repr__(self) -> str:
         return f"CtcTargets(num_sequences={self.num_sequences}, labels={len(self.labels)}, blank={self.blank})"
-
-
-#: where each array of a pickled :class:`CtcTargets` starts in its buffer (bytes)
-_ALIGN = 64
 
 
 def _unpickled_targets(header: bytes, flat: torch.Tensor, layout: list) -> CtcTargets:

@@ -25,14 +25,14 @@ from numpy.typing import DTypeLike
 from .._arrays import Array
 from ..cuda.kernels import KernelBackend
 
-__all__ = ["PACK_ALIGN", "pack", "upload", "scratch"]
+__all__ = ["PACK_ALIGN", "packing", "pack", "upload", "scratch"]
 
 
 #: where each array packed into one allocation starts: a multiple of this many bytes
 PACK_ALIGN = 256
 
 
-def _packing(nbytes: list[int]) -> tuple[list[int], int]:
+def packing(nbytes: list[int]) -> tuple[list[int], int]:
     """``(starts, total)``: arrays of ``nbytes`` bytes one after another in one
     buffer, each at a multiple of :data:`PACK_ALIGN` bytes."""
     starts, end = [], 0
@@ -44,10 +44,10 @@ def _packing(nbytes: list[int]) -> tuple[list[int], int]:
 
 def pack(arrays: dict[str, tuple[np.ndarray, DTypeLike]]) -> dict[str, np.ndarray]:
     """``{name: (array, dtype)}`` -> ``{name: array in dtype}``, every result
-    a view of one new host buffer (:func:`_packing`), written by one
+    a view of one new host buffer (:func:`packing`), written by one
     conversion each (no copy besides)."""
     sizes = [v.size * np.dtype(dt).itemsize for v, dt in arrays.values()]
-    starts, total = _packing(sizes)
+    starts, total = packing(sizes)
     buf = np.empty(total, dtype=np.uint8)
     out = {}
     for a, n, (k, (v, dt)) in zip(starts, sizes, arrays.items()):
@@ -104,7 +104,7 @@ def upload(backend: KernelBackend, host: dict, dtype: DTypeLike) -> dict:
 
 def scratch(backend: KernelBackend, specs: list[tuple[tuple[int, ...], DTypeLike]]) -> list[Array]:
     """Uninitialised device arrays of the ``(shape, dtype)`` of ``specs``, as
-    views of one allocation (:func:`_packing`; one allocation each where the
+    views of one allocation (:func:`packing`; one allocation each where the
     backend's ``separate_arrays`` is true, see :func:`upload`).  For the
     arrays a call uses and drops together: one allocation instead of one
     an array, on every call."""
@@ -112,6 +112,6 @@ def scratch(backend: KernelBackend, specs: list[tuple[tuple[int, ...], DTypeLike
     if getattr(backend, "separate_arrays", False):
         return [xp.empty(shape, dtype=dtype) for shape, dtype in specs]
     sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
-    starts, total = _packing(sizes)
+    starts, total = packing(sizes)
     buf = xp.empty(total, dtype=np.uint8)
     return [_view(buf, a, shape, dtype) for a, (shape, dtype) in zip(starts, specs)]
