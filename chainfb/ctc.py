@@ -379,7 +379,7 @@ class CtcTargets:
         gpu = torch.device("cpu" if device is None else device).type == "cuda"
         self.target_lengths, self.labels = _label_sets(*_to_host(targets=targets, target_lengths=target_lengths))
         self.lattice, self.score_map = _compile(self.target_lengths, self.labels, self.blank)
-        self._built = {key: self.lattice.memo[key] for key in engines.prepare(self.lattice, gpu)}
+        self._built = engines.prepare(self.lattice, gpu)
 
     @property
     def num_sequences(self) -> int:

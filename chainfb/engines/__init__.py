@@ -274,7 +274,7 @@ def _auto(lat, X, op, leaky, on_gpu) -> str:
     return check("numpy", lat, op, leaky)
 
 
-def prepare(lat: Lattice, gpu: bool) -> list:
+def prepare(lat: Lattice, gpu: bool) -> dict:
     """Build now, on the host, what the per-sequence engine that runs ``lat``
     keeps in :meth:`~chainfb.lattice.Lattice.cache` from its first run: the
     CUDA engine's index arrays (before their upload) when ``gpu``, else the
@@ -282,23 +282,21 @@ def prepare(lat: Lattice, gpu: bool) -> list:
     the lattice, e.g. in a data-loading process
     (:class:`chainfb.CtcTargets`).  A lattice of several sequences that all
     use one graph keeps its data per graph instead (the shared-graph
-    engines): then nothing is built.  Returns the keys of those entries
-    (built now or before)."""
+    engines): then nothing is built.  Returns those entries of the cache
+    (built now or before), ``{key: value}``."""
     if _one_graph(lat) and lat.num_sequences > 1:
-        return []
+        return {}
     if gpu:
         from .cuda import HOST_ARRAYS, lattice_host_arrays
 
-        lattice_host_arrays(lat)
-        return [HOST_ARRAYS]
+        return {HOST_ARRAYS: lattice_host_arrays(lat)}
     from . import numba_log
 
     if not numba_log.available():
-        return []
+        return {}
     from .numba_log.arrays import ARRAYS, lattice_arrays
 
-    lattice_arrays(lat)
-    return [ARRAYS]
+    return {ARRAYS: lattice_arrays(lat)}
 
 
 def forward_backward(lat: Lattice, X: Array, lengths: Array, leaky: tuple[float, Array] | None = None,
