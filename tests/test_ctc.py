@@ -437,7 +437,7 @@ def test_layout_cache_is_the_thread_safe_lru():
 
 def _collate(batch):
     """A DataLoader's collate_fn that compiles the batch's CTC labels in the worker."""
-    targets = torch.nn.utils.rnn.pad_sequence([y for y in batch], batch_first=True)
+    targets = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True)
     lengths = torch.tensor([len(y) for y in batch])
     return chainfb.CtcTargets(targets, lengths, device="cuda"), targets, lengths
 

@@ -588,15 +588,16 @@ def test_sequence_with_more_columns_than_chunks(compiled, monkeypatch):
     assert a["chunk_arcs"] >= int(np.diff(a["chunk_arc"]).max())
 
 
+def _numpy_with(**functions) -> types.SimpleNamespace:
+    """NumPy as an array module with ``functions`` in place of its own."""
+    return types.SimpleNamespace(**{**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")}, **functions})
+
+
 def _counting_numpy(copies: list):
     """NumPy as an array module whose ``array`` and ``asarray`` -- a host-to-device copy each, on CuPy -- append
     to ``copies``."""
-    import types
-
-    counting = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    counting.array = lambda *a, **k: copies.append(1) or np.array(*a, **k)
-    counting.asarray = lambda *a, **k: copies.append(1) or np.asarray(*a, **k)
-    return counting
+    return _numpy_with(array=lambda *a, **k: copies.append(1) or np.array(*a, **k),
+                       asarray=lambda *a, **k: copies.append(1) or np.asarray(*a, **k))
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -616,12 +617,10 @@ def test_posteriors_need_no_fill(be, monkeypatch, shared):
     X[:, lat.col_seq == 1] = -np.inf  # sequence 1: impossible
     X[2, np.flatnonzero(lat.col_seq == 3)[0]] = np.nan  # sequence 3: NaN
     lengths = np.array([7, 5, 0, 4, 2])
-    poisoned = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
     def empty(shape, dtype=float, **k):
         return np.full(int(np.prod(shape)) * np.dtype(dtype).itemsize, 0xFF, np.uint8).view(dtype).reshape(shape)
 
-    poisoned.empty = empty
-    monkeypatch.setattr(be, "xp", poisoned)
+    monkeypatch.setattr(be, "xp", _numpy_with(empty=empty))
     run = shared_forward_backward if shared else lattice_forward_backward
     ll, post = forward_backward_numpy(lat, X.copy(), lengths)
     lle, poste = run(be, lat, X.copy(), lengths)
